@@ -1,0 +1,29 @@
+# All dependencies come from Debian 12 packages; scripts/install-deps.sh installs them.
+find_package(Threads REQUIRED)
+find_package(Boost 1.81 REQUIRED CONFIG)
+find_package(nlohmann_json 3.11 REQUIRED)
+find_package(spdlog 1.10 REQUIRED)
+find_package(CLI11 2.1 REQUIRED)
+find_package(zstd REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+# Targets with uniform names so components can link them without caring where they came from.
+add_library(kvrelay_dep_xxhash INTERFACE)
+target_link_libraries(kvrelay_dep_xxhash INTERFACE PkgConfig::XXHASH)
+add_library(kvrelay::dep::xxhash ALIAS kvrelay_dep_xxhash)
+
+add_library(kvrelay_dep_zstd INTERFACE)
+if(TARGET zstd::libzstd_shared)
+  target_link_libraries(kvrelay_dep_zstd INTERFACE zstd::libzstd_shared)
+else()
+  target_link_libraries(kvrelay_dep_zstd INTERFACE zstd::libzstd_static)
+endif()
+add_library(kvrelay::dep::zstd ALIAS kvrelay_dep_zstd)
+
+# Boost.Asio/Beast are header-only; keep their heavy templates out of most translation units.
+add_library(kvrelay_dep_boost INTERFACE)
+target_link_libraries(kvrelay_dep_boost INTERFACE Boost::headers Threads::Threads)
+target_compile_definitions(kvrelay_dep_boost INTERFACE
+  BOOST_ASIO_NO_DEPRECATED BOOST_BEAST_USE_STD_STRING_VIEW)
+add_library(kvrelay::dep::boost ALIAS kvrelay_dep_boost)

@@ -1,0 +1,36 @@
+option(KVRELAY_BUILD_TESTS "Build the Catch2 test suite" ON)
+option(KVRELAY_BUILD_BENCH "Build the benchmarks in bench/" ON)
+option(KVRELAY_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
+option(KVRELAY_WERROR "Treat compiler warnings as errors" OFF)
+option(KVRELAY_FUZZ "Build libFuzzer targets (needs clang)" OFF)
+set(KVRELAY_CUDA "AUTO" CACHE STRING "Build CUDA kernels: AUTO (when nvcc is found), ON or OFF")
+set_property(CACHE KVRELAY_CUDA PROPERTY STRINGS AUTO ON OFF)
+
+if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
+  set(CMAKE_BUILD_TYPE RelWithDebInfo CACHE STRING "Build type" FORCE)
+endif()
+
+# Warnings for project targets only; third-party headers come in as SYSTEM.
+add_library(kvrelay_warnings INTERFACE)
+target_compile_options(kvrelay_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wconversion -Wsign-conversion -Wshadow
+                            -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
+                            -Wimplicit-fallthrough>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${KVRELAY_WERROR}>>:-Werror>)
+
+if(KVRELAY_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined -fno-sanitize-recover=all)
+endif()
+
+# Helper: one library per top-level folder, public headers under include/kvrelay/<folder>/.
+function(kvrelay_add_component name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(kvrelay_${name} ${ARG_SOURCES})
+  add_library(kvrelay::${name} ALIAS kvrelay_${name})
+  target_include_directories(kvrelay_${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:include>)
+  target_link_libraries(kvrelay_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE kvrelay_warnings ${ARG_PRIVATE_DEPS})
+  install(DIRECTORY include/ DESTINATION include)
+endfunction()

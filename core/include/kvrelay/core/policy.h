@@ -1,0 +1,128 @@
+#pragma once
+
+// Typed form of a kvrelay JSON policy file (config/kvrelay.schema.json is its public contract).
+// Parsing validates everything up front and reports each problem with the file name and the
+// JSON pointer of the offending value, so a daemon never starts (or reloads) on a bad policy.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvrelay/core/model_fingerprint.h"
+#include "kvrelay/core/result.h"
+
+namespace kvrelay {
+
+inline constexpr int kPolicySchemaVersion = 1;
+
+struct HostPort {
+  std::string host;
+  std::uint16_t port = 0;  // 0: pick an ephemeral port (tests, demos)
+  [[nodiscard]] std::string to_string() const;
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+struct HttpUrl {
+  std::string host;
+  std::uint16_t port = 80;
+  std::string base_path;  // without trailing slash; "" for the root
+  [[nodiscard]] std::string to_string() const;
+  friend bool operator==(const HttpUrl&, const HttpUrl&) = default;
+};
+
+struct ListenPolicy {
+  HostPort http{"127.0.0.1", 8080};
+  std::optional<HostPort> admin;  // admin endpoints on the main listener when absent
+  std::optional<HostPort> peer;   // TCP peer plane; disabled when absent
+  std::string unix_socket;        // worker data plane; disabled when empty
+  std::string unix_socket_group;  // group that may connect; "" keeps the daemon's group
+  std::vector<std::uint32_t> allowed_uids;  // empty: only the daemon's own uid
+};
+
+struct PeerPolicy {
+  std::string id;
+  HostPort address;
+  bool same_host = false;  // may use the shared-memory path instead of TCP
+};
+
+struct AgentPolicy {
+  std::string id;
+  HttpUrl upstream;
+  ModelFingerprint model;
+  int role_priority = 0;  // 0..7
+  bool kv_connector = false;  // upstream accepts kv_transfer_params.kvrelay
+  std::string node;           // node that serves this agent; "" = this node
+  std::optional<HttpUrl> metrics_url;
+  bool accepts_sparse_kv = false;  // receiver declared support for position-sparse KV
+};
+
+// Media a transfer can use. Plugin codecs appear as "codec:<name>".
+inline constexpr std::string_view kBuiltinMedia[] = {"tokens",  "kv_raw",  "kv_lossless", "kv_fp8",
+                                                     "kv_int8", "kv_int4", "kv_sparse"};
+[[nodiscard]] bool is_known_medium(std::string_view medium) noexcept;
+
+struct RoutePolicy {
+  std::string id;
+  std::string from_agent;
+  std::string to_agent;
+  bool enabled = true;
+  std::vector<std::string> allowed_media;  // empty: every medium
+  std::optional<std::string> forced_medium;
+  int priority = 0;  // 0..7
+  std::optional<std::chrono::milliseconds> deadline;
+  double audit_fraction = 0.0;       // 0..1
+  double hysteresis_threshold = 0.15;  // relative predicted gain needed to switch medium
+  double quality_floor = 0.0;        // 0..1, minimum fidelity product along a lossy chain
+  bool push = false;                 // publish pushes KV ahead to the destination's sidecar
+};
+
+struct LimitsPolicy {
+  std::uint32_t max_header_bytes = 16 * 1024;
+  std::uint64_t max_body_bytes = 16ULL * 1024 * 1024;
+  std::chrono::milliseconds read_timeout{30'000};
+  std::chrono::milliseconds upstream_timeout{600'000};
+  std::chrono::milliseconds idle_timeout{60'000};
+  std::uint32_t max_connections = 1024;
+  std::uint32_t max_queued_responses = 64;
+  std::uint64_t kv_store_bytes = 1ULL << 30;
+};
+
+struct CodecPolicy {
+  std::vector<std::string> plugin_dirs;
+};
+
+struct LoggingPolicy {
+  std::string level = "info";  // trace, debug, info, warn, error, critical, off
+  std::string format = "text";  // text or json
+  std::string file;            // "" = stderr
+};
+
+struct Policy {
+  int schema_version = kPolicySchemaVersion;
+  std::string node_id;
+  ListenPolicy listen;
+  std::vector<PeerPolicy> peers;
+  std::vector<AgentPolicy> agents;
+  std::vector<RoutePolicy> routes;
+  LimitsPolicy limits;
+  CodecPolicy codecs;
+  LoggingPolicy logging;
+  std::string source;  // file the policy came from, for messages
+
+  [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;
+  [[nodiscard]] const RoutePolicy* find_route(std::string_view id) const noexcept;
+  [[nodiscard]] const PeerPolicy* find_peer(std::string_view id) const noexcept;
+};
+
+// Parses and validates; on failure the error message lists every problem found, one per line,
+// each as "<source>: <json pointer>: <what was expected>, got <value>".
+[[nodiscard]] Result<Policy> parse_policy(std::string_view json_text, std::string_view source);
+[[nodiscard]] Result<Policy> load_policy_file(const std::string& path);
+
+[[nodiscard]] Result<HostPort> parse_host_port(std::string_view text);
+[[nodiscard]] Result<HttpUrl> parse_http_url(std::string_view text);
+
+}  // namespace kvrelay

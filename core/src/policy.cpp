@@ -1,0 +1,448 @@
+#include "kvrelay/core/policy.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "json_reader.h"
+
+namespace kvrelay {
+
+using detail::Diagnostics;
+using detail::ObjectReader;
+using detail::pointer_append;
+using nlohmann::json;
+
+std::string HostPort::to_string() const {
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
+std::string HttpUrl::to_string() const { return fmt::format("http://{}:{}{}", host, port, base_path); }
+
+bool is_known_medium(std::string_view medium) noexcept {
+  if (std::find(std::begin(kBuiltinMedia), std::end(kBuiltinMedia), medium) != std::end(kBuiltinMedia)) {
+    return true;
+  }
+  constexpr std::string_view kPluginPrefix = "codec:";
+  return medium.size() > kPluginPrefix.size() && medium.substr(0, kPluginPrefix.size()) == kPluginPrefix;
+}
+
+Result<HostPort> parse_host_port(std::string_view text) {
+  std::string_view host;
+  std::string_view port_text;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return fail(ErrorCode::kInvalidArgument, "expected [ipv6]:port");
+    }
+    host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos) return fail(ErrorCode::kInvalidArgument, "expected host:port");
+    host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+  }
+  if (host.empty()) return fail(ErrorCode::kInvalidArgument, "empty host");
+  unsigned port = 0;
+  const auto [end, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (error != std::errc{} || end != port_text.data() + port_text.size() || port > 65535 || port_text.empty()) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("port '{}' is not 0..65535", port_text));
+  }
+  return HostPort{std::string(host), static_cast<std::uint16_t>(port)};
+}
+
+Result<HttpUrl> parse_http_url(std::string_view text) {
+  constexpr std::string_view kScheme = "http://";
+  if (text.substr(0, kScheme.size()) != kScheme) {
+    return fail(ErrorCode::kInvalidArgument, "expected an http:// URL");
+  }
+  std::string_view rest = text.substr(kScheme.size());
+  const auto slash = rest.find('/');
+  std::string_view authority = rest.substr(0, slash);
+  std::string base_path = slash == std::string_view::npos ? std::string() : std::string(rest.substr(slash));
+  while (!base_path.empty() && base_path.back() == '/') base_path.pop_back();
+  HttpUrl url;
+  url.base_path = std::move(base_path);
+  if (authority.find(':') == std::string_view::npos ||
+      (authority.front() == '[' && authority.back() == ']')) {
+    if (authority.empty()) return fail(ErrorCode::kInvalidArgument, "empty host");
+    url.host = std::string(authority);
+    url.port = 80;
+    return url;
+  }
+  KVRELAY_TRY(auto host_port, parse_host_port(authority));
+  if (host_port.port == 0) return fail(ErrorCode::kInvalidArgument, "port 0 in an upstream URL");
+  url.host = std::move(host_port.host);
+  url.port = host_port.port;
+  return url;
+}
+
+const AgentPolicy* Policy::find_agent(std::string_view id) const noexcept {
+  const auto found = std::find_if(agents.begin(), agents.end(), [&](const auto& a) { return a.id == id; });
+  return found == agents.end() ? nullptr : &*found;
+}
+
+const RoutePolicy* Policy::find_route(std::string_view id) const noexcept {
+  const auto found = std::find_if(routes.begin(), routes.end(), [&](const auto& r) { return r.id == id; });
+  return found == routes.end() ? nullptr : &*found;
+}
+
+const PeerPolicy* Policy::find_peer(std::string_view id) const noexcept {
+  const auto found = std::find_if(peers.begin(), peers.end(), [&](const auto& p) { return p.id == id; });
+  return found == peers.end() ? nullptr : &*found;
+}
+
+namespace {
+
+constexpr std::string_view kIdPattern = "identifier of letters, digits, '.', '_' or '-' (1..64 chars)";
+
+bool is_identifier(std::string_view text) {
+  if (text.empty() || text.size() > 64) return false;
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
+
+bool read_identifier(ObjectReader& reader, std::string_view key, std::string& out, Diagnostics& diag,
+                     bool required = true) {
+  const auto* value = reader.field(key, required);
+  if (value == nullptr) return false;
+  if (!value->is_string() || !is_identifier(value->get_ref<const std::string&>())) {
+    diag.expected(reader.pointer_of(key), kIdPattern, value);
+    return false;
+  }
+  out = value->get<std::string>();
+  return true;
+}
+
+void read_host_port(ObjectReader& reader, std::string_view key, std::optional<HostPort>& out,
+                    Diagnostics& diag, bool required) {
+  const auto* value = reader.field(key, required);
+  if (value == nullptr) return;
+  if (value->is_string()) {
+    auto parsed = parse_host_port(value->get_ref<const std::string&>());
+    if (parsed) {
+      out = std::move(parsed).value();
+      return;
+    }
+  }
+  diag.expected(reader.pointer_of(key), "\"host:port\" with port 0..65535", value);
+}
+
+void read_url(ObjectReader& reader, std::string_view key, std::optional<HttpUrl>& out, Diagnostics& diag,
+              bool required) {
+  const auto* value = reader.field(key, required);
+  if (value == nullptr) return;
+  if (value->is_string()) {
+    auto parsed = parse_http_url(value->get_ref<const std::string&>());
+    if (parsed) {
+      out = std::move(parsed).value();
+      return;
+    }
+  }
+  diag.expected(reader.pointer_of(key), "http://host[:port][/path] URL", value);
+}
+
+void read_listen(const json& value, const std::string& pointer, ListenPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  std::optional<HostPort> http;
+  read_host_port(reader, "http", http, diag, true);
+  if (http) out.http = *http;
+  read_host_port(reader, "admin", out.admin, diag, false);
+  read_host_port(reader, "peer", out.peer, diag, false);
+  reader.read_string("unix_socket", out.unix_socket, false);
+  reader.read_string("unix_socket_group", out.unix_socket_group, false);
+  if (const auto* uids = reader.field("allowed_uids", false)) {
+    if (!uids->is_array()) {
+      diag.expected(reader.pointer_of("allowed_uids"), "array of uids", uids);
+    } else {
+      for (std::size_t index = 0; index < uids->size(); ++index) {
+        const auto& uid = (*uids)[index];
+        if (!uid.is_number_unsigned() || uid.get<std::uint64_t>() > 0xFFFFFFFEULL) {
+          diag.expected(pointer_append(reader.pointer_of("allowed_uids"), index), "uid 0..4294967294", &uid);
+          continue;
+        }
+        out.allowed_uids.push_back(uid.get<std::uint32_t>());
+      }
+    }
+  }
+  reader.reject_unknown_keys();
+}
+
+void read_model(const json& value, const std::string& pointer, ModelFingerprint& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_string("architecture", out.architecture, true);
+  reader.read_u32("layers", out.layers, 1, KvLayout::kMaxLayers, true);
+  reader.read_u32("kv_heads", out.kv_heads, 1, KvLayout::kMaxKvHeads, true);
+  reader.read_u32("head_dim", out.head_dim, 1, KvLayout::kMaxHeadDim, true);
+  if (const auto* dtype = reader.field("dtype", true)) {
+    const auto parsed = dtype->is_string() ? parse_dtype(dtype->get_ref<const std::string&>()) : std::nullopt;
+    if (parsed) {
+      out.dtype = *parsed;
+    } else {
+      diag.expected(reader.pointer_of("dtype"), "one of \"fp32\", \"fp16\", \"bf16\"", dtype);
+    }
+  }
+  reader.read_string("weights", out.weights_identity, true);
+  reader.reject_unknown_keys();
+}
+
+template <class Item, class ReadOne>
+void read_array(ObjectReader& parent, std::string_view key, std::vector<Item>& out, Diagnostics& diag,
+                ReadOne read_one) {
+  const auto* value = parent.field(key, false);
+  if (value == nullptr) return;
+  if (!value->is_array()) {
+    diag.expected(parent.pointer_of(key), "array", value);
+    return;
+  }
+  for (std::size_t index = 0; index < value->size(); ++index) {
+    Item item;
+    read_one((*value)[index], pointer_append(parent.pointer_of(key), index), item);
+    out.push_back(std::move(item));
+  }
+}
+
+void read_peer(const json& value, const std::string& pointer, PeerPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  read_identifier(reader, "id", out.id, diag);
+  std::optional<HostPort> address;
+  read_host_port(reader, "address", address, diag, true);
+  if (address) out.address = *address;
+  reader.read_bool("same_host", out.same_host);
+  reader.reject_unknown_keys();
+}
+
+void read_agent(const json& value, const std::string& pointer, AgentPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  read_identifier(reader, "id", out.id, diag);
+  std::optional<HttpUrl> upstream;
+  read_url(reader, "upstream", upstream, diag, true);
+  if (upstream) out.upstream = *upstream;
+  if (const auto* model = reader.field("model", true)) read_model(*model, reader.pointer_of("model"), out.model, diag);
+  reader.read_int("role_priority", out.role_priority, 0, 7);
+  reader.read_bool("kv_connector", out.kv_connector);
+  read_identifier(reader, "node", out.node, diag, false);
+  read_url(reader, "metrics_url", out.metrics_url, diag, false);
+  reader.read_bool("accepts_sparse_kv", out.accepts_sparse_kv);
+  reader.reject_unknown_keys();
+}
+
+void read_media_list(ObjectReader& reader, std::string_view key, std::vector<std::string>& out, Diagnostics& diag) {
+  if (!reader.read_string_array(key, out)) return;
+  for (std::size_t index = 0; index < out.size(); ++index) {
+    if (!is_known_medium(out[index])) {
+      const json got = out[index];
+      diag.expected(pointer_append(reader.pointer_of(key), index),
+                    "a medium (tokens, kv_raw, kv_lossless, kv_fp8, kv_int8, kv_int4, kv_sparse or codec:<name>)",
+                    &got);
+    }
+  }
+}
+
+void read_route(const json& value, const std::string& pointer, RoutePolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  read_identifier(reader, "id", out.id, diag);
+  read_identifier(reader, "from", out.from_agent, diag);
+  read_identifier(reader, "to", out.to_agent, diag);
+  reader.read_bool("enabled", out.enabled);
+  read_media_list(reader, "allowed_media", out.allowed_media, diag);
+  if (const auto* forced = reader.field("forced_medium", false); forced != nullptr && !forced->is_null()) {
+    if (forced->is_string() && is_known_medium(forced->get_ref<const std::string&>())) {
+      out.forced_medium = forced->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("forced_medium"), "a medium name or null", forced);
+    }
+  }
+  reader.read_int("priority", out.priority, 0, 7);
+  std::chrono::milliseconds deadline{0};
+  if (reader.read_millis("deadline_ms", deadline, 1, 3'600'000)) out.deadline = deadline;
+  reader.read_double("audit_fraction", out.audit_fraction, 0.0, 1.0);
+  reader.read_double("hysteresis", out.hysteresis_threshold, 0.0, 10.0);
+  reader.read_double("quality_floor", out.quality_floor, 0.0, 1.0);
+  reader.read_bool("push", out.push);
+  reader.reject_unknown_keys();
+}
+
+void read_limits(const json& value, const std::string& pointer, LimitsPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_u32("max_header_bytes", out.max_header_bytes, 1024, 1U << 20);
+  reader.read_u64("max_body_bytes", out.max_body_bytes, 1024, 1ULL << 34);
+  reader.read_millis("read_timeout_ms", out.read_timeout, 1, 3'600'000);
+  reader.read_millis("upstream_timeout_ms", out.upstream_timeout, 1, 86'400'000);
+  reader.read_millis("idle_timeout_ms", out.idle_timeout, 1, 86'400'000);
+  reader.read_u32("max_connections", out.max_connections, 1, 1U << 20);
+  reader.read_u32("max_queued_responses", out.max_queued_responses, 1, 1U << 16);
+  reader.read_u64("kv_store_bytes", out.kv_store_bytes, 0, 1ULL << 50);
+  reader.reject_unknown_keys();
+}
+
+void read_codecs(const json& value, const std::string& pointer, CodecPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_string_array("plugin_dirs", out.plugin_dirs);
+  reader.reject_unknown_keys();
+}
+
+void read_logging(const json& value, const std::string& pointer, LoggingPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (const auto* level = reader.field("level", false)) {
+    if (level->is_string() &&
+        std::find(std::begin(kLevels), std::end(kLevels), level->get_ref<const std::string&>()) != std::end(kLevels)) {
+      out.level = level->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("level"), "one of trace, debug, info, warn, error, critical, off", level);
+    }
+  }
+  if (const auto* format = reader.field("format", false)) {
+    if (format->is_string() && (*format == "text" || *format == "json")) {
+      out.format = format->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("format"), "\"text\" or \"json\"", format);
+    }
+  }
+  reader.read_string("file", out.file, false);
+  reader.reject_unknown_keys();
+}
+
+template <class Item>
+void check_unique_ids(const std::vector<Item>& items, const std::string& pointer, Diagnostics& diag) {
+  std::set<std::string, std::less<>> seen;
+  for (std::size_t index = 0; index < items.size(); ++index) {
+    if (items[index].id.empty()) continue;
+    if (!seen.insert(items[index].id).second) {
+      diag.problem(pointer_append(pointer_append(pointer, index), "id"),
+                   fmt::format("duplicate id \"{}\"", items[index].id));
+    }
+  }
+}
+
+void check_references(const Policy& policy, Diagnostics& diag) {
+  check_unique_ids(policy.peers, "/peers", diag);
+  check_unique_ids(policy.agents, "/agents", diag);
+  check_unique_ids(policy.routes, "/routes", diag);
+  for (std::size_t index = 0; index < policy.peers.size(); ++index) {
+    if (!policy.node_id.empty() && policy.peers[index].id == policy.node_id) {
+      diag.problem(pointer_append(pointer_append("/peers", index), "id"),
+                   fmt::format("peer id \"{}\" is this node's own id", policy.node_id));
+    }
+  }
+  for (std::size_t index = 0; index < policy.agents.size(); ++index) {
+    const auto& agent = policy.agents[index];
+    if (!agent.node.empty() && agent.node != policy.node_id && policy.find_peer(agent.node) == nullptr) {
+      const json got = agent.node;
+      diag.expected(pointer_append(pointer_append("/agents", index), "node"),
+                    "this node's id or a peer id from /peers", &got);
+    }
+  }
+  for (std::size_t index = 0; index < policy.routes.size(); ++index) {
+    const auto& route = policy.routes[index];
+    const auto route_pointer = pointer_append("/routes", index);
+    for (const auto& [key, agent_id] : {std::pair{"from", &route.from_agent}, std::pair{"to", &route.to_agent}}) {
+      if (!agent_id->empty() && policy.find_agent(*agent_id) == nullptr) {
+        const json got = *agent_id;
+        diag.expected(pointer_append(route_pointer, key), "an agent id from /agents", &got);
+      }
+    }
+    if (!route.from_agent.empty() && route.from_agent == route.to_agent) {
+      diag.problem(pointer_append(route_pointer, "to"), "a route must connect two different agents");
+    }
+    if (route.forced_medium && !route.allowed_media.empty() &&
+        std::find(route.allowed_media.begin(), route.allowed_media.end(), *route.forced_medium) ==
+            route.allowed_media.end()) {
+      const json got = *route.forced_medium;
+      diag.expected(pointer_append(route_pointer, "forced_medium"), "a medium listed in allowed_media", &got);
+    }
+  }
+}
+
+std::string line_and_column(std::string_view text, std::size_t byte_offset) {
+  std::size_t line = 1;
+  std::size_t column = 1;
+  for (std::size_t index = 0; index < std::min(byte_offset, text.size()); ++index) {
+    if (text[index] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return fmt::format("line {}, column {}", line, column);
+}
+
+}  // namespace
+
+Result<Policy> parse_policy(std::string_view json_text, std::string_view source) {
+  json document;
+  try {
+    document = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& error) {
+    // nlohmann's byte index is 1-based and points just past the offending character.
+    const std::size_t offset = error.byte > 0 ? error.byte - 1 : 0;
+    std::string reason = error.what();
+    if (const auto colon = reason.find("parse error"); colon != std::string::npos) reason = reason.substr(colon);
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: malformed JSON at {}: {}", source, line_and_column(json_text, offset), reason));
+  }
+
+  Diagnostics diag{std::string(source)};
+  Policy policy;
+  policy.source = std::string(source);
+  ObjectReader root(document, "", diag);
+  if (root.is_object()) {
+    if (const auto* version = root.field("schema_version", true)) {
+      if (!version->is_number_integer() || version->get<std::int64_t>() != kPolicySchemaVersion) {
+        diag.expected(root.pointer_of("schema_version"), fmt::format("{}", kPolicySchemaVersion), version);
+      }
+    }
+    if (const auto* node = root.field("node", true)) {
+      ObjectReader node_reader(*node, "/node", diag);
+      if (node_reader.is_object()) {
+        read_identifier(node_reader, "id", policy.node_id, diag);
+        node_reader.reject_unknown_keys();
+      }
+    }
+    if (const auto* listen = root.field("listen", true)) read_listen(*listen, "/listen", policy.listen, diag);
+    read_array(root, "peers", policy.peers, diag,
+               [&](const json& v, const std::string& p, PeerPolicy& out) { read_peer(v, p, out, diag); });
+    read_array(root, "agents", policy.agents, diag,
+               [&](const json& v, const std::string& p, AgentPolicy& out) { read_agent(v, p, out, diag); });
+    read_array(root, "routes", policy.routes, diag,
+               [&](const json& v, const std::string& p, RoutePolicy& out) { read_route(v, p, out, diag); });
+    if (const auto* limits = root.field("limits", false)) read_limits(*limits, "/limits", policy.limits, diag);
+    if (const auto* codecs = root.field("codecs", false)) read_codecs(*codecs, "/codecs", policy.codecs, diag);
+    if (const auto* logging = root.field("logging", false)) read_logging(*logging, "/logging", policy.logging, diag);
+    root.field("$schema", false);  // editors' hint; ignored
+    root.reject_unknown_keys();
+    if (diag.empty()) check_references(policy, diag);
+  }
+  if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
+  return policy;
+}
+
+Result<Policy> load_policy_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return fail(ErrorCode::kNotFound, fmt::format("{}: cannot open policy file", path));
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  if (file.bad()) return fail(ErrorCode::kIo, fmt::format("{}: read failed", path));
+  return parse_policy(contents.str(), path);
+}
+
+}  // namespace kvrelay

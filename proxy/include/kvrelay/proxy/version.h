@@ -1,0 +1,7 @@
+#pragma once
+
+namespace kvrelay::proxy {
+
+inline constexpr const char* kVersion = KVRELAY_VERSION_STRING;
+
+}  // namespace kvrelay::proxy

@@ -1,0 +1,19 @@
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "kvrelay/proxy/version.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvrelay: moves agent context between LLM workers as tokens or KV, whichever is cheaper"};
+  app.set_version_flag("-V,--version", std::string("kvrelay ") + kvrelay::proxy::kVersion);
+  app.require_subcommand(1);
+  int exit_code = 0;
+  kvrelay::cli::add_serve_command(app, exit_code);
+  kvrelay::cli::add_check_config_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  return exit_code;
+}

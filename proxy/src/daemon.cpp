@@ -1,0 +1,156 @@
+#include "kvrelay/proxy/daemon.h"
+
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "kvrelay/core/policy.h"
+#include "kvrelay/proxy/admin_router.h"
+#include "kvrelay/proxy/http_server.h"
+#include "kvrelay/proxy/logging.h"
+#include "kvrelay/proxy/version.h"
+
+namespace kvrelay::proxy {
+
+namespace asio = boost::asio;
+
+namespace {
+
+constexpr std::chrono::seconds kDrainDeadline{20};
+
+struct DaemonState {
+  std::atomic<bool> ready{false};
+  std::atomic<bool> draining{false};
+};
+
+std::vector<AdminEndpoint> build_admin_table(const std::shared_ptr<DaemonState>& state,
+                                             const std::shared_ptr<const Policy>& policy) {
+  std::vector<AdminEndpoint> table;
+  table.push_back({http::verb::get, "/healthz", "liveness: 200 while the process serves requests",
+                   [](const HttpRequest& request) {
+                     return make_json_response(http::status::ok, R"({"status":"ok"})", request);
+                   }});
+  table.push_back({http::verb::get, "/readyz", "readiness: 200 once listening and not draining, else 503",
+                   [state](const HttpRequest& request) {
+                     const bool ready = state->ready.load() && !state->draining.load();
+                     return make_json_response(ready ? http::status::ok : http::status::service_unavailable,
+                                               ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})",
+                                               request);
+                   }});
+  table.push_back({http::verb::get, "/version", "build version and the node this daemon serves",
+                   [policy](const HttpRequest& request) {
+                     nlohmann::json body{{"version", kVersion}, {"node", policy->node_id}};
+                     return make_json_response(http::status::ok, body.dump(), request);
+                   }});
+  return table;
+}
+
+Status write_ready_file(const std::string& path, std::uint16_t http_port, std::uint16_t admin_port) {
+  nlohmann::json body{{"pid", ::getpid()}, {"http", http_port}, {"admin", admin_port}};
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::trunc);
+    file << body.dump() << '\n';
+    if (!file) return fail(ErrorCode::kIo, fmt::format("cannot write ready file {}", temporary));
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) return fail(ErrorCode::kIo, fmt::format("cannot rename {} to {}: {}", temporary, path, ec.message()));
+  return ok();
+}
+
+}  // namespace
+
+int run_daemon(const DaemonOptions& options) {
+  auto loaded = load_policy_file(options.config_path);
+  if (!loaded) {
+    // Logging is not configured yet: report on stderr exactly what check-config would print.
+    std::fprintf(stderr, "kvrelay: invalid policy:\n%s\n", loaded.error().message.c_str());
+    return 2;
+  }
+  auto policy = std::make_shared<const Policy>(std::move(loaded).value());
+  if (auto logging = configure_logging(policy->logging); !logging) {
+    std::fprintf(stderr, "kvrelay: %s\n", logging.error().to_string().c_str());
+    return 2;
+  }
+  spdlog::info("kvrelay {} starting: node {}, policy {} ({} agents, {} routes, {} peers)", kVersion, policy->node_id,
+               policy->source, policy->agents.size(), policy->routes.size(), policy->peers.size());
+
+  asio::io_context io;
+  auto state = std::make_shared<DaemonState>();
+  const auto limits = HttpServerLimits::from_policy(policy->limits);
+
+  auto admin_router = std::make_shared<AdminRouter>(build_admin_table(state, policy));
+  auto main_handler = [admin_router](const HttpRequest& request) { return admin_router->handle(request); };
+
+  HttpServer main_server(io, limits, main_handler);
+  if (auto listening = main_server.listen(policy->listen.http); !listening) {
+    spdlog::critical("cannot listen for HTTP: {}", listening.error().to_string());
+    return 1;
+  }
+  std::unique_ptr<HttpServer> admin_server;
+  if (policy->listen.admin) {
+    admin_server = std::make_unique<HttpServer>(io, limits, main_handler);
+    if (auto listening = admin_server->listen(*policy->listen.admin); !listening) {
+      spdlog::critical("cannot listen for admin: {}", listening.error().to_string());
+      return 1;
+    }
+  }
+  const auto http_port = main_server.local_endpoint().port();
+  const auto admin_port = admin_server ? admin_server->local_endpoint().port() : http_port;
+  spdlog::info("listening: http {}:{}, admin port {}", policy->listen.http.host, http_port, admin_port);
+  if (!options.ready_file.empty()) {
+    if (auto written = write_ready_file(options.ready_file, http_port, admin_port); !written) {
+      spdlog::critical("{}", written.error().to_string());
+      return 1;
+    }
+  }
+  state->ready = true;
+
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  asio::steady_timer drain_timer(io);
+  const auto drain_started = std::make_shared<std::chrono::steady_clock::time_point>();
+  std::function<void()> poll_drain = [&] {
+    const bool idle = main_server.active_connections() == 0 &&
+                      (!admin_server || admin_server->active_connections() == 0);
+    if (idle || std::chrono::steady_clock::now() - *drain_started > kDrainDeadline) {
+      if (!idle) spdlog::warn("drain deadline passed with connections still open; exiting");
+      io.stop();
+      return;
+    }
+    drain_timer.expires_after(std::chrono::milliseconds(20));
+    drain_timer.async_wait([&](boost::system::error_code) { poll_drain(); });
+  };
+  signals.async_wait([&](boost::system::error_code ec, int signal_number) {
+    if (ec) return;
+    spdlog::info("signal {}: draining (stop accepting, finish in-flight requests)", signal_number);
+    state->draining = true;
+    *drain_started = std::chrono::steady_clock::now();
+    main_server.stop_accepting();
+    if (admin_server) admin_server->stop_accepting();
+    poll_drain();
+  });
+
+  std::vector<std::thread> workers;
+  for (unsigned index = 1; index < std::max(1U, options.io_threads); ++index) {
+    workers.emplace_back([&io] { io.run(); });
+  }
+  io.run();
+  for (auto& worker : workers) worker.join();
+  spdlog::info("kvrelay stopped");
+  return 0;
+}
+
+}  // namespace kvrelay::proxy

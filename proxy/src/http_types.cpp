@@ -1,0 +1,36 @@
+#include "kvrelay/proxy/http_types.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kvrelay::proxy {
+
+HttpResponse make_json_error(http::status status, std::string_view type, std::string_view message,
+                             unsigned version, bool keep_alive) {
+  nlohmann::json body;
+  body["error"] = {{"message", message}, {"type", type}, {"code", static_cast<unsigned>(status)}};
+  HttpResponse response{status, version};
+  response.set(http::field::content_type, "application/json");
+  response.set(http::field::server, "kvrelay");
+  response.keep_alive(keep_alive);
+  response.body() = body.dump();
+  response.body() += '\n';
+  response.prepare_payload();
+  return response;
+}
+
+HttpResponse make_json_response(http::status status, std::string body, const HttpRequest& request) {
+  return make_text_response(status, std::move(body), "application/json", request);
+}
+
+HttpResponse make_text_response(http::status status, std::string body, std::string_view content_type,
+                                const HttpRequest& request) {
+  HttpResponse response{status, request.version()};
+  response.set(http::field::content_type, content_type);
+  response.set(http::field::server, "kvrelay");
+  response.keep_alive(request.keep_alive());
+  response.body() = std::move(body);
+  response.prepare_payload();
+  return response;
+}
+
+}  // namespace kvrelay::proxy

@@ -1,0 +1,56 @@
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <memory>
+#include <string>
+
+#include "support/child_process.h"
+#include "support/http_client.h"
+#include "support/test_paths.h"
+
+namespace kvrelay::test {
+
+// A kvrelay daemon in its own process, on kernel-chosen ports, found through its ready file.
+class DaemonUnderTest {
+ public:
+  explicit DaemonUnderTest(const nlohmann::json& policy) {
+    write_file(dir_ / "policy.json", policy.dump(2));
+    process_ = std::make_unique<ChildProcess>(
+        std::vector<std::string>{kvrelay_binary().string(), "serve", "--config", (dir_ / "policy.json").string(),
+                                 "--ready-file", (dir_ / "ready.json").string()},
+        dir_.path());
+    const bool ready = wait_until([&] { return std::filesystem::exists(dir_ / "ready.json") || !process_->running(); },
+                                  std::chrono::seconds(20));
+    if (!ready || !std::filesystem::exists(dir_ / "ready.json")) {
+      FAIL("daemon did not start: " << process_->stderr_text());
+    }
+    const auto ports = nlohmann::json::parse(read_file(dir_ / "ready.json"));
+    http_port_ = ports["http"].get<std::uint16_t>();
+    admin_port_ = ports["admin"].get<std::uint16_t>();
+  }
+
+  [[nodiscard]] std::uint16_t http_port() const { return http_port_; }
+  [[nodiscard]] std::uint16_t admin_port() const { return admin_port_; }
+  [[nodiscard]] ChildProcess& process() { return *process_; }
+  [[nodiscard]] const TempDir& dir() const { return dir_; }
+
+ private:
+  TempDir dir_;
+  std::unique_ptr<ChildProcess> process_;
+  std::uint16_t http_port_ = 0;
+  std::uint16_t admin_port_ = 0;
+};
+
+inline nlohmann::json basic_daemon_policy() {
+  return nlohmann::json::parse(R"({
+    "schema_version": 1,
+    "node": {"id": "test-node"},
+    "listen": {"http": "127.0.0.1:0"},
+    "limits": {"max_header_bytes": 2048, "max_body_bytes": 4096, "read_timeout_ms": 500}
+  })");
+}
+
+}  // namespace kvrelay::test
