@@ -138,8 +138,8 @@ int run_daemon(const DaemonOptions& options) {
     spdlog::info("signal {}: draining (stop accepting, finish in-flight requests)", signal_number);
     state->draining = true;
     *drain_started = std::chrono::steady_clock::now();
-    main_server.stop_accepting();
-    if (admin_server) admin_server->stop_accepting();
+    main_server.drain();
+    if (admin_server) admin_server->drain();
     poll_drain();
   });
 

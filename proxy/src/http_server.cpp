@@ -12,6 +12,8 @@
 #include <spdlog/spdlog.h>
 
 #include <deque>
+#include <mutex>
+#include <vector>
 #include <optional>
 
 namespace kvrelay::proxy {
@@ -31,13 +33,33 @@ HttpServerLimits HttpServerLimits::from_policy(const LimitsPolicy& limits) {
   return result;
 }
 
+namespace {
+
+// What the server needs from a connection when it drains: close it if it sits between requests.
+class DrainableSession {
+ public:
+  virtual ~DrainableSession() = default;
+  virtual void close_if_idle() = 0;
+};
+
+}  // namespace
+
 struct HttpServer::State {
   asio::io_context& io;
   HttpServerLimits limits;
   RequestHandler handler;
   tcp::acceptor acceptor;
   std::atomic<std::uint64_t> active{0};
+  std::atomic<bool> draining{false};
   bool accepting = false;
+  std::mutex sessions_mutex;
+  std::vector<std::weak_ptr<DrainableSession>> sessions;
+
+  void track(const std::shared_ptr<DrainableSession>& session) {
+    const std::lock_guard lock(sessions_mutex);
+    std::erase_if(sessions, [](const auto& weak) { return weak.expired(); });
+    sessions.push_back(session);
+  }
 
   State(asio::io_context& context, HttpServerLimits server_limits, RequestHandler request_handler)
       : io(context), limits(server_limits), handler(std::move(request_handler)), acceptor(asio::make_strand(context)) {}
@@ -47,18 +69,28 @@ namespace {
 
 // One connection. Reads requests with a deadline each, answers each through the handler and
 // keeps at most max_queued_responses answers waiting to be written (HTTP pipelining bound).
-class HttpSession : public std::enable_shared_from_this<HttpSession> {
+class HttpSession final : public DrainableSession, public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(tcp::socket&& socket, std::shared_ptr<HttpServer::State> server)
       : stream_(std::move(socket)), server_(std::move(server)) {
     ++server_->active;
   }
-  ~HttpSession() { --server_->active; }
+  ~HttpSession() override { --server_->active; }
   HttpSession(const HttpSession&) = delete;
   HttpSession& operator=(const HttpSession&) = delete;
 
   void start() {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_next(); });
+  }
+
+  // Draining: a connection waiting for its next request is closed; one mid-request finishes it
+  // and is closed after the response (read_next refuses to start another).
+  void close_if_idle() override {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      self->closing_ = true;
+      const bool mid_request = self->reading_ && self->parser_ && self->parser_->got_some();
+      if (!mid_request && self->queue_.empty()) self->shutdown();
+    });
   }
 
   // Over the connection cap: answer 503 once and close, without reading the request.
@@ -72,7 +104,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
  private:
   void read_next() {
-    if (closing_ || reading_) return;
+    if (server_->draining.load()) closing_ = true;
+    if (closing_ || reading_) {
+      if (closing_ && !reading_ && queue_.empty()) shutdown();
+      return;
+    }
     parser_.emplace();
     parser_->header_limit(server_->limits.max_header_bytes);
     parser_->body_limit(server_->limits.max_body_bytes);
@@ -107,7 +143,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     HttpRequest request = parser_->release();
     HttpResponse response = server_->handler(request);
     response.version(request.version());
-    response.keep_alive(request.keep_alive() && response.keep_alive());
+    response.keep_alive(request.keep_alive() && response.keep_alive() && !server_->draining.load());
     response.prepare_payload();
     queue_.push_back(std::move(response));
     if (queue_.size() == 1) write_front();
@@ -181,6 +217,7 @@ void accept_next(const std::shared_ptr<HttpServer::State>& state) {
           if (state->active.load() > state->limits.max_connections) {
             session->reject_over_capacity();
           } else {
+            state->track(session);
             session->start();
           }
         }
@@ -221,6 +258,19 @@ Status HttpServer::listen(const HostPort& address) {
 tcp::endpoint HttpServer::local_endpoint() const {
   beast::error_code ec;
   return state_->acceptor.local_endpoint(ec);
+}
+
+void HttpServer::drain() {
+  stop_accepting();
+  state_->draining = true;
+  std::vector<std::shared_ptr<DrainableSession>> sessions;
+  {
+    const std::lock_guard lock(state_->sessions_mutex);
+    for (const auto& weak : state_->sessions) {
+      if (auto session = weak.lock()) sessions.push_back(std::move(session));
+    }
+  }
+  for (const auto& session : sessions) session->close_if_idle();
 }
 
 void HttpServer::stop_accepting() {

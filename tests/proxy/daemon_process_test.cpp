@@ -1,4 +1,11 @@
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
+
+#include <array>
+#include <string_view>
 
 #include "daemon_fixture.h"
 
@@ -71,4 +78,25 @@ TEST_CASE("daemon refuses to start on an invalid policy and names the pointer", 
                                   dir.path());
   CHECK(result.exit_status == 2);
   CHECK_THAT(result.err, Catch::Contains("/limits/read_timeout_ms: expected integer milliseconds"));
+}
+
+TEST_CASE("SIGTERM closes idle keep-alive connections instead of waiting for them", "[proxy][process]") {
+  DaemonUnderTest daemon(basic_daemon_policy());
+  // A client that sent one request and keeps the connection open without sending another.
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket idle(io);
+  idle.connect({boost::asio::ip::make_address("127.0.0.1"), daemon.http_port()});
+  const std::string request = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  boost::asio::write(idle, boost::asio::buffer(request));
+  std::array<char, 512> reply{};
+  const auto received = idle.read_some(boost::asio::buffer(reply));
+  REQUIRE(std::string_view(reply.data(), received).substr(0, 12) == "HTTP/1.1 200");
+
+  daemon.process().send_signal(SIGTERM);
+  const auto status = daemon.process().wait_for_exit(std::chrono::seconds(5));
+  REQUIRE(status.has_value());  // well before the 20 s drain deadline
+  CHECK(*status == 0);
+  boost::system::error_code ec;
+  (void)idle.read_some(boost::asio::buffer(reply), ec);
+  CHECK(ec == boost::asio::error::eof);
 }

@@ -39,8 +39,11 @@ class HttpServer {
   [[nodiscard]] Status listen(const HostPort& address);
   [[nodiscard]] boost::asio::ip::tcp::endpoint local_endpoint() const;
 
-  // Stops accepting; open connections finish the request they are on.
+  // Stops accepting new connections.
   void stop_accepting();
+  // Stops accepting and closes connections between requests; a request already being read or
+  // answered completes and its connection closes after the response.
+  void drain();
 
   [[nodiscard]] std::uint64_t active_connections() const;
 
