@@ -25,5 +25,5 @@ add_library(kvrelay::dep::zstd ALIAS kvrelay_dep_zstd)
 add_library(kvrelay_dep_boost INTERFACE)
 target_link_libraries(kvrelay_dep_boost INTERFACE Boost::headers Threads::Threads)
 target_compile_definitions(kvrelay_dep_boost INTERFACE
-  BOOST_ASIO_NO_DEPRECATED BOOST_BEAST_USE_STD_STRING_VIEW)
+  BOOST_ASIO_NO_DEPRECATED)
 add_library(kvrelay::dep::boost ALIAS kvrelay_dep_boost)

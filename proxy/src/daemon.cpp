@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "kvrelay/core/policy.h"
+#include "kvrelay/core/metrics.h"
 #include "kvrelay/proxy/admin_router.h"
+#include "kvrelay/proxy/front_proxy.h"
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
 #include "kvrelay/proxy/version.h"
@@ -36,7 +38,8 @@ struct DaemonState {
 };
 
 std::vector<AdminEndpoint> build_admin_table(const std::shared_ptr<DaemonState>& state,
-                                             const std::shared_ptr<const Policy>& policy) {
+                                             const std::shared_ptr<const Policy>& policy,
+                                             const std::shared_ptr<metrics::Registry>& registry) {
   std::vector<AdminEndpoint> table;
   table.push_back({http::verb::get, "/healthz", "liveness: 200 while the process serves requests",
                    [](const HttpRequest& request) {
@@ -48,6 +51,11 @@ std::vector<AdminEndpoint> build_admin_table(const std::shared_ptr<DaemonState>&
                      return make_json_response(ready ? http::status::ok : http::status::service_unavailable,
                                                ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})",
                                                request);
+                   }});
+  table.push_back({http::verb::get, "/metrics", "Prometheus metrics of every component (text format 0.0.4)",
+                   [registry](const HttpRequest& request) {
+                     return make_text_response(http::status::ok, registry->render(),
+                                               "text/plain; version=0.0.4; charset=utf-8", request);
                    }});
   table.push_back({http::verb::get, "/version", "build version and the node this daemon serves",
                    [policy](const HttpRequest& request) {
@@ -92,17 +100,26 @@ int run_daemon(const DaemonOptions& options) {
   auto state = std::make_shared<DaemonState>();
   const auto limits = HttpServerLimits::from_policy(policy->limits);
 
-  auto admin_router = std::make_shared<AdminRouter>(build_admin_table(state, policy));
-  auto main_handler = [admin_router](const HttpRequest& request) { return admin_router->handle(request); };
+  auto registry = std::make_shared<metrics::Registry>();
+  auto front_proxy = std::make_shared<FrontProxy>(policy, *registry);
+  auto admin_router = std::make_shared<AdminRouter>(build_admin_table(state, policy, registry));
+  const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
+    return admin_router->handle(request);
+  };
+  // Agent traffic and admin share the main listener unless the policy gives admin its own.
+  const Dispatcher main_dispatcher = [front_proxy, admin_router](HttpRequest&& request) -> Reply {
+    if (parse_agent_target(request.target())) return front_proxy->dispatch(std::move(request));
+    return admin_router->handle(request);
+  };
 
-  HttpServer main_server(io, limits, main_handler);
+  HttpServer main_server(io, limits, main_dispatcher);
   if (auto listening = main_server.listen(policy->listen.http); !listening) {
     spdlog::critical("cannot listen for HTTP: {}", listening.error().to_string());
     return 1;
   }
   std::unique_ptr<HttpServer> admin_server;
   if (policy->listen.admin) {
-    admin_server = std::make_unique<HttpServer>(io, limits, main_handler);
+    admin_server = std::make_unique<HttpServer>(io, limits, admin_dispatcher);
     if (auto listening = admin_server->listen(*policy->listen.admin); !listening) {
       spdlog::critical("cannot listen for admin: {}", listening.error().to_string());
       return 1;

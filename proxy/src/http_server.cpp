@@ -47,7 +47,7 @@ class DrainableSession {
 struct HttpServer::State {
   asio::io_context& io;
   HttpServerLimits limits;
-  RequestHandler handler;
+  Dispatcher dispatcher;
   tcp::acceptor acceptor;
   std::atomic<std::uint64_t> active{0};
   std::atomic<bool> draining{false};
@@ -61,8 +61,8 @@ struct HttpServer::State {
     sessions.push_back(session);
   }
 
-  State(asio::io_context& context, HttpServerLimits server_limits, RequestHandler request_handler)
-      : io(context), limits(server_limits), handler(std::move(request_handler)), acceptor(asio::make_strand(context)) {}
+  State(asio::io_context& context, HttpServerLimits server_limits, Dispatcher request_dispatcher)
+      : io(context), limits(server_limits), dispatcher(std::move(request_dispatcher)), acceptor(asio::make_strand(context)) {}
 };
 
 namespace {
@@ -97,7 +97,7 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
   void reject_over_capacity() {
     queue_.push_back(make_json_error(http::status::service_unavailable, "overloaded",
                                      "connection limit reached; retry later"));
-    queue_.back().set(http::field::retry_after, "1");
+    std::get<HttpResponse>(queue_.back()).set(http::field::retry_after, "1");
     closing_ = true;
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->write_front(); });
   }
@@ -141,13 +141,22 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
 
     ++requests_served_;
     HttpRequest request = parser_->release();
-    HttpResponse response = server_->handler(request);
-    response.version(request.version());
-    response.keep_alive(request.keep_alive() && response.keep_alive() && !server_->draining.load());
-    response.prepare_payload();
-    queue_.push_back(std::move(response));
+    const unsigned version = request.version();
+    const bool client_keep_alive = request.keep_alive();
+    Reply reply = server_->dispatcher(std::move(request));
+    if (auto* response = std::get_if<HttpResponse>(&reply)) {
+      response->version(version);
+      response->keep_alive(client_keep_alive && response->keep_alive() && !server_->draining.load());
+      response->prepare_payload();
+    } else {
+      streaming_keep_alive_ = client_keep_alive;
+    }
+    queue_.push_back(std::move(reply));
     if (queue_.size() == 1) write_front();
-    if (queue_.size() < server_->limits.max_queued_responses) read_next();
+    // A streamed reply owns the connection until it finishes: no pipelined reads meanwhile.
+    if (queue_.size() < server_->limits.max_queued_responses && std::holds_alternative<HttpResponse>(queue_.back())) {
+      read_next();
+    }
   }
 
   void fail_request(beast::error_code ec) {
@@ -169,20 +178,31 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
   }
 
   void write_front() {
-    stream_.expires_after(server_->limits.read_timeout);
-    http::async_write(stream_, queue_.front(),
-                      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_write(ec); });
+    if (auto* response = std::get_if<HttpResponse>(&queue_.front())) {
+      stream_.expires_after(server_->limits.read_timeout);
+      http::async_write(stream_, *response, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+        self->on_written(!ec, !ec && std::get<HttpResponse>(self->queue_.front()).keep_alive());
+      });
+      return;
+    }
+    auto responder = std::get<std::shared_ptr<StreamingResponder>>(queue_.front());
+    responder->start(stream_, [self = shared_from_this()](bool keep_alive) {
+      // The responder may finish on another executor; continue on the session's.
+      asio::dispatch(self->stream_.get_executor(), [self, keep_alive] {
+        self->on_written(true, keep_alive && self->streaming_keep_alive_ && !self->server_->draining.load());
+      });
+    });
   }
 
-  void on_write(beast::error_code ec) {
-    if (ec) return shutdown();
-    const bool keep_alive = queue_.front().keep_alive();
+  void on_written(bool succeeded, bool keep_alive) {
+    if (!succeeded) return shutdown();
     const bool was_full = queue_.size() >= server_->limits.max_queued_responses;
+    const bool was_streaming = !std::holds_alternative<HttpResponse>(queue_.front());
     queue_.pop_front();
     if (!keep_alive) closing_ = true;
     if (!queue_.empty()) return write_front();
     if (closing_) return shutdown();
-    if (was_full || !reading_) read_next();
+    if (was_full || was_streaming || !reading_) read_next();
   }
 
   void close_when_drained() {
@@ -200,7 +220,8 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
   beast::flat_buffer buffer_;
   std::shared_ptr<HttpServer::State> server_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::deque<HttpResponse> queue_;
+  std::deque<Reply> queue_;
+  bool streaming_keep_alive_ = true;
   std::uint64_t requests_served_ = 0;
   bool reading_ = false;
   bool closing_ = false;
@@ -227,8 +248,8 @@ void accept_next(const std::shared_ptr<HttpServer::State>& state) {
 
 }  // namespace
 
-HttpServer::HttpServer(asio::io_context& io, HttpServerLimits limits, RequestHandler handler)
-    : state_(std::make_shared<State>(io, limits, std::move(handler))) {}
+HttpServer::HttpServer(asio::io_context& io, HttpServerLimits limits, Dispatcher dispatcher)
+    : state_(std::make_shared<State>(io, limits, std::move(dispatcher))) {}
 
 HttpServer::~HttpServer() { stop_accepting(); }
 

@@ -1,7 +1,8 @@
 #pragma once
 
 // Beast HTTP/1.1 server: owns sockets, deadlines, parser limits and the bounded per-connection
-// response queue; everything it answers comes from a RequestHandler.
+// response queue; everything it answers comes from a Dispatcher (a pure function for admin
+// endpoints, or a StreamingResponder for proxied requests).
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -14,6 +15,7 @@
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/proxy/admin_router.h"
+#include "kvrelay/proxy/streaming_responder.h"
 
 namespace kvrelay::proxy {
 
@@ -30,7 +32,7 @@ struct HttpServerLimits {
 
 class HttpServer {
  public:
-  HttpServer(boost::asio::io_context& io, HttpServerLimits limits, RequestHandler handler);
+  HttpServer(boost::asio::io_context& io, HttpServerLimits limits, Dispatcher dispatcher);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

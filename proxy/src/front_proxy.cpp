@@ -1,0 +1,158 @@
+#include "kvrelay/proxy/front_proxy.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <random>
+
+#include "kvrelay/proxy/upstream_relay.h"
+
+namespace kvrelay::proxy {
+
+namespace {
+
+constexpr std::string_view kAgentsPrefix = "/agents/";
+
+// Endpoints of the OpenAI API that the front proxy forwards; anything else is a 404, so a typo in
+// a framework's base URL fails loudly instead of reaching the worker.
+bool is_forwarded_endpoint(http::verb method, std::string_view path) {
+  path = path.substr(0, path.find('?'));
+  if (method == http::verb::post) return path == "/v1/completions" || path == "/v1/chat/completions";
+  if (method == http::verb::get) return path == "/v1/models";
+  return false;
+}
+
+bool is_generation_endpoint(std::string_view path) {
+  path = path.substr(0, path.find('?'));
+  return path == "/v1/completions" || path == "/v1/chat/completions";
+}
+
+}  // namespace
+
+std::optional<AgentRequestTarget> parse_agent_target(std::string_view target) {
+  if (target.substr(0, kAgentsPrefix.size()) != kAgentsPrefix) return std::nullopt;
+  const auto rest = target.substr(kAgentsPrefix.size());
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos || slash == 0) return std::nullopt;
+  return AgentRequestTarget{std::string(rest.substr(0, slash)), std::string(rest.substr(slash))};
+}
+
+std::string generate_request_id() {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  return fmt::format("{:016x}{:016x}", generator(), generator());
+}
+
+Result<std::string> inject_kv_transfer_params(std::string_view body, const std::string& params_json) {
+  nlohmann::json document = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (document.is_discarded()) return fail(ErrorCode::kInvalidArgument, "request body is not valid JSON");
+  if (!document.is_object()) return fail(ErrorCode::kInvalidArgument, "request body must be a JSON object");
+  auto& params = document["kv_transfer_params"];
+  if (params.is_null()) params = nlohmann::json::object();
+  if (!params.is_object()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params must be a JSON object");
+  params["kvrelay"] = nlohmann::json::parse(params_json);
+  return document.dump();
+}
+
+FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
+    : requests(registry.counter("kvrelay_proxy_requests_total", "Requests through the front proxy by agent, endpoint and status",
+                                {"agent", "endpoint", "status"})),
+      time_to_first_byte(registry.histogram("kvrelay_proxy_time_to_first_byte_seconds",
+                                            "Time from forwarding a request to the upstream's first response byte",
+                                            {"agent"}, metrics::latency_buckets_seconds())),
+      latency(registry.histogram("kvrelay_proxy_request_duration_seconds",
+                                 "Total time of a proxied request, last byte included", {"agent"},
+                                 metrics::latency_buckets_seconds())),
+      upstream_errors(registry.counter("kvrelay_proxy_upstream_errors_total",
+                                       "Upstream failures by agent and kind (connect, timeout, read, write, client)",
+                                       {"agent", "kind"})),
+      in_flight(registry.gauge("kvrelay_proxy_requests_in_flight", "Proxied requests not yet finished")) {}
+
+FrontProxy::FrontProxy(std::shared_ptr<const Policy> policy, metrics::Registry& registry)
+    : policy_(std::move(policy)), metrics_(registry) {}
+
+void FrontProxy::set_policy(std::shared_ptr<const Policy> policy) { policy_.store(std::move(policy)); }
+
+std::shared_ptr<const Policy> FrontProxy::policy() const { return policy_.load(); }
+
+Reply FrontProxy::dispatch(HttpRequest&& request) {
+  const auto target = parse_agent_target(request.target());
+  const auto version = request.version();
+  const bool keep_alive = request.keep_alive();
+  if (!target) {
+    return make_json_error(http::status::not_found, "not_found",
+                           fmt::format("no endpoint at {}", std::string(request.target())), version, keep_alive);
+  }
+  const auto policy = this->policy();  // this request keeps this policy to its end
+  const auto* agent = policy->find_agent(target->agent);
+  if (agent == nullptr) {
+    return make_json_error(http::status::not_found, "unknown_agent",
+                           fmt::format("agent '{}' is not in this sidecar's policy", target->agent), version,
+                           keep_alive);
+  }
+  if (!is_forwarded_endpoint(request.method(), target->upstream_path)) {
+    return make_json_error(http::status::not_found, "not_found",
+                           fmt::format("{} {} is not an endpoint kvrelay forwards (completions, chat/completions, models)",
+                                       std::string(request.method_string()), target->upstream_path),
+                           version, keep_alive);
+  }
+
+  std::string request_id(request["X-Request-Id"]);
+  if (request_id.empty()) request_id = generate_request_id();
+
+  if (agent->kv_connector && is_generation_endpoint(target->upstream_path)) {
+    nlohmann::json routes = nlohmann::json::array();
+    for (const auto& route : policy->routes) {
+      if (route.to_agent == agent->id && route.enabled) routes.push_back(route.id);
+    }
+    const nlohmann::json params{{"request_id", request_id}, {"agent", agent->id}, {"node", policy->node_id},
+                                {"routes", routes}};
+    auto body = inject_kv_transfer_params(request.body(), params.dump());
+    if (!body) {
+      metrics_.requests.with({agent->id, target->upstream_path, "400"}).inc();
+      return make_json_error(http::status::bad_request, "invalid_request_error", body.error().message, version,
+                             keep_alive);
+    }
+    request.body() = std::move(body).value();
+  }
+
+  HttpRequest upstream_request{request.method(), agent->upstream.base_path + target->upstream_path, 11};
+  for (const auto& field : request) {
+    switch (field.name()) {
+      case http::field::connection:
+      case http::field::keep_alive:
+      case http::field::proxy_connection:
+      case http::field::te:
+      case http::field::trailer:
+      case http::field::transfer_encoding:
+      case http::field::upgrade:
+      case http::field::host:
+      case http::field::content_length:
+        break;
+      default:
+        upstream_request.insert(field.name_string(), field.value());
+    }
+  }
+  upstream_request.set(http::field::host, fmt::format("{}:{}", agent->upstream.host, agent->upstream.port));
+  upstream_request.set("X-Request-Id", request_id);
+  upstream_request.keep_alive(false);
+  upstream_request.body() = std::move(request.body());
+  upstream_request.prepare_payload();
+
+  metrics_.in_flight.get().inc();
+  auto on_finished = [this, agent_id = agent->id, endpoint = target->upstream_path](const RelayOutcome& outcome) {
+    metrics_.in_flight.get().dec();
+    metrics_.requests.with({agent_id, endpoint, std::to_string(outcome.status)}).inc();
+    if (outcome.upstream_failed || !outcome.error_kind.empty()) {
+      metrics_.upstream_errors.with({agent_id, outcome.error_kind}).inc();
+    }
+    if (!outcome.upstream_failed) {
+      metrics_.time_to_first_byte.with({agent_id}).observe(std::chrono::duration<double>(outcome.time_to_first_byte).count());
+    }
+    metrics_.latency.with({agent_id}).observe(std::chrono::duration<double>(outcome.total).count());
+  };
+  return make_upstream_relay(agent->upstream, std::move(upstream_request), keep_alive,
+                             policy->limits.upstream_timeout, std::move(on_finished));
+}
+
+}  // namespace kvrelay::proxy

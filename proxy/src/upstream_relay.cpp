@@ -1,0 +1,226 @@
+#include "kvrelay/proxy/upstream_relay.h"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/serializer.hpp>
+#include <boost/beast/http/write.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <optional>
+
+namespace kvrelay::proxy {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr std::size_t kRelayChunkBytes = 64 * 1024;
+
+bool is_hop_by_hop(http::field field) {
+  switch (field) {
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::proxy_authenticate:
+    case http::field::proxy_authorization:
+    case http::field::proxy_connection:
+    case http::field::te:
+    case http::field::trailer:
+    case http::field::transfer_encoding:
+    case http::field::upgrade:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class UpstreamRelay final : public StreamingResponder, public std::enable_shared_from_this<UpstreamRelay> {
+ public:
+  UpstreamRelay(HttpUrl upstream, HttpRequest request, bool client_keep_alive, std::chrono::milliseconds timeout,
+                std::function<void(const RelayOutcome&)> on_finished)
+      : upstream_(std::move(upstream)),
+        request_(std::move(request)),
+        client_keep_alive_(client_keep_alive),
+        timeout_(timeout),
+        on_finished_(std::move(on_finished)) {}
+
+  // Everything runs on the client session's strand: the relay's operations strictly alternate
+  // between the two sockets, so one strand serialises them without extra synchronisation.
+  void start(beast::tcp_stream& client, std::function<void(bool)> done) override {
+    client_ = &client;
+    done_ = std::move(done);
+    started_ = std::chrono::steady_clock::now();
+    resolver_.emplace(client.get_executor());
+    upstream_stream_.emplace(client.get_executor());
+    resolve();
+  }
+
+ private:
+  void resolve() {
+    upstream_stream_->expires_after(timeout_);
+    resolver_->async_resolve(upstream_.host, std::to_string(upstream_.port),
+                            [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type results) {
+                              if (ec) return self->fail_before_response("connect", ec);
+                              self->upstream_stream_->async_connect(
+                                  results, [self](beast::error_code connect_ec, const tcp::endpoint&) {
+                                    if (connect_ec) return self->fail_before_response("connect", connect_ec);
+                                    self->send_request();
+                                  });
+                            });
+  }
+
+  void send_request() {
+    http::async_write(*upstream_stream_, request_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec) return self->fail_before_response("write", ec);
+      self->read_header();
+    });
+  }
+
+  void read_header() {
+    parser_.emplace();
+    parser_->body_limit(boost::none);  // the upstream is trusted to bound its own responses
+    http::async_read_header(*upstream_stream_, upstream_buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                              if (ec) return self->fail_before_response("read", ec);
+                              self->outcome_.time_to_first_byte = std::chrono::steady_clock::now() - self->started_;
+                              self->write_header();
+                            });
+  }
+
+  void write_header() {
+    const auto& upstream_header = parser_->get();
+    response_.result(upstream_header.result_int());
+    response_.version(11);
+    for (const auto& field : upstream_header) {
+      if (!is_hop_by_hop(field.name())) response_.insert(field.name_string(), field.value());
+    }
+    outcome_.status = upstream_header.result_int();
+    if (const auto length = parser_->content_length()) {
+      response_.content_length(*length);
+    } else if (parser_->chunked() || !parser_->is_done()) {
+      response_.chunked(true);
+    } else {
+      response_.content_length(0);
+    }
+    response_.keep_alive(client_keep_alive_);
+    response_.body().data = nullptr;
+    response_.body().more = true;
+    serializer_.emplace(response_);
+    client_->expires_after(timeout_);
+    http::async_write_header(*client_, *serializer_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec) return self->finish_client_error(ec);
+      self->relay_body();
+    });
+  }
+
+  void relay_body() {
+    if (parser_->is_done()) return write_body_chunk(0);
+    parser_->get().body().data = chunk_.data();
+    parser_->get().body().size = chunk_.size();
+    upstream_stream_->expires_after(timeout_);
+    http::async_read_some(*upstream_stream_, upstream_buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                            if (ec == http::error::need_buffer) ec = {};
+                            if (ec) return self->fail_mid_stream("read", ec);
+                            const std::size_t received = self->chunk_.size() - self->parser_->get().body().size;
+                            self->write_body_chunk(received);
+                          });
+  }
+
+  void write_body_chunk(std::size_t bytes) {
+    const bool last = parser_->is_done();
+    if (bytes == 0 && !last) return relay_body();  // the parser consumed framing only
+    response_.body().data = bytes == 0 ? nullptr : chunk_.data();
+    response_.body().size = bytes;
+    response_.body().more = !last;
+    outcome_.response_bytes += bytes;
+    client_->expires_after(timeout_);
+    http::async_write(*client_, *serializer_, [self = shared_from_this(), last](beast::error_code ec, std::size_t) {
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) return self->finish_client_error(ec);
+      if (last) return self->finish(self->client_keep_alive_);
+      self->relay_body();
+    });
+  }
+
+  void fail_before_response(const char* kind, beast::error_code ec) {
+    const bool timed_out = ec == beast::error::timeout;
+    outcome_.upstream_failed = true;
+    outcome_.error_kind = timed_out ? "timeout" : kind;
+    const auto status = timed_out ? http::status::gateway_timeout : http::status::bad_gateway;
+    outcome_.status = static_cast<unsigned>(status);
+    spdlog::warn("upstream {}:{}: {} failed: {}", upstream_.host, upstream_.port, kind, ec.message());
+    error_response_ = make_json_error(status, "upstream_error",
+                                      fmt::format("upstream {}:{} {} failed: {}", upstream_.host, upstream_.port,
+                                                  timed_out ? "timed out;" : kind, ec.message()),
+                                      11, client_keep_alive_);
+    client_->expires_after(timeout_);
+    http::async_write(*client_, error_response_, [self = shared_from_this()](beast::error_code write_ec, std::size_t) {
+      if (write_ec) return self->finish_client_error(write_ec);
+      self->finish(self->client_keep_alive_);
+    });
+  }
+
+  void fail_mid_stream(const char* kind, beast::error_code ec) {
+    // Headers already went out: the only honest signal left is closing the connection.
+    outcome_.upstream_failed = true;
+    outcome_.error_kind = ec == beast::error::timeout ? "timeout" : kind;
+    spdlog::warn("upstream {}:{}: {} failed mid-response: {}", upstream_.host, upstream_.port, kind, ec.message());
+    finish(false);
+  }
+
+  void finish_client_error(beast::error_code ec) {
+    spdlog::debug("client went away during relay: {}", ec.message());
+    if (!outcome_.upstream_failed) outcome_.error_kind = "client";
+    finish(false);
+  }
+
+  void finish(bool keep_alive) {
+    outcome_.total = std::chrono::steady_clock::now() - started_;
+    beast::error_code ignored;
+    if (upstream_stream_) {
+      upstream_stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+      upstream_stream_->close();
+    }
+    if (on_finished_) on_finished_(outcome_);
+    auto done = std::move(done_);
+    done(keep_alive);
+  }
+
+  std::optional<tcp::resolver> resolver_;
+  std::optional<beast::tcp_stream> upstream_stream_;
+  HttpUrl upstream_;
+  HttpRequest request_;
+  bool client_keep_alive_;
+  std::chrono::milliseconds timeout_;
+  std::function<void(const RelayOutcome&)> on_finished_;
+  beast::tcp_stream* client_ = nullptr;
+  std::function<void(bool)> done_;
+  std::chrono::steady_clock::time_point started_;
+  beast::flat_buffer upstream_buffer_;
+  std::optional<http::response_parser<http::buffer_body>> parser_;
+  http::response<http::buffer_body> response_;
+  std::optional<http::response_serializer<http::buffer_body>> serializer_;
+  HttpResponse error_response_;
+  std::array<char, kRelayChunkBytes> chunk_{};
+  RelayOutcome outcome_;
+};
+
+}  // namespace
+
+std::shared_ptr<StreamingResponder> make_upstream_relay(HttpUrl upstream, HttpRequest request, bool client_keep_alive,
+                                                        std::chrono::milliseconds timeout,
+                                                        std::function<void(const RelayOutcome&)> on_finished) {
+  return std::make_shared<UpstreamRelay>(std::move(upstream), std::move(request), client_keep_alive, timeout,
+                                         std::move(on_finished));
+}
+
+}  // namespace kvrelay::proxy
