@@ -25,6 +25,9 @@ HttpResponse AdminRouter::handle(const HttpRequest& request) const {
     if (!allowed.empty()) allowed += ", ";
     allowed += std::string(http::to_string(endpoint.method));
   }
+  if (allowed.empty() && request.method() == http::verb::get && (target == "/admin" || target == "/admin/")) {
+    return make_json_response(http::status::ok, describe_json(), request);
+  }
   if (!allowed.empty()) {
     auto response = make_json_error(http::status::method_not_allowed, "method_not_allowed",
                                     fmt::format("{} does not accept {}", target, std::string(request.method_string())),

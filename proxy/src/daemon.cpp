@@ -18,6 +18,7 @@
 
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/metrics.h"
+#include "kvrelay/proxy/admin_endpoints.h"
 #include "kvrelay/proxy/admin_router.h"
 #include "kvrelay/proxy/front_proxy.h"
 #include "kvrelay/proxy/http_server.h"
@@ -36,34 +37,6 @@ struct DaemonState {
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};
 };
-
-std::vector<AdminEndpoint> build_admin_table(const std::shared_ptr<DaemonState>& state,
-                                             const std::shared_ptr<const Policy>& policy,
-                                             const std::shared_ptr<metrics::Registry>& registry) {
-  std::vector<AdminEndpoint> table;
-  table.push_back({http::verb::get, "/healthz", "liveness: 200 while the process serves requests",
-                   [](const HttpRequest& request) {
-                     return make_json_response(http::status::ok, R"({"status":"ok"})", request);
-                   }});
-  table.push_back({http::verb::get, "/readyz", "readiness: 200 once listening and not draining, else 503",
-                   [state](const HttpRequest& request) {
-                     const bool ready = state->ready.load() && !state->draining.load();
-                     return make_json_response(ready ? http::status::ok : http::status::service_unavailable,
-                                               ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})",
-                                               request);
-                   }});
-  table.push_back({http::verb::get, "/metrics", "Prometheus metrics of every component (text format 0.0.4)",
-                   [registry](const HttpRequest& request) {
-                     return make_text_response(http::status::ok, registry->render(),
-                                               "text/plain; version=0.0.4; charset=utf-8", request);
-                   }});
-  table.push_back({http::verb::get, "/version", "build version and the node this daemon serves",
-                   [policy](const HttpRequest& request) {
-                     nlohmann::json body{{"version", kVersion}, {"node", policy->node_id}};
-                     return make_json_response(http::status::ok, body.dump(), request);
-                   }});
-  return table;
-}
 
 Status write_ready_file(const std::string& path, std::uint16_t http_port, std::uint16_t admin_port) {
   nlohmann::json body{{"pid", ::getpid()}, {"http", http_port}, {"admin", admin_port}};
@@ -88,7 +61,8 @@ int run_daemon(const DaemonOptions& options) {
     std::fprintf(stderr, "kvrelay: invalid policy:\n%s\n", loaded.error().message.c_str());
     return 2;
   }
-  auto policy = std::make_shared<const Policy>(std::move(loaded).value());
+  const auto initial_policy = std::make_shared<const Policy>(std::move(loaded).value());
+  const auto* policy = initial_policy.get();  // start-up settings; live settings come from runtime_policy
   if (auto logging = configure_logging(policy->logging); !logging) {
     std::fprintf(stderr, "kvrelay: %s\n", logging.error().to_string().c_str());
     return 2;
@@ -101,8 +75,10 @@ int run_daemon(const DaemonOptions& options) {
   const auto limits = HttpServerLimits::from_policy(policy->limits);
 
   auto registry = std::make_shared<metrics::Registry>();
-  auto front_proxy = std::make_shared<FrontProxy>(policy, *registry);
-  auto admin_router = std::make_shared<AdminRouter>(build_admin_table(state, policy, registry));
+  auto runtime_policy = std::make_shared<RuntimePolicy>(options.config_path, initial_policy, *registry);
+  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry);
+  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(
+      {runtime_policy, registry, [state] { return state->ready.load() && !state->draining.load(); }}));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
   };
@@ -136,6 +112,18 @@ int run_daemon(const DaemonOptions& options) {
   }
   state->ready = true;
 
+  // SIGHUP reloads the policy file; a rejected policy leaves the current one serving.
+  asio::signal_set reload_signal(io, SIGHUP);
+  std::function<void()> wait_for_reload = [&] {
+    reload_signal.async_wait([&](boost::system::error_code ec, int) {
+      if (ec) return;
+      spdlog::info("SIGHUP: reloading policy {}", runtime_policy->path());
+      (void)runtime_policy->reload();  // outcome is logged and counted by reload() itself
+      wait_for_reload();
+    });
+  };
+  wait_for_reload();
+
   asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::steady_timer drain_timer(io);
   const auto drain_started = std::make_shared<std::chrono::steady_clock::time_point>();
@@ -155,6 +143,7 @@ int run_daemon(const DaemonOptions& options) {
     spdlog::info("signal {}: draining (stop accepting, finish in-flight requests)", signal_number);
     state->draining = true;
     *drain_started = std::chrono::steady_clock::now();
+    reload_signal.cancel();
     main_server.drain();
     if (admin_server) admin_server->drain();
     poll_drain();

@@ -68,12 +68,8 @@ FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
                                        {"agent", "kind"})),
       in_flight(registry.gauge("kvrelay_proxy_requests_in_flight", "Proxied requests not yet finished")) {}
 
-FrontProxy::FrontProxy(std::shared_ptr<const Policy> policy, metrics::Registry& registry)
+FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry)
     : policy_(std::move(policy)), metrics_(registry) {}
-
-void FrontProxy::set_policy(std::shared_ptr<const Policy> policy) { policy_.store(std::move(policy)); }
-
-std::shared_ptr<const Policy> FrontProxy::policy() const { return policy_.load(); }
 
 Reply FrontProxy::dispatch(HttpRequest&& request) {
   const auto target = parse_agent_target(request.target());
@@ -83,7 +79,7 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
     return make_json_error(http::status::not_found, "not_found",
                            fmt::format("no endpoint at {}", std::string(request.target())), version, keep_alive);
   }
-  const auto policy = this->policy();  // this request keeps this policy to its end
+  const auto policy = policy_->current();  // this request keeps this snapshot to its end
   const auto* agent = policy->find_agent(target->agent);
   if (agent == nullptr) {
     return make_json_error(http::status::not_found, "unknown_agent",

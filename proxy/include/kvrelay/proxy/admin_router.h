@@ -27,7 +27,7 @@ class AdminRouter {
   // 404 for an unknown path, 405 (with Allow) for a known path with another method.
   [[nodiscard]] HttpResponse handle(const HttpRequest& request) const;
 
-  // JSON listing of the table, served at GET /admin.
+  // JSON listing of the table, served at GET /admin unless the table declares that path itself.
   [[nodiscard]] std::string describe_json() const;
 
   [[nodiscard]] const std::vector<AdminEndpoint>& endpoints() const { return endpoints_; }

@@ -11,6 +11,7 @@
 
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/proxy/streaming_responder.h"
 
 namespace kvrelay::proxy {
@@ -34,18 +35,14 @@ struct FrontProxyMetrics {
 
 class FrontProxy {
  public:
-  FrontProxy(std::shared_ptr<const Policy> policy, metrics::Registry& registry);
+  FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry);
 
   // Returns a streaming relay for agent requests, or an immediate JSON error (404 unknown agent,
   // 404 unknown endpoint, 400 malformed JSON body).
   [[nodiscard]] Reply dispatch(HttpRequest&& request);
 
-  // Hot reload: requests that already started keep the policy they began with.
-  void set_policy(std::shared_ptr<const Policy> policy);
-  [[nodiscard]] std::shared_ptr<const Policy> policy() const;
-
  private:
-  std::atomic<std::shared_ptr<const Policy>> policy_;
+  std::shared_ptr<const RuntimePolicy> policy_;
   FrontProxyMetrics metrics_;
 };
 

@@ -1,0 +1,22 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kvrelay/core/metrics.h"
+#include "kvrelay/proxy/admin_router.h"
+#include "kvrelay/proxy/runtime_policy.h"
+
+namespace kvrelay::proxy {
+
+struct AdminContext {
+  std::shared_ptr<RuntimePolicy> policy;
+  std::shared_ptr<metrics::Registry> registry;
+  std::function<bool()> is_ready;  // listening and not draining
+};
+
+// The daemon's health, metrics and admin endpoints, declared in one table (see docs/operations.md).
+[[nodiscard]] std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context);
+
+}  // namespace kvrelay::proxy

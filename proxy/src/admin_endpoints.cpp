@@ -1,0 +1,79 @@
+#include "kvrelay/proxy/admin_endpoints.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvrelay/proxy/version.h"
+
+namespace kvrelay::proxy {
+
+namespace {
+
+constexpr std::string_view kRoutesPrefix = "/admin/routes/";
+
+HttpResponse error_for(const Error& error, const HttpRequest& request) {
+  const auto status = error.code == ErrorCode::kNotFound ? http::status::not_found : http::status::bad_request;
+  return make_json_error(status, std::string(error_code_name(error.code)), error.message, request.version(),
+                         request.keep_alive());
+}
+
+}  // namespace
+
+std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
+  const auto policy = context.policy;
+  const auto registry = context.registry;
+  const auto is_ready = context.is_ready;
+  return {
+      {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
+       [](const HttpRequest& request) {
+         return make_json_response(http::status::ok, R"({"status":"ok"})", request);
+       }},
+      {http::verb::get, "/readyz", "Readiness: 200 once listening and not draining, else 503",
+       [is_ready](const HttpRequest& request) {
+         const bool ready = is_ready();
+         return make_json_response(ready ? http::status::ok : http::status::service_unavailable,
+                                   ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", request);
+       }},
+      {http::verb::get, "/metrics", "Prometheus metrics of every component (text format 0.0.4)",
+       [registry](const HttpRequest& request) {
+         return make_text_response(http::status::ok, registry->render(), "text/plain; version=0.0.4; charset=utf-8",
+                                   request);
+       }},
+      {http::verb::get, "/version", "Build version and the node this daemon serves",
+       [policy](const HttpRequest& request) {
+         const nlohmann::json body{{"version", kVersion}, {"node", policy->current()->node_id}};
+         return make_json_response(http::status::ok, body.dump(), request);
+       }},
+      {http::verb::get, "/admin/routes", "Routes as currently served (after live changes)",
+       [policy](const HttpRequest& request) {
+         nlohmann::json routes = nlohmann::json::array();
+         for (const auto& route : policy->current()->routes) routes.push_back(route_to_json(route));
+         return make_json_response(http::status::ok, nlohmann::json{{"routes", routes}}.dump(), request);
+       }},
+      {http::verb::put, "/admin/routes/*",
+       "Change a route live: {\"enabled\": bool, \"forced_medium\": medium|null, \"audit_fraction\": 0..1}",
+       [policy](const HttpRequest& request) {
+         const auto route_id = std::string(request.target().substr(kRoutesPrefix.size()));
+         const auto changes = nlohmann::json::parse(request.body(), nullptr, false);
+         if (changes.is_discarded()) {
+           return make_json_error(http::status::bad_request, "invalid_argument", "body is not valid JSON",
+                                  request.version(), request.keep_alive());
+         }
+         auto updated = policy->update_route(route_id.substr(0, route_id.find('?')), changes);
+         if (!updated) return error_for(updated.error(), request);
+         return make_json_response(http::status::ok, route_to_json(updated.value()).dump(), request);
+       }},
+      {http::verb::post, "/admin/reload",
+       "Re-read the policy file; a bad policy is rejected and the old one keeps serving",
+       [policy](const HttpRequest& request) {
+         auto reloaded = policy->reload();
+         if (!reloaded) {
+           return make_json_error(http::status::unprocessable_entity, "policy_rejected", reloaded.error().message,
+                                  request.version(), request.keep_alive());
+         }
+         return make_json_response(http::status::ok, nlohmann::json{{"status", reloaded.value()}}.dump(), request);
+       }},
+  };
+}
+
+}  // namespace kvrelay::proxy

@@ -1,0 +1,144 @@
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+#include "daemon_fixture.h"
+
+using namespace kvrelay::test;
+using nlohmann::json;
+
+namespace {
+
+json policy_with_routes() {
+  auto policy = basic_daemon_policy();
+  const json model = {{"architecture", "llama"}, {"layers", 5}, {"kv_heads", 4}, {"head_dim", 8}, {"dtype", "fp32"},
+                      {"weights", "w"}};
+  // Upstreams point at a closed port: these tests exercise the sidecar alone.
+  policy["agents"] = {{{"id", "a"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"kv_connector", true}},
+                      {{"id", "b"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}}};
+  policy["routes"] = {{{"id", "a-to-b"}, {"from", "a"}, {"to", "b"}, {"allowed_media", {"tokens", "kv_raw"}}}};
+  return policy;
+}
+
+double metric_value(const std::string& metrics, const std::string& sample) {
+  const auto at = metrics.find("\n" + sample + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(metrics.substr(at + sample.size() + 2));
+}
+
+// Metrics of a relayed request are recorded when the relay finishes, which can be just after the
+// client has its response; poll briefly instead of assuming an order.
+bool metric_reaches(std::uint16_t port, const std::string& sample, double expected) {
+  return wait_until([&] { return metric_value(http_request(port, "GET", "/metrics").body, sample) == expected; },
+                    std::chrono::seconds(5));
+}
+
+}  // namespace
+
+TEST_CASE("admin lists routes and changes one live", "[proxy][admin][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  const auto routes = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  REQUIRE(routes["routes"].size() == 1);
+  CHECK(routes["routes"][0]["enabled"] == true);
+
+  const auto updated = http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b",
+                                    R"({"enabled": false, "forced_medium": "kv_raw", "audit_fraction": 0.5})");
+  REQUIRE(updated.status == 200);
+  CHECK(json::parse(updated.body)["forced_medium"] == "kv_raw");
+  const auto after = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  CHECK(after["routes"][0]["enabled"] == false);
+  CHECK(after["routes"][0]["audit_fraction"] == 0.5);
+
+  // Turned back on, live, without a restart.
+  CHECK(http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": true})").status == 200);
+  CHECK(json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body)["routes"][0]["enabled"] == true);
+}
+
+TEST_CASE("admin rejects bad route changes with a message naming the problem", "[proxy][admin][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  const auto unknown = http_request(daemon.http_port(), "PUT", "/admin/routes/nope", R"({"enabled": false})");
+  CHECK(unknown.status == 404);
+  const auto bad_type = http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": "no"})");
+  CHECK(bad_type.status == 400);
+  CHECK_THAT(bad_type.body, Catch::Contains("/enabled: expected boolean"));
+  const auto not_allowed =
+      http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", R"({"forced_medium": "kv_int4"})");
+  CHECK(not_allowed.status == 400);
+  CHECK_THAT(not_allowed.body, Catch::Contains("not in the route's allowed_media"));
+  CHECK(http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", "{oops").status == 400);
+  // Nothing of the rejected changes was applied.
+  const auto routes = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  CHECK(routes["routes"][0]["enabled"] == true);
+  CHECK(routes["routes"][0]["forced_medium"].is_null());
+}
+
+TEST_CASE("reload applies a valid policy and rejects a bad one, which keeps the old serving", "[proxy][admin][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  auto next = policy_with_routes();
+  next["routes"][0]["priority"] = 6;
+  write_file(daemon.dir() / "policy.json", next.dump());
+  const auto applied = http_request(daemon.http_port(), "POST", "/admin/reload");
+  REQUIRE(applied.status == 200);
+  CHECK(json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body)["routes"][0]["priority"] == 6);
+
+  auto bad = next;
+  bad["routes"][0]["to"] = "ghost";
+  write_file(daemon.dir() / "policy.json", bad.dump());
+  const auto rejected = http_request(daemon.http_port(), "POST", "/admin/reload");
+  CHECK(rejected.status == 422);
+  CHECK_THAT(rejected.body, Catch::Contains("/routes/0/to: expected an agent id from /agents, got \\\"ghost\\\""));
+  const auto routes = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  CHECK(routes["routes"][0]["to"] == "b");
+  CHECK(routes["routes"][0]["priority"] == 6);
+
+  const auto metrics = http_request(daemon.http_port(), "GET", "/metrics").body;
+  CHECK(metric_value(metrics, "kvrelay_config_reloads_total{result=\"ok\"}") == 1);
+  CHECK(metric_value(metrics, "kvrelay_config_reloads_total{result=\"rejected\"}") == 1);
+  CHECK(metric_value(metrics, "kvrelay_config_last_reload_successful") == 0);
+}
+
+TEST_CASE("SIGHUP reloads the policy file", "[proxy][admin][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  auto next = policy_with_routes();
+  next["routes"][0]["audit_fraction"] = 0.25;
+  write_file(daemon.dir() / "policy.json", next.dump());
+  daemon.process().send_signal(SIGHUP);
+  const bool reloaded = wait_until(
+      [&] {
+        const auto body = http_request(daemon.http_port(), "GET", "/admin/routes").body;
+        return json::parse(body)["routes"][0]["audit_fraction"] == 0.25;
+      },
+      std::chrono::seconds(5));
+  CHECK(reloaded);
+  CHECK(daemon.process().running());
+}
+
+TEST_CASE("front proxy answers unknown agents, unknown endpoints, bad bodies and dead upstreams with JSON errors",
+          "[proxy][front][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  const auto ghost = http_request(daemon.http_port(), "POST", "/agents/ghost/v1/completions", R"({"prompt": [1]})");
+  CHECK(ghost.status == 404);
+  CHECK(json::parse(ghost.body)["error"]["type"] == "unknown_agent");
+  CHECK(http_request(daemon.http_port(), "POST", "/agents/a/v1/embeddings", "{}").status == 404);
+  const auto malformed = http_request(daemon.http_port(), "POST", "/agents/a/v1/completions", "{not json");
+  CHECK(malformed.status == 400);
+  CHECK_THAT(malformed.body, Catch::Contains("not valid JSON"));
+  const auto dead = http_request(daemon.http_port(), "POST", "/agents/b/v1/completions", R"({"prompt": [1]})");
+  CHECK(dead.status == 502);
+  CHECK(json::parse(dead.body)["error"]["type"] == "upstream_error");
+
+  const auto port = daemon.http_port();
+  CHECK(metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"b\",endpoint=\"/v1/completions\",status=\"502\"}", 1));
+  CHECK(metric_reaches(port, "kvrelay_proxy_upstream_errors_total{agent=\"b\",kind=\"connect\"}", 1));
+  CHECK(metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"a\",endpoint=\"/v1/completions\",status=\"400\"}", 1));
+}
+
+TEST_CASE("GET /admin lists the endpoint table", "[proxy][admin][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin").body);
+  std::set<std::string> paths;
+  for (const auto& endpoint : listing["endpoints"]) paths.insert(endpoint["path"].get<std::string>());
+  for (const char* expected : {"/healthz", "/readyz", "/metrics", "/admin/routes", "/admin/routes/*", "/admin/reload"}) {
+    CHECK(paths.count(expected) == 1);
+  }
+}
