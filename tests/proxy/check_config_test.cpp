@@ -4,15 +4,18 @@
 
 using namespace kvrelay::test;
 
-TEST_CASE("check-config accepts every example in config/", "[proxy][cli]") {
+TEST_CASE("check-config accepts every example in config/ and docker/", "[proxy][cli]") {
   TempDir dir;
   std::vector<std::string> argv{kvrelay_binary().string(), "check-config"};
-  for (const auto& entry : std::filesystem::directory_iterator(source_dir() / "config")) {
-    if (entry.path().extension() == ".json" && entry.path().filename().string().find("schema") == std::string::npos) {
-      argv.push_back(entry.path().string());
+  // The example policies and the ones the docker/ deployments ship.
+  for (const char* folder : {"config", "docker"}) {
+    for (const auto& entry : std::filesystem::directory_iterator(source_dir() / folder)) {
+      if (entry.path().extension() == ".json" && entry.path().filename().string().find("schema") == std::string::npos) {
+        argv.push_back(entry.path().string());
+      }
     }
   }
-  REQUIRE(argv.size() >= 5);
+  REQUIRE(argv.size() >= 6);
   const auto result = run_command(argv, dir.path());
   INFO(result.err);
   CHECK(result.exit_status == 0);
