@@ -69,7 +69,7 @@ FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
       in_flight(registry.gauge("kvrelay_proxy_requests_in_flight", "Proxied requests not yet finished")) {}
 
 FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry)
-    : policy_(std::move(policy)), metrics_(registry) {}
+    : policy_(std::move(policy)), pool_(std::make_shared<UpstreamPool>()), metrics_(registry) {}
 
 Reply FrontProxy::dispatch(HttpRequest&& request) {
   const auto target = parse_agent_target(request.target());
@@ -131,7 +131,7 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   }
   upstream_request.set(http::field::host, fmt::format("{}:{}", agent->upstream.host, agent->upstream.port));
   upstream_request.set("X-Request-Id", request_id);
-  upstream_request.keep_alive(false);
+  upstream_request.keep_alive(true);
   upstream_request.body() = std::move(request.body());
   upstream_request.prepare_payload();
 
@@ -147,7 +147,7 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
     }
     metrics_.latency.with({agent_id}).observe(std::chrono::duration<double>(outcome.total).count());
   };
-  return make_upstream_relay(agent->upstream, std::move(upstream_request), keep_alive,
+  return make_upstream_relay(pool_, agent->upstream, std::move(upstream_request), keep_alive,
                              policy->limits.upstream_timeout, std::move(on_finished));
 }
 

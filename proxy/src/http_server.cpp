@@ -234,6 +234,10 @@ void accept_next(const std::shared_ptr<HttpServer::State>& state) {
         if (ec) {
           spdlog::warn("http: accept failed: {}", ec.message());
         } else {
+          // Responses go out in several writes (headers, streamed chunks): Nagle would hold each
+          // small write for the peer's delayed ACK.
+          beast::error_code option_ec;
+          socket.set_option(tcp::no_delay(true), option_ec);
           auto session = std::make_shared<HttpSession>(std::move(socket), state);
           if (state->active.load() > state->limits.max_connections) {
             session->reject_over_capacity();

@@ -23,7 +23,7 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-constexpr std::size_t kRelayChunkBytes = 64 * 1024;
+constexpr std::size_t kRelayChunkBytes = 16 * 1024;
 
 bool is_hop_by_hop(http::field field) {
   switch (field) {
@@ -44,9 +44,10 @@ bool is_hop_by_hop(http::field field) {
 
 class UpstreamRelay final : public StreamingResponder, public std::enable_shared_from_this<UpstreamRelay> {
  public:
-  UpstreamRelay(HttpUrl upstream, HttpRequest request, bool client_keep_alive, std::chrono::milliseconds timeout,
-                std::function<void(const RelayOutcome&)> on_finished)
-      : upstream_(std::move(upstream)),
+  UpstreamRelay(std::shared_ptr<UpstreamPool> pool, HttpUrl upstream, HttpRequest request, bool client_keep_alive,
+                std::chrono::milliseconds timeout, std::function<void(const RelayOutcome&)> on_finished)
+      : pool_(std::move(pool)),
+        upstream_(std::move(upstream)),
         request_(std::move(request)),
         client_keep_alive_(client_keep_alive),
         timeout_(timeout),
@@ -58,30 +59,61 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     client_ = &client;
     done_ = std::move(done);
     started_ = std::chrono::steady_clock::now();
-    resolver_.emplace(client.get_executor());
-    upstream_stream_.emplace(client.get_executor());
-    resolve();
+    if (pool_) {
+      if (auto pooled = pool_->take(upstream_.host, upstream_.port)) {
+        upstream_stream_.emplace(std::move(*pooled));
+        reused_connection_ = true;
+        return send_request();
+      }
+    }
+    connect();
   }
 
  private:
-  void resolve() {
+  void connect() {
+    reused_connection_ = false;
+    upstream_stream_.emplace(client_->get_executor());
     upstream_stream_->expires_after(timeout_);
+    beast::error_code parse_ec;
+    const auto address = asio::ip::make_address(upstream_.host, parse_ec);
+    if (!parse_ec) {  // IP literal: no resolver round trip (Asio resolves on a helper thread)
+      return upstream_stream_->async_connect(tcp::endpoint(address, upstream_.port),
+                                             [self = shared_from_this()](beast::error_code ec) { self->on_connected(ec); });
+    }
+    resolver_.emplace(client_->get_executor());
     resolver_->async_resolve(upstream_.host, std::to_string(upstream_.port),
-                            [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type results) {
-                              if (ec) return self->fail_before_response("connect", ec);
-                              self->upstream_stream_->async_connect(
-                                  results, [self](beast::error_code connect_ec, const tcp::endpoint&) {
-                                    if (connect_ec) return self->fail_before_response("connect", connect_ec);
-                                    self->send_request();
-                                  });
-                            });
+                             [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type results) {
+                               if (ec) return self->fail_before_response("connect", ec);
+                               self->upstream_stream_->async_connect(
+                                   results, [self](beast::error_code connect_ec, const tcp::endpoint&) {
+                                     self->on_connected(connect_ec);
+                                   });
+                             });
+  }
+
+  void on_connected(beast::error_code ec) {
+    if (ec) return fail_before_response("connect", ec);
+    beast::error_code option_ec;
+    upstream_stream_->socket().set_option(tcp::no_delay(true), option_ec);
+    send_request();
   }
 
   void send_request() {
+    upstream_stream_->expires_after(timeout_);
     http::async_write(*upstream_stream_, request_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
-      if (ec) return self->fail_before_response("write", ec);
+      if (ec) return self->retry_or_fail("write", ec);
       self->read_header();
     });
+  }
+
+  // A pooled connection can have been closed by the upstream just as it was taken; the request
+  // is repeated once on a fresh connection as long as no response byte has arrived.
+  void retry_or_fail(const char* kind, beast::error_code ec) {
+    if (reused_connection_ && ec != beast::error::timeout) {
+      upstream_buffer_.clear();
+      return connect();
+    }
+    fail_before_response(kind, ec);
   }
 
   void read_header() {
@@ -89,7 +121,7 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     parser_->body_limit(boost::none);  // the upstream is trusted to bound its own responses
     http::async_read_header(*upstream_stream_, upstream_buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                              if (ec) return self->fail_before_response("read", ec);
+                              if (ec) return self->retry_or_fail("read", ec);
                               self->outcome_.time_to_first_byte = std::chrono::steady_clock::now() - self->started_;
                               self->write_header();
                             });
@@ -185,16 +217,24 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
 
   void finish(bool keep_alive) {
     outcome_.total = std::chrono::steady_clock::now() - started_;
-    beast::error_code ignored;
     if (upstream_stream_) {
-      upstream_stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
-      upstream_stream_->close();
+      const bool reusable = pool_ && parser_ && parser_->is_done() && parser_->keep_alive() &&
+                            upstream_buffer_.size() == 0 && upstream_stream_->socket().is_open();
+      if (reusable) {
+        upstream_stream_->expires_never();
+        pool_->give_back(upstream_.host, upstream_.port, upstream_stream_->release_socket());
+      } else {
+        beast::error_code ignored;
+        upstream_stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+        upstream_stream_->close();
+      }
     }
     if (on_finished_) on_finished_(outcome_);
     auto done = std::move(done_);
     done(keep_alive);
   }
 
+  std::shared_ptr<UpstreamPool> pool_;
   std::optional<tcp::resolver> resolver_;
   std::optional<beast::tcp_stream> upstream_stream_;
   HttpUrl upstream_;
@@ -210,17 +250,19 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
   http::response<http::buffer_body> response_;
   std::optional<http::response_serializer<http::buffer_body>> serializer_;
   HttpResponse error_response_;
-  std::array<char, kRelayChunkBytes> chunk_{};
+  std::array<char, kRelayChunkBytes> chunk_;  // not value-initialised: filled before every use
+  bool reused_connection_ = false;
   RelayOutcome outcome_;
 };
 
 }  // namespace
 
-std::shared_ptr<StreamingResponder> make_upstream_relay(HttpUrl upstream, HttpRequest request, bool client_keep_alive,
+std::shared_ptr<StreamingResponder> make_upstream_relay(std::shared_ptr<UpstreamPool> pool, HttpUrl upstream,
+                                                        HttpRequest request, bool client_keep_alive,
                                                         std::chrono::milliseconds timeout,
                                                         std::function<void(const RelayOutcome&)> on_finished) {
-  return std::make_shared<UpstreamRelay>(std::move(upstream), std::move(request), client_keep_alive, timeout,
-                                         std::move(on_finished));
+  return std::make_shared<UpstreamRelay>(std::move(pool), std::move(upstream), std::move(request), client_keep_alive,
+                                         timeout, std::move(on_finished));
 }
 
 }  // namespace kvrelay::proxy

@@ -13,6 +13,7 @@
 #include "kvrelay/core/policy.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/proxy/streaming_responder.h"
+#include "kvrelay/proxy/upstream_pool.h"
 
 namespace kvrelay::proxy {
 
@@ -43,6 +44,7 @@ class FrontProxy {
 
  private:
   std::shared_ptr<const RuntimePolicy> policy_;
+  std::shared_ptr<UpstreamPool> pool_;
   FrontProxyMetrics metrics_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "kvrelay/core/policy.h"
 #include "kvrelay/proxy/streaming_responder.h"
+#include "kvrelay/proxy/upstream_pool.h"
 
 namespace kvrelay::proxy {
 
@@ -19,11 +20,12 @@ struct RelayOutcome {
   std::uint64_t response_bytes = 0;
 };
 
-// Sends `request` to `upstream` on a fresh connection and streams the response to the client as
+// Sends `request` to `upstream` (on a pooled keep-alive connection when `pool` has one, else a new
+// one that returns to the pool afterwards) and streams the response to the client as
 // it arrives: headers first, then each body read as it comes (SSE events are not buffered).
 // Upstream failures before any byte was sent to the client become a 502/504 JSON error.
 [[nodiscard]] std::shared_ptr<StreamingResponder> make_upstream_relay(
-    HttpUrl upstream, HttpRequest request, bool client_keep_alive, std::chrono::milliseconds timeout,
+    std::shared_ptr<UpstreamPool> pool, HttpUrl upstream, HttpRequest request, bool client_keep_alive, std::chrono::milliseconds timeout,
     std::function<void(const RelayOutcome&)> on_finished);
 
 }  // namespace kvrelay::proxy

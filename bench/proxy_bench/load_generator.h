@@ -1,0 +1,23 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace kvrelay::bench {
+
+struct LoadResult {
+  double requests_per_second = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  std::uint64_t requests = 0;
+  std::uint64_t errors = 0;
+  std::uint64_t response_bytes = 0;
+};
+
+// Closed-loop load: `connections` keep-alive connections to 127.0.0.1:port, each sending the
+// request and reading the whole response before the next, for `duration`.
+[[nodiscard]] LoadResult run_load(std::uint16_t port, const std::string& target, const std::string& body,
+                                  unsigned connections, std::chrono::milliseconds duration);
+
+}  // namespace kvrelay::bench

@@ -1,0 +1,145 @@
+// Front proxy overhead: requests/s and latency straight to a fast local upstream, through kvrelay,
+// and through nginx as a plain reverse proxy to the same upstream, in one run, for small JSON
+// requests and for streamed (SSE) ones. Prints one JSON object.
+#include <boost/asio/io_context.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "kvrelay/proxy/http_server.h"
+#include "load_generator.h"
+#include "support/child_process.h"
+#include "support/http_client.h"
+#include "support/test_paths.h"
+
+namespace {
+
+using namespace kvrelay;
+using nlohmann::json;
+
+constexpr std::chrono::milliseconds kRunTime{2000};
+constexpr unsigned kConnections = 16;
+
+// The upstream: answers from memory on one thread, so the proxies are what is measured.
+proxy::HttpResponse upstream_answer(const proxy::HttpRequest& request) {
+  static const std::string completion =
+      R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hello","token_ids":[1,2,3]}],)"
+      R"("usage":{"prompt_tokens":8,"completion_tokens":3,"total_tokens":11}})";
+  static const std::string stream = [] {
+    std::string events;
+    for (int index = 0; index < 32; ++index) {
+      events += R"(data: {"choices":[{"index":0,"text":"t","token_ids":[)" + std::to_string(index) + "]}]}\n\n";
+    }
+    return events + "data: [DONE]\n\n";
+  }();
+  const bool streaming = request.body().find("\"stream\":true") != std::string::npos;
+  return proxy::make_text_response(proxy::http::status::ok, streaming ? stream : completion,
+                                   streaming ? "text/event-stream" : "application/json", request);
+}
+
+std::optional<std::filesystem::path> find_nginx() {
+  for (const char* candidate : {"/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"}) {
+    if (std::filesystem::exists(candidate)) return std::filesystem::path(candidate);
+  }
+  return std::nullopt;
+}
+
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return acceptor.local_endpoint().port();
+}
+
+json measure(std::uint16_t port, const std::string& target, const std::string& body) {
+  // Low load (one connection) gives the added latency; 16 connections give throughput.
+  const auto single = bench::run_load(port, target, body, 1, kRunTime / 2);
+  const auto loaded = bench::run_load(port, target, body, kConnections, kRunTime);
+  return {{"rps", loaded.requests_per_second}, {"p50_us", loaded.p50_us}, {"p99_us", loaded.p99_us},
+          {"low_load_p50_us", single.p50_us}, {"low_load_p99_us", single.p99_us},
+          {"errors", loaded.errors + single.errors}, {"requests", loaded.requests}};
+}
+
+}  // namespace
+
+int main() {
+  test::TempDir dir;
+  boost::asio::io_context upstream_io;
+  proxy::HttpServer upstream(upstream_io, {}, [](proxy::HttpRequest&& request) -> proxy::Reply {
+    return upstream_answer(request);
+  });
+  if (!upstream.listen({"127.0.0.1", 0})) return 1;
+  const auto upstream_port = upstream.local_endpoint().port();
+  std::thread upstream_thread([&] { upstream_io.run(); });
+
+  const json policy = {
+      {"schema_version", 1},
+      {"node", {{"id", "bench"}}},
+      {"listen", {{"http", "127.0.0.1:0"}}},
+      {"agents",
+       {{{"id", "a"},
+         {"upstream", "http://127.0.0.1:" + std::to_string(upstream_port)},
+         {"model", {{"architecture", "llama"}, {"layers", 1}, {"kv_heads", 1}, {"head_dim", 1}, {"dtype", "fp32"},
+                    {"weights", "none"}}}}}},
+      {"logging", {{"level", "warn"}}}};
+  test::write_file(dir / "policy.json", policy.dump());
+  test::ChildProcess kvrelay({test::kvrelay_binary().string(), "serve", "--config", (dir / "policy.json").string(),
+                              "--ready-file", (dir / "ready.json").string(), "--io-threads", "1"},
+                             dir.path());
+  test::wait_until([&] { return std::filesystem::exists(dir / "ready.json"); }, std::chrono::seconds(10));
+  const auto kvrelay_port = json::parse(test::read_file(dir / "ready.json"))["http"].get<std::uint16_t>();
+
+  std::unique_ptr<test::ChildProcess> nginx;
+  std::uint16_t nginx_port = 0;
+  if (const auto nginx_binary = find_nginx()) {
+    nginx_port = free_port();
+    const std::string conf = "worker_processes 1;\npid " + (dir / "nginx.pid").string() +
+                             ";\nerror_log " + (dir / "nginx.err").string() +
+                             " warn;\nevents { worker_connections 1024; }\nhttp {\n  access_log off;\n"
+                             "  client_body_temp_path " + dir.path().string() + ";\n  proxy_temp_path " +
+                             dir.path().string() + ";\n  server {\n    listen 127.0.0.1:" + std::to_string(nginx_port) +
+                             ";\n    location /agents/a/ {\n      proxy_pass http://127.0.0.1:" +
+                             std::to_string(upstream_port) + "/;\n      proxy_buffering off;\n    }\n  }\n}\n";
+    test::write_file(dir / "nginx.conf", conf);
+    nginx = std::make_unique<test::ChildProcess>(
+        std::vector<std::string>{nginx_binary->string(), "-c", (dir / "nginx.conf").string(), "-g", "daemon off;"},
+        dir.path());
+    test::wait_until([&] { return test::http_request(nginx_port, "GET", "/agents/a/v1/models").status == 200; },
+                     std::chrono::seconds(5));
+  }
+
+  const std::string small_body = R"({"prompt":[1,2,3,4,5,6,7,8],"max_tokens":3})";
+  const std::string stream_body = R"({"prompt":[1,2,3,4,5,6,7,8],"max_tokens":32,"stream":true})";
+  json report;
+  for (const auto& [name, body] : {std::pair{"small", small_body}, std::pair{"streaming", stream_body}}) {
+    json section;
+    section["direct"] = measure(upstream_port, "/v1/completions", body);
+    section["kvrelay"] = measure(kvrelay_port, "/agents/a/v1/completions", body);
+    if (nginx) section["nginx"] = measure(nginx_port, "/agents/a/v1/completions", body);
+    report[name] = section;
+  }
+  const auto& small = report["small"];
+  report["rps_direct"] = small["direct"]["rps"];
+  report["rps_kvrelay"] = small["kvrelay"]["rps"];
+  report["rps_nginx"] = nginx ? small["nginx"]["rps"] : json();
+  report["added_p50_us"] = small["kvrelay"]["low_load_p50_us"].get<double>() - small["direct"]["low_load_p50_us"].get<double>();
+  report["added_p50_us_nginx"] =
+      nginx ? json(small["nginx"]["low_load_p50_us"].get<double>() - small["direct"]["low_load_p50_us"].get<double>()) : json();
+  report["kvrelay_over_nginx_rps"] =
+      nginx ? json(small["kvrelay"]["rps"].get<double>() / small["nginx"]["rps"].get<double>()) : json();
+  report["config"] = {{"connections", kConnections}, {"run_ms", kRunTime.count()}, {"kvrelay_io_threads", 1},
+                      {"nginx_workers", 1}, {"upstream", "in-process Beast server, one thread"}};
+  std::printf("%s\n", report.dump(2).c_str());
+
+  kvrelay.send_signal(SIGTERM);
+  (void)kvrelay.wait_for_exit(std::chrono::seconds(5));
+  if (nginx) nginx->send_signal(SIGQUIT);
+  upstream.stop_accepting();
+  upstream_io.stop();
+  upstream_thread.join();
+  return 0;
+}
