@@ -66,7 +66,8 @@ LoadResult run_load(std::uint16_t port, const std::string& target, const std::st
       result.response_bytes += bytes;
     });
   }
-  for (auto& worker : workers) worker.join();
+  for (auto& worker : workers)
+    worker.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   result.requests = latencies_us.size();
   result.requests_per_second = static_cast<double>(result.requests) / seconds;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "kvrelay/proxy/http_server.h"
+
 #include "load_generator.h"
 #include "support/child_process.h"
 #include "support/http_client.h"
@@ -59,9 +60,10 @@ json measure(std::uint16_t port, const std::string& target, const std::string& b
   // Low load (one connection) gives the added latency; 16 connections give throughput.
   const auto single = bench::run_load(port, target, body, 1, kRunTime / 2);
   const auto loaded = bench::run_load(port, target, body, kConnections, kRunTime);
-  return {{"rps", loaded.requests_per_second}, {"p50_us", loaded.p50_us}, {"p99_us", loaded.p99_us},
-          {"low_load_p50_us", single.p50_us}, {"low_load_p99_us", single.p99_us},
-          {"errors", loaded.errors + single.errors}, {"requests", loaded.requests}};
+  return {{"rps", loaded.requests_per_second}, {"p50_us", loaded.p50_us},
+          {"p99_us", loaded.p99_us},           {"low_load_p50_us", single.p50_us},
+          {"low_load_p99_us", single.p99_us},  {"errors", loaded.errors + single.errors},
+          {"requests", loaded.requests}};
 }
 
 }  // namespace
@@ -69,23 +71,26 @@ json measure(std::uint16_t port, const std::string& target, const std::string& b
 int main() {
   test::TempDir dir;
   boost::asio::io_context upstream_io;
-  proxy::HttpServer upstream(upstream_io, {}, [](proxy::HttpRequest&& request) -> proxy::Reply {
-    return upstream_answer(request);
-  });
+  proxy::HttpServer upstream(upstream_io, {},
+                             [](proxy::HttpRequest&& request) -> proxy::Reply { return upstream_answer(request); });
   if (!upstream.listen({"127.0.0.1", 0})) return 1;
   const auto upstream_port = upstream.local_endpoint().port();
   std::thread upstream_thread([&] { upstream_io.run(); });
 
-  const json policy = {
-      {"schema_version", 1},
-      {"node", {{"id", "bench"}}},
-      {"listen", {{"http", "127.0.0.1:0"}}},
-      {"agents",
-       {{{"id", "a"},
-         {"upstream", "http://127.0.0.1:" + std::to_string(upstream_port)},
-         {"model", {{"architecture", "llama"}, {"layers", 1}, {"kv_heads", 1}, {"head_dim", 1}, {"dtype", "fp32"},
-                    {"weights", "none"}}}}}},
-      {"logging", {{"level", "warn"}}}};
+  const json policy = {{"schema_version", 1},
+                       {"node", {{"id", "bench"}}},
+                       {"listen", {{"http", "127.0.0.1:0"}}},
+                       {"agents",
+                        {{{"id", "a"},
+                          {"upstream", "http://127.0.0.1:" + std::to_string(upstream_port)},
+                          {"model",
+                           {{"architecture", "llama"},
+                            {"layers", 1},
+                            {"kv_heads", 1},
+                            {"head_dim", 1},
+                            {"dtype", "fp32"},
+                            {"weights", "none"}}}}}},
+                       {"logging", {{"level", "warn"}}}};
   test::write_file(dir / "policy.json", policy.dump());
   test::ChildProcess kvrelay({test::kvrelay_binary().string(), "serve", "--config", (dir / "policy.json").string(),
                               "--ready-file", (dir / "ready.json").string(), "--io-threads", "1"},
@@ -97,13 +102,14 @@ int main() {
   std::uint16_t nginx_port = 0;
   if (const auto nginx_binary = find_nginx()) {
     nginx_port = free_port();
-    const std::string conf = "worker_processes 1;\npid " + (dir / "nginx.pid").string() +
-                             ";\nerror_log " + (dir / "nginx.err").string() +
-                             " warn;\nevents { worker_connections 1024; }\nhttp {\n  access_log off;\n"
-                             "  client_body_temp_path " + dir.path().string() + ";\n  proxy_temp_path " +
-                             dir.path().string() + ";\n  server {\n    listen 127.0.0.1:" + std::to_string(nginx_port) +
-                             ";\n    location /agents/a/ {\n      proxy_pass http://127.0.0.1:" +
-                             std::to_string(upstream_port) + "/;\n      proxy_buffering off;\n    }\n  }\n}\n";
+    const std::string conf =
+        "worker_processes 1;\npid " + (dir / "nginx.pid").string() + ";\nerror_log " + (dir / "nginx.err").string() +
+        " warn;\nevents { worker_connections 1024; }\nhttp {\n  access_log off;\n"
+        "  client_body_temp_path " +
+        dir.path().string() + ";\n  proxy_temp_path " + dir.path().string() +
+        ";\n  server {\n    listen 127.0.0.1:" + std::to_string(nginx_port) +
+        ";\n    location /agents/a/ {\n      proxy_pass http://127.0.0.1:" + std::to_string(upstream_port) +
+        "/;\n      proxy_buffering off;\n    }\n  }\n}\n";
     test::write_file(dir / "nginx.conf", conf);
     nginx = std::make_unique<test::ChildProcess>(
         std::vector<std::string>{nginx_binary->string(), "-c", (dir / "nginx.conf").string(), "-g", "daemon off;"},
@@ -126,13 +132,18 @@ int main() {
   report["rps_direct"] = small["direct"]["rps"];
   report["rps_kvrelay"] = small["kvrelay"]["rps"];
   report["rps_nginx"] = nginx ? small["nginx"]["rps"] : json();
-  report["added_p50_us"] = small["kvrelay"]["low_load_p50_us"].get<double>() - small["direct"]["low_load_p50_us"].get<double>();
+  report["added_p50_us"] =
+      small["kvrelay"]["low_load_p50_us"].get<double>() - small["direct"]["low_load_p50_us"].get<double>();
   report["added_p50_us_nginx"] =
-      nginx ? json(small["nginx"]["low_load_p50_us"].get<double>() - small["direct"]["low_load_p50_us"].get<double>()) : json();
+      nginx ? json(small["nginx"]["low_load_p50_us"].get<double>() - small["direct"]["low_load_p50_us"].get<double>())
+            : json();
   report["kvrelay_over_nginx_rps"] =
       nginx ? json(small["kvrelay"]["rps"].get<double>() / small["nginx"]["rps"].get<double>()) : json();
-  report["config"] = {{"connections", kConnections}, {"run_ms", kRunTime.count()}, {"kvrelay_io_threads", 1},
-                      {"nginx_workers", 1}, {"upstream", "in-process Beast server, one thread"}};
+  report["config"] = {{"connections", kConnections},
+                      {"run_ms", kRunTime.count()},
+                      {"kvrelay_io_threads", 1},
+                      {"nginx_workers", 1},
+                      {"upstream", "in-process Beast server, one thread"}};
   std::printf("%s\n", report.dump(2).c_str());
 
   kvrelay.send_signal(SIGTERM);

@@ -6,8 +6,7 @@
 
 namespace kvrelay {
 
-BlockHash hash_block(BlockHash parent, std::uint64_t fingerprint_id,
-                     std::span<const TokenId> block_tokens) noexcept {
+BlockHash hash_block(BlockHash parent, std::uint64_t fingerprint_id, std::span<const TokenId> block_tokens) noexcept {
   // One contiguous buffer keeps this a single XXH3 call; blocks are small (64 bytes at 16 tokens).
   constexpr std::size_t kInlineBytes = 16 + 64 * sizeof(TokenId);
   const std::size_t bytes = 16 + block_tokens.size_bytes();

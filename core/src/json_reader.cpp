@@ -138,8 +138,8 @@ bool ObjectReader::read_int(std::string_view key, int& out, int min, int max, bo
   return true;
 }
 
-bool ObjectReader::read_u64(std::string_view key, std::uint64_t& out, std::uint64_t min,
-                            std::uint64_t max, bool required) {
+bool ObjectReader::read_u64(std::string_view key, std::uint64_t& out, std::uint64_t min, std::uint64_t max,
+                            bool required) {
   const auto* value = field(key, required);
   if (value == nullptr) return false;
   const auto number = as_integer<std::uint64_t>(*value, min, max);
@@ -151,8 +151,8 @@ bool ObjectReader::read_u64(std::string_view key, std::uint64_t& out, std::uint6
   return true;
 }
 
-bool ObjectReader::read_u32(std::string_view key, std::uint32_t& out, std::uint32_t min,
-                            std::uint32_t max, bool required) {
+bool ObjectReader::read_u32(std::string_view key, std::uint32_t& out, std::uint32_t min, std::uint32_t max,
+                            bool required) {
   std::uint64_t wide = out;
   if (!read_u64(key, wide, min, max, required)) return false;
   out = static_cast<std::uint32_t>(wide);
@@ -170,8 +170,8 @@ bool ObjectReader::read_double(std::string_view key, double& out, double min, do
   return true;
 }
 
-bool ObjectReader::read_millis(std::string_view key, std::chrono::milliseconds& out, std::int64_t min,
-                               std::int64_t max, bool required) {
+bool ObjectReader::read_millis(std::string_view key, std::chrono::milliseconds& out, std::int64_t min, std::int64_t max,
+                               bool required) {
   const auto* value = field(key, required);
   if (value == nullptr) return false;
   const auto number = as_integer<std::int64_t>(*value, min, max);
@@ -210,7 +210,8 @@ void ObjectReader::reject_unknown_keys() {
   for (const auto& [key, value] : object_->items()) {
     if (known_.find(key) == known_.end()) {
       std::string allowed;
-      for (const auto& name : known_) allowed += (allowed.empty() ? "" : ", ") + name;
+      for (const auto& name : known_)
+        allowed += (allowed.empty() ? "" : ", ") + name;
       diagnostics_.problem(pointer_of(key), fmt::format("unknown key (allowed here: {})", allowed));
     }
   }

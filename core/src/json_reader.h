@@ -48,13 +48,11 @@ class ObjectReader {
   bool read_string(std::string_view key, std::string& out, bool required, bool non_empty = true);
   bool read_bool(std::string_view key, bool& out, bool required = false);
   bool read_int(std::string_view key, int& out, int min, int max, bool required = false);
-  bool read_u64(std::string_view key, std::uint64_t& out, std::uint64_t min, std::uint64_t max,
-                bool required = false);
-  bool read_u32(std::string_view key, std::uint32_t& out, std::uint32_t min, std::uint32_t max,
-                bool required = false);
+  bool read_u64(std::string_view key, std::uint64_t& out, std::uint64_t min, std::uint64_t max, bool required = false);
+  bool read_u32(std::string_view key, std::uint32_t& out, std::uint32_t min, std::uint32_t max, bool required = false);
   bool read_double(std::string_view key, double& out, double min, double max, bool required = false);
-  bool read_millis(std::string_view key, std::chrono::milliseconds& out, std::int64_t min,
-                   std::int64_t max, bool required = false);
+  bool read_millis(std::string_view key, std::chrono::milliseconds& out, std::int64_t min, std::int64_t max,
+                   bool required = false);
   bool read_string_array(std::string_view key, std::vector<std::string>& out, bool required = false);
 
   // Reports every key that no read_* or field() call asked for.

@@ -22,20 +22,16 @@ Result<std::uint64_t> checked_add(std::uint64_t lhs, std::uint64_t rhs) {
 
 Status KvLayout::validate() const {
   if (layers == 0 || layers > kMaxLayers) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("layout layers {} outside 1..{}", layers, kMaxLayers));
+    return fail(ErrorCode::kInvalidArgument, fmt::format("layout layers {} outside 1..{}", layers, kMaxLayers));
   }
   if (kv_heads == 0 || kv_heads > kMaxKvHeads) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("layout kv_heads {} outside 1..{}", kv_heads, kMaxKvHeads));
+    return fail(ErrorCode::kInvalidArgument, fmt::format("layout kv_heads {} outside 1..{}", kv_heads, kMaxKvHeads));
   }
   if (head_dim == 0 || head_dim > kMaxHeadDim) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("layout head_dim {} outside 1..{}", head_dim, kMaxHeadDim));
+    return fail(ErrorCode::kInvalidArgument, fmt::format("layout head_dim {} outside 1..{}", head_dim, kMaxHeadDim));
   }
   if (!dtype_from_wire(static_cast<std::uint8_t>(dtype))) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("layout dtype {} unknown", static_cast<unsigned>(dtype)));
+    return fail(ErrorCode::kInvalidArgument, fmt::format("layout dtype {} unknown", static_cast<unsigned>(dtype)));
   }
   return ok();
 }

@@ -8,8 +8,7 @@
 
 namespace kvrelay::detail {
 
-static_assert(std::endian::native == std::endian::little,
-              "kvrelay's canonical encodings assume a little-endian host");
+static_assert(std::endian::native == std::endian::little, "kvrelay's canonical encodings assume a little-endian host");
 
 // Appends fixed-width little-endian fields to a byte buffer for hashing.
 class LeWriter {

@@ -28,7 +28,7 @@ std::uint64_t Histogram::bucket_count(std::size_t index) const noexcept {
 
 std::vector<double> latency_buckets_seconds() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-          0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0,  30.0,  60.0};
+          0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0,  60.0};
 }
 
 template <class Metric>

@@ -23,7 +23,9 @@ std::string HostPort::to_string() const {
   return fmt::format("{}:{}", host, port);
 }
 
-std::string HttpUrl::to_string() const { return fmt::format("http://{}:{}{}", host, port, base_path); }
+std::string HttpUrl::to_string() const {
+  return fmt::format("http://{}:{}{}", host, port, base_path);
+}
 
 bool is_known_medium(std::string_view medium) noexcept {
   if (std::find(std::begin(kBuiltinMedia), std::end(kBuiltinMedia), medium) != std::end(kBuiltinMedia)) {
@@ -67,11 +69,11 @@ Result<HttpUrl> parse_http_url(std::string_view text) {
   const auto slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   std::string base_path = slash == std::string_view::npos ? std::string() : std::string(rest.substr(slash));
-  while (!base_path.empty() && base_path.back() == '/') base_path.pop_back();
+  while (!base_path.empty() && base_path.back() == '/')
+    base_path.pop_back();
   HttpUrl url;
   url.base_path = std::move(base_path);
-  if (authority.find(':') == std::string_view::npos ||
-      (authority.front() == '[' && authority.back() == ']')) {
+  if (authority.find(':') == std::string_view::npos || (authority.front() == '[' && authority.back() == ']')) {
     if (authority.empty()) return fail(ErrorCode::kInvalidArgument, "empty host");
     url.host = std::string(authority);
     url.port = 80;
@@ -106,8 +108,8 @@ constexpr std::string_view kIdPattern = "identifier of letters, digits, '.', '_'
 bool is_identifier(std::string_view text) {
   if (text.empty() || text.size() > 64) return false;
   return std::all_of(text.begin(), text.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
   });
 }
 
@@ -123,8 +125,8 @@ bool read_identifier(ObjectReader& reader, std::string_view key, std::string& ou
   return true;
 }
 
-void read_host_port(ObjectReader& reader, std::string_view key, std::optional<HostPort>& out,
-                    Diagnostics& diag, bool required) {
+void read_host_port(ObjectReader& reader, std::string_view key, std::optional<HostPort>& out, Diagnostics& diag,
+                    bool required) {
   const auto* value = reader.field(key, required);
   if (value == nullptr) return;
   if (value->is_string()) {
@@ -347,8 +349,8 @@ void check_references(const Policy& policy, Diagnostics& diag) {
     const auto& agent = policy.agents[index];
     if (!agent.node.empty() && agent.node != policy.node_id && policy.find_peer(agent.node) == nullptr) {
       const json got = agent.node;
-      diag.expected(pointer_append(pointer_append("/agents", index), "node"),
-                    "this node's id or a peer id from /peers", &got);
+      diag.expected(pointer_append(pointer_append("/agents", index), "node"), "this node's id or a peer id from /peers",
+                    &got);
     }
   }
   for (std::size_t index = 0; index < policy.routes.size(); ++index) {

@@ -25,9 +25,7 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
   const auto is_ready = context.is_ready;
   return {
       {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
-       [](const HttpRequest& request) {
-         return make_json_response(http::status::ok, R"({"status":"ok"})", request);
-       }},
+       [](const HttpRequest& request) { return make_json_response(http::status::ok, R"({"status":"ok"})", request); }},
       {http::verb::get, "/readyz", "Readiness: 200 once listening and not draining, else 503",
        [is_ready](const HttpRequest& request) {
          const bool ready = is_ready();
@@ -47,7 +45,8 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
       {http::verb::get, "/admin/routes", "Routes as currently served (after live changes)",
        [policy](const HttpRequest& request) {
          nlohmann::json routes = nlohmann::json::array();
-         for (const auto& route : policy->current()->routes) routes.push_back(route_to_json(route));
+         for (const auto& route : policy->current()->routes)
+           routes.push_back(route_to_json(route));
          return make_json_response(http::status::ok, nlohmann::json{{"routes", routes}}.dump(), request);
        }},
       {http::verb::put, "/admin/routes/*",

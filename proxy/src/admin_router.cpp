@@ -42,9 +42,8 @@ HttpResponse AdminRouter::handle(const HttpRequest& request) const {
 std::string AdminRouter::describe_json() const {
   nlohmann::json listing = nlohmann::json::array();
   for (const auto& endpoint : endpoints_) {
-    listing.push_back({{"method", std::string(http::to_string(endpoint.method))},
-                       {"path", endpoint.path},
-                       {"help", endpoint.help}});
+    listing.push_back(
+        {{"method", std::string(http::to_string(endpoint.method))}, {"path", endpoint.path}, {"help", endpoint.help}});
   }
   return nlohmann::json{{"endpoints", listing}}.dump(2);
 }

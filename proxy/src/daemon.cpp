@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "kvrelay/core/policy.h"
 #include "kvrelay/core/metrics.h"
+#include "kvrelay/core/policy.h"
 #include "kvrelay/proxy/admin_endpoints.h"
 #include "kvrelay/proxy/admin_router.h"
 #include "kvrelay/proxy/front_proxy.h"
@@ -128,8 +128,8 @@ int run_daemon(const DaemonOptions& options) {
   asio::steady_timer drain_timer(io);
   const auto drain_started = std::make_shared<std::chrono::steady_clock::time_point>();
   std::function<void()> poll_drain = [&] {
-    const bool idle = main_server.active_connections() == 0 &&
-                      (!admin_server || admin_server->active_connections() == 0);
+    const bool idle =
+        main_server.active_connections() == 0 && (!admin_server || admin_server->active_connections() == 0);
     if (idle || std::chrono::steady_clock::now() - *drain_started > kDrainDeadline) {
       if (!idle) spdlog::warn("drain deadline passed with connections still open; exiting");
       io.stop();
@@ -154,7 +154,8 @@ int run_daemon(const DaemonOptions& options) {
     workers.emplace_back([&io] { io.run(); });
   }
   io.run();
-  for (auto& worker : workers) worker.join();
+  for (auto& worker : workers)
+    worker.join();
   spdlog::info("kvrelay stopped");
   return 0;
 }

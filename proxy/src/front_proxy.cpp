@@ -55,7 +55,8 @@ Result<std::string> inject_kv_transfer_params(std::string_view body, const std::
 }
 
 FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
-    : requests(registry.counter("kvrelay_proxy_requests_total", "Requests through the front proxy by agent, endpoint and status",
+    : requests(registry.counter("kvrelay_proxy_requests_total",
+                                "Requests through the front proxy by agent, endpoint and status",
                                 {"agent", "endpoint", "status"})),
       time_to_first_byte(registry.histogram("kvrelay_proxy_time_to_first_byte_seconds",
                                             "Time from forwarding a request to the upstream's first response byte",
@@ -87,10 +88,11 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
                            keep_alive);
   }
   if (!is_forwarded_endpoint(request.method(), target->upstream_path)) {
-    return make_json_error(http::status::not_found, "not_found",
-                           fmt::format("{} {} is not an endpoint kvrelay forwards (completions, chat/completions, models)",
-                                       std::string(request.method_string()), target->upstream_path),
-                           version, keep_alive);
+    return make_json_error(
+        http::status::not_found, "not_found",
+        fmt::format("{} {} is not an endpoint kvrelay forwards (completions, chat/completions, models)",
+                    std::string(request.method_string()), target->upstream_path),
+        version, keep_alive);
   }
 
   std::string request_id(request["X-Request-Id"]);
@@ -101,8 +103,8 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
     for (const auto& route : policy->routes) {
       if (route.to_agent == agent->id && route.enabled) routes.push_back(route.id);
     }
-    const nlohmann::json params{{"request_id", request_id}, {"agent", agent->id}, {"node", policy->node_id},
-                                {"routes", routes}};
+    const nlohmann::json params{
+        {"request_id", request_id}, {"agent", agent->id}, {"node", policy->node_id}, {"routes", routes}};
     auto body = inject_kv_transfer_params(request.body(), params.dump());
     if (!body) {
       metrics_.requests.with({agent->id, target->upstream_path, "400"}).inc();
@@ -143,7 +145,8 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       metrics_.upstream_errors.with({agent_id, outcome.error_kind}).inc();
     }
     if (!outcome.upstream_failed) {
-      metrics_.time_to_first_byte.with({agent_id}).observe(std::chrono::duration<double>(outcome.time_to_first_byte).count());
+      metrics_.time_to_first_byte.with({agent_id})
+          .observe(std::chrono::duration<double>(outcome.time_to_first_byte).count());
     }
     metrics_.latency.with({agent_id}).observe(std::chrono::duration<double>(outcome.total).count());
   };

@@ -13,8 +13,8 @@
 
 #include <deque>
 #include <mutex>
-#include <vector>
 #include <optional>
+#include <vector>
 
 namespace kvrelay::proxy {
 
@@ -62,7 +62,10 @@ struct HttpServer::State {
   }
 
   State(asio::io_context& context, HttpServerLimits server_limits, Dispatcher request_dispatcher)
-      : io(context), limits(server_limits), dispatcher(std::move(request_dispatcher)), acceptor(asio::make_strand(context)) {}
+      : io(context),
+        limits(server_limits),
+        dispatcher(std::move(request_dispatcher)),
+        acceptor(asio::make_strand(context)) {}
 };
 
 namespace {
@@ -95,8 +98,8 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
 
   // Over the connection cap: answer 503 once and close, without reading the request.
   void reject_over_capacity() {
-    queue_.push_back(make_json_error(http::status::service_unavailable, "overloaded",
-                                     "connection limit reached; retry later"));
+    queue_.push_back(
+        make_json_error(http::status::service_unavailable, "overloaded", "connection limit reached; retry later"));
     std::get<HttpResponse>(queue_.back()).set(http::field::retry_after, "1");
     closing_ = true;
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->write_front(); });
@@ -228,26 +231,25 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
 };
 
 void accept_next(const std::shared_ptr<HttpServer::State>& state) {
-  state->acceptor.async_accept(
-      asio::make_strand(state->io), [state](beast::error_code ec, tcp::socket socket) {
-        if (ec == asio::error::operation_aborted || !state->accepting) return;
-        if (ec) {
-          spdlog::warn("http: accept failed: {}", ec.message());
-        } else {
-          // Responses go out in several writes (headers, streamed chunks): Nagle would hold each
-          // small write for the peer's delayed ACK.
-          beast::error_code option_ec;
-          socket.set_option(tcp::no_delay(true), option_ec);
-          auto session = std::make_shared<HttpSession>(std::move(socket), state);
-          if (state->active.load() > state->limits.max_connections) {
-            session->reject_over_capacity();
-          } else {
-            state->track(session);
-            session->start();
-          }
-        }
-        accept_next(state);
-      });
+  state->acceptor.async_accept(asio::make_strand(state->io), [state](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !state->accepting) return;
+    if (ec) {
+      spdlog::warn("http: accept failed: {}", ec.message());
+    } else {
+      // Responses go out in several writes (headers, streamed chunks): Nagle would hold each
+      // small write for the peer's delayed ACK.
+      beast::error_code option_ec;
+      socket.set_option(tcp::no_delay(true), option_ec);
+      auto session = std::make_shared<HttpSession>(std::move(socket), state);
+      if (state->active.load() > state->limits.max_connections) {
+        session->reject_over_capacity();
+      } else {
+        state->track(session);
+        session->start();
+      }
+    }
+    accept_next(state);
+  });
 }
 
 }  // namespace
@@ -255,7 +257,9 @@ void accept_next(const std::shared_ptr<HttpServer::State>& state) {
 HttpServer::HttpServer(asio::io_context& io, HttpServerLimits limits, Dispatcher dispatcher)
     : state_(std::make_shared<State>(io, limits, std::move(dispatcher))) {}
 
-HttpServer::~HttpServer() { stop_accepting(); }
+HttpServer::~HttpServer() {
+  stop_accepting();
+}
 
 Status HttpServer::listen(const HostPort& address) {
   beast::error_code ec;
@@ -295,7 +299,8 @@ void HttpServer::drain() {
       if (auto session = weak.lock()) sessions.push_back(std::move(session));
     }
   }
-  for (const auto& session : sessions) session->close_if_idle();
+  for (const auto& session : sessions)
+    session->close_if_idle();
 }
 
 void HttpServer::stop_accepting() {
@@ -307,6 +312,8 @@ void HttpServer::stop_accepting() {
   });
 }
 
-std::uint64_t HttpServer::active_connections() const { return state_->active.load(); }
+std::uint64_t HttpServer::active_connections() const {
+  return state_->active.load();
+}
 
 }  // namespace kvrelay::proxy

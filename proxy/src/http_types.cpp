@@ -4,8 +4,8 @@
 
 namespace kvrelay::proxy {
 
-HttpResponse make_json_error(http::status status, std::string_view type, std::string_view message,
-                             unsigned version, bool keep_alive) {
+HttpResponse make_json_error(http::status status, std::string_view type, std::string_view message, unsigned version,
+                             bool keep_alive) {
   nlohmann::json body;
   body["error"] = {{"message", message}, {"type", type}, {"code", static_cast<unsigned>(status)}};
   HttpResponse response{status, version};

@@ -10,11 +10,12 @@ RuntimePolicy::RuntimePolicy(std::string path, std::shared_ptr<const Policy> ini
     : path_(std::move(path)),
       current_(std::move(initial)),
       reloads_(registry.counter("kvrelay_config_reloads_total", "Policy reloads by result (ok, rejected)", {"result"})),
-      route_updates_(registry.counter("kvrelay_admin_route_updates_total", "Live route changes through the admin API",
-                                      {"route"})),
-      last_reload_success_(registry.gauge("kvrelay_config_last_reload_successful",
-                                          "1 if the last reload was applied, 0 if it was rejected")
-                               .get()) {
+      route_updates_(
+          registry.counter("kvrelay_admin_route_updates_total", "Live route changes through the admin API", {"route"})),
+      last_reload_success_(
+          registry
+              .gauge("kvrelay_config_last_reload_successful", "1 if the last reload was applied, 0 if it was rejected")
+              .get()) {
   last_reload_success_.set(1);
 }
 
@@ -51,7 +52,8 @@ Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, con
   RoutePolicy& route = *found;
   for (const auto& [key, value] : changes.items()) {
     if (key == "enabled") {
-      if (!value.is_boolean()) return fail(ErrorCode::kInvalidArgument, fmt::format("/enabled: expected boolean, got {}", value.dump()));
+      if (!value.is_boolean())
+        return fail(ErrorCode::kInvalidArgument, fmt::format("/enabled: expected boolean, got {}", value.dump()));
       route.enabled = value.get<bool>();
     } else if (key == "forced_medium") {
       if (value.is_null()) {
@@ -59,7 +61,8 @@ Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, con
         continue;
       }
       if (!value.is_string() || !is_known_medium(value.get<std::string>())) {
-        return fail(ErrorCode::kInvalidArgument, fmt::format("/forced_medium: expected a medium name or null, got {}", value.dump()));
+        return fail(ErrorCode::kInvalidArgument,
+                    fmt::format("/forced_medium: expected a medium name or null, got {}", value.dump()));
       }
       const auto medium = value.get<std::string>();
       if (!route.allowed_media.empty() &&
@@ -70,7 +73,8 @@ Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, con
       route.forced_medium = medium;
     } else if (key == "audit_fraction") {
       if (!value.is_number() || value.get<double>() < 0.0 || value.get<double>() > 1.0) {
-        return fail(ErrorCode::kInvalidArgument, fmt::format("/audit_fraction: expected number 0..1, got {}", value.dump()));
+        return fail(ErrorCode::kInvalidArgument,
+                    fmt::format("/audit_fraction: expected number 0..1, got {}", value.dump()));
       }
       route.audit_fraction = value.get<double>();
     } else {

@@ -43,7 +43,8 @@ void UpstreamPool::give_back(const std::string& host, std::uint16_t port, boost:
 std::size_t UpstreamPool::idle_count() const {
   const std::lock_guard lock(mutex_);
   std::size_t count = 0;
-  for (const auto& [key, sockets] : idle_) count += sockets.size();
+  for (const auto& [key, sockets] : idle_)
+    count += sockets.size();
   return count;
 }
 

@@ -77,18 +77,18 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     beast::error_code parse_ec;
     const auto address = asio::ip::make_address(upstream_.host, parse_ec);
     if (!parse_ec) {  // IP literal: no resolver round trip (Asio resolves on a helper thread)
-      return upstream_stream_->async_connect(tcp::endpoint(address, upstream_.port),
-                                             [self = shared_from_this()](beast::error_code ec) { self->on_connected(ec); });
+      return upstream_stream_->async_connect(
+          tcp::endpoint(address, upstream_.port),
+          [self = shared_from_this()](beast::error_code ec) { self->on_connected(ec); });
     }
     resolver_.emplace(client_->get_executor());
-    resolver_->async_resolve(upstream_.host, std::to_string(upstream_.port),
-                             [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type results) {
-                               if (ec) return self->fail_before_response("connect", ec);
-                               self->upstream_stream_->async_connect(
-                                   results, [self](beast::error_code connect_ec, const tcp::endpoint&) {
-                                     self->on_connected(connect_ec);
-                                   });
-                             });
+    resolver_->async_resolve(
+        upstream_.host, std::to_string(upstream_.port),
+        [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type results) {
+          if (ec) return self->fail_before_response("connect", ec);
+          self->upstream_stream_->async_connect(
+              results, [self](beast::error_code connect_ec, const tcp::endpoint&) { self->on_connected(connect_ec); });
+        });
   }
 
   void on_connected(beast::error_code ec) {

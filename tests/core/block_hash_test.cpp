@@ -1,11 +1,12 @@
-#include <catch2/catch.hpp>
+#include "kvrelay/core/block_hash.h"
+
 #include <xxhash.h>
+
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <numeric>
 #include <vector>
-
-#include "kvrelay/core/block_hash.h"
 
 using kvrelay::BlockHash;
 using kvrelay::TokenId;
@@ -46,7 +47,8 @@ TEST_CASE("block hashes chain: a shared prefix gives shared hashes, a change pro
   const auto hashes_b = kvrelay::hash_blocks(7, tokens_b);
   REQUIRE(hashes_a.size() == 4);
   CHECK(hashes_a[0] == hashes_b[0]);
-  for (std::size_t block = 1; block < 4; ++block) CHECK(hashes_a[block] != hashes_b[block]);
+  for (std::size_t block = 1; block < 4; ++block)
+    CHECK(hashes_a[block] != hashes_b[block]);
 
   // Extending a context keeps every earlier hash: delta KV needs nothing more.
   auto extended = tokens_a;

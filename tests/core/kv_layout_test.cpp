@@ -1,9 +1,9 @@
+#include "kvrelay/core/kv_layout.h"
+
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <limits>
-
-#include "kvrelay/core/kv_layout.h"
 
 using kvrelay::DType;
 using kvrelay::ErrorCode;

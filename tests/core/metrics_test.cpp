@@ -1,10 +1,10 @@
+#include "kvrelay/core/metrics.h"
+
 #include <catch2/catch.hpp>
 
 #include <regex>
 #include <sstream>
 #include <thread>
-
-#include "kvrelay/core/metrics.h"
 
 using namespace kvrelay::metrics;
 
@@ -33,7 +33,8 @@ TEST_CASE("registry renders counters, gauges and histograms in Prometheus text f
   CHECK_THAT(text, Catch::Contains("kvrelay_latency_seconds_sum{route=\"a\"} 5.55\n"));
 
   // Every sample line has the text format's shape: name{labels} value.
-  const std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? [-+0-9.eEInfNa]+$)");
+  const std::regex sample(
+      R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? [-+0-9.eEInfNa]+$)");
   std::istringstream lines(text);
   std::string line;
   int samples = 0;
@@ -60,9 +61,11 @@ TEST_CASE("counters are exact under concurrent increments", "[core][metrics]") {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
-      for (int i = 0; i < 10000; ++i) counter.inc();
+      for (int i = 0; i < 10000; ++i)
+        counter.inc();
     });
   }
-  for (auto& thread : threads) thread.join();
+  for (auto& thread : threads)
+    thread.join();
   CHECK(counter.value() == 40000.0);
 }

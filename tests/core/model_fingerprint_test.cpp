@@ -1,24 +1,28 @@
-#include <catch2/catch.hpp>
+#include "kvrelay/core/model_fingerprint.h"
+
 #include <xxhash.h>
+
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include "kvrelay/core/model_fingerprint.h"
 
 using kvrelay::DType;
 using kvrelay::ModelFingerprint;
 
 namespace {
 
-ModelFingerprint stories() { return {"llama", 5, 4, 8, DType::kFloat32, "stories260K"}; }
+ModelFingerprint stories() {
+  return {"llama", 5, 4, 8, DType::kFloat32, "stories260K"};
+}
 
 // The documented canonical encoding (docs/wire-format.md), rebuilt here byte by byte.
 std::uint64_t reference_id(const ModelFingerprint& fp) {
   std::vector<unsigned char> bytes;
   auto put32 = [&](std::uint32_t v) {
-    for (int shift = 0; shift < 32; shift += 8) bytes.push_back(static_cast<unsigned char>(v >> shift));
+    for (int shift = 0; shift < 32; shift += 8)
+      bytes.push_back(static_cast<unsigned char>(v >> shift));
   };
   auto put_string = [&](const std::string& s) {
     put32(static_cast<std::uint32_t>(s.size()));

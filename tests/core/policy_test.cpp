@@ -1,10 +1,11 @@
+#include "kvrelay/core/policy.h"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <string>
 
-#include "kvrelay/core/policy.h"
 #include "support/test_paths.h"
 
 using kvrelay::parse_policy;
@@ -129,7 +130,8 @@ TEST_CASE("dangling references are rejected", "[core][policy]") {
     auto document = minimal_policy();
     document["routes"][0]["allowed_media"] = {"tokens", "kv_raw"};
     document["routes"][0]["forced_medium"] = "kv_int4";
-    CHECK_THAT(rejection(document), Catch::Contains("/routes/0/forced_medium: expected a medium listed in allowed_media"));
+    CHECK_THAT(rejection(document),
+               Catch::Contains("/routes/0/forced_medium: expected a medium listed in allowed_media"));
   }
 }
 
@@ -141,7 +143,8 @@ TEST_CASE("media, addresses, URLs and the schema version are validated", "[core]
   document["schema_version"] = 2;
   const auto message = rejection(document);
   CHECK_THAT(message, Catch::Contains(R"(/routes/0/allowed_media/1: expected a medium)"));
-  CHECK_THAT(message, Catch::Contains(R"(/listen/http: expected "host:port" with port 0..65535, got "127.0.0.1:99999")"));
+  CHECK_THAT(message,
+             Catch::Contains(R"(/listen/http: expected "host:port" with port 0..65535, got "127.0.0.1:99999")"));
   CHECK_THAT(message, Catch::Contains("/agents/0/upstream: expected http://host[:port][/path] URL"));
   CHECK_THAT(message, Catch::Contains("/schema_version: expected 1, got 2"));
 }

@@ -1,9 +1,9 @@
+#include "kvrelay/core/result.h"
+
 #include <catch2/catch.hpp>
 
 #include <set>
 #include <string_view>
-
-#include "kvrelay/core/result.h"
 
 using kvrelay::ErrorCode;
 using kvrelay::Result;

@@ -11,8 +11,8 @@ namespace {
 
 json policy_with_routes() {
   auto policy = basic_daemon_policy();
-  const json model = {{"architecture", "llama"}, {"layers", 5}, {"kv_heads", 4}, {"head_dim", 8}, {"dtype", "fp32"},
-                      {"weights", "w"}};
+  const json model = {{"architecture", "llama"}, {"layers", 5},     {"kv_heads", 4},
+                      {"head_dim", 8},           {"dtype", "fp32"}, {"weights", "w"}};
   // Upstreams point at a closed port: these tests exercise the sidecar alone.
   policy["agents"] = {{{"id", "a"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"kv_connector", true}},
                       {{"id", "b"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}}};
@@ -72,7 +72,8 @@ TEST_CASE("admin rejects bad route changes with a message naming the problem", "
   CHECK(routes["routes"][0]["forced_medium"].is_null());
 }
 
-TEST_CASE("reload applies a valid policy and rejects a bad one, which keeps the old serving", "[proxy][admin][process]") {
+TEST_CASE("reload applies a valid policy and rejects a bad one, which keeps the old serving",
+          "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
   auto next = policy_with_routes();
   next["routes"][0]["priority"] = 6;
@@ -128,17 +129,21 @@ TEST_CASE("front proxy answers unknown agents, unknown endpoints, bad bodies and
   CHECK(json::parse(dead.body)["error"]["type"] == "upstream_error");
 
   const auto port = daemon.http_port();
-  CHECK(metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"b\",endpoint=\"/v1/completions\",status=\"502\"}", 1));
+  CHECK(
+      metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"b\",endpoint=\"/v1/completions\",status=\"502\"}", 1));
   CHECK(metric_reaches(port, "kvrelay_proxy_upstream_errors_total{agent=\"b\",kind=\"connect\"}", 1));
-  CHECK(metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"a\",endpoint=\"/v1/completions\",status=\"400\"}", 1));
+  CHECK(
+      metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"a\",endpoint=\"/v1/completions\",status=\"400\"}", 1));
 }
 
 TEST_CASE("GET /admin lists the endpoint table", "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
   const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin").body);
   std::set<std::string> paths;
-  for (const auto& endpoint : listing["endpoints"]) paths.insert(endpoint["path"].get<std::string>());
-  for (const char* expected : {"/healthz", "/readyz", "/metrics", "/admin/routes", "/admin/routes/*", "/admin/reload"}) {
+  for (const auto& endpoint : listing["endpoints"])
+    paths.insert(endpoint["path"].get<std::string>());
+  for (const char* expected :
+       {"/healthz", "/readyz", "/metrics", "/admin/routes", "/admin/routes/*", "/admin/reload"}) {
     CHECK(paths.count(expected) == 1);
   }
 }

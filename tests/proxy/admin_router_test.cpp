@@ -1,7 +1,7 @@
+#include "kvrelay/proxy/admin_router.h"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
-
-#include "kvrelay/proxy/admin_router.h"
 
 using namespace kvrelay::proxy;
 

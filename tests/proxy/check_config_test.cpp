@@ -29,7 +29,8 @@ TEST_CASE("check-config fails on a bad policy with the pointer message", "[proxy
   write_file(dir / "x.json", policy.dump(2));
   const auto result = run_command({kvrelay_binary().string(), "check-config", (dir / "x.json").string()}, dir.path());
   CHECK(result.exit_status == 1);
-  CHECK_THAT(result.err, Catch::Contains((dir / "x.json").string() + R"(: /routes/0/priority: expected integer 0..7, got "high")"));
+  CHECK_THAT(result.err,
+             Catch::Contains((dir / "x.json").string() + R"(: /routes/0/priority: expected integer 0..7, got "high")"));
 }
 
 TEST_CASE("kvrelay --version prints the version", "[proxy][cli]") {

@@ -37,13 +37,14 @@ TEST_CASE("daemon serves admin on a separate listener when configured", "[proxy]
 
 TEST_CASE("daemon rejects oversized headers with 431 and oversized bodies with 413", "[proxy][process]") {
   DaemonUnderTest daemon(basic_daemon_policy());
-  const auto big_header = http_request(daemon.http_port(), "GET", "/healthz", "", {{"x-padding", std::string(4096, 'a')}});
+  const auto big_header =
+      http_request(daemon.http_port(), "GET", "/healthz", "", {{"x-padding", std::string(4096, 'a')}});
   CHECK(big_header.status == 431);
   CHECK_THAT(big_header.body, Catch::Contains("header exceeds 2048 bytes"));
 
   // The 413 comes from Content-Length alone, before any body byte is read.
-  const auto reply = raw_exchange(daemon.http_port(),
-                                  "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n");
+  const auto reply =
+      raw_exchange(daemon.http_port(), "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n");
   CHECK_THAT(reply, Catch::StartsWith("HTTP/1.1 413"));
   CHECK_THAT(reply, Catch::Contains("body exceeds 4096 bytes"));
   CHECK(http_request(daemon.http_port(), "GET", "/healthz").status == 200);  // still serving
@@ -74,8 +75,8 @@ TEST_CASE("daemon refuses to start on an invalid policy and names the pointer", 
   auto policy = basic_daemon_policy();
   policy["limits"]["read_timeout_ms"] = "soon";
   write_file(dir / "bad.json", policy.dump());
-  const auto result = run_command({kvrelay_binary().string(), "serve", "--config", (dir / "bad.json").string()},
-                                  dir.path());
+  const auto result =
+      run_command({kvrelay_binary().string(), "serve", "--config", (dir / "bad.json").string()}, dir.path());
   CHECK(result.exit_status == 2);
   CHECK_THAT(result.err, Catch::Contains("/limits/read_timeout_ms: expected integer milliseconds"));
 }

@@ -40,13 +40,17 @@ ChildProcess::ChildProcess(std::vector<std::string> argv, const std::filesystem:
   posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
   std::vector<char*> args;
-  for (auto& arg : argv) args.push_back(arg.data());
+  for (auto& arg : argv)
+    args.push_back(arg.data());
   args.push_back(nullptr);
   std::vector<std::string> env_storage;
-  for (char** entry = environ; *entry != nullptr; ++entry) env_storage.emplace_back(*entry);
-  for (auto& entry : extra_env) env_storage.push_back(std::move(entry));
+  for (char** entry = environ; *entry != nullptr; ++entry)
+    env_storage.emplace_back(*entry);
+  for (auto& entry : extra_env)
+    env_storage.push_back(std::move(entry));
   std::vector<char*> env;
-  for (auto& entry : env_storage) env.push_back(entry.data());
+  for (auto& entry : env_storage)
+    env.push_back(entry.data());
   env.push_back(nullptr);
 
   const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), env.data());
@@ -79,10 +83,16 @@ std::optional<int> ChildProcess::wait_for_exit(std::chrono::milliseconds timeout
   return exited ? exit_status_ : std::nullopt;
 }
 
-bool ChildProcess::running() { return !wait_for_exit(std::chrono::milliseconds(0)).has_value(); }
+bool ChildProcess::running() {
+  return !wait_for_exit(std::chrono::milliseconds(0)).has_value();
+}
 
-std::string ChildProcess::stdout_text() const { return read_file(stdout_path_); }
-std::string ChildProcess::stderr_text() const { return read_file(stderr_path_); }
+std::string ChildProcess::stdout_text() const {
+  return read_file(stdout_path_);
+}
+std::string ChildProcess::stderr_text() const {
+  return read_file(stderr_path_);
+}
 
 CommandResult run_command(std::vector<std::string> argv, const std::filesystem::path& log_dir,
                           std::chrono::milliseconds timeout) {

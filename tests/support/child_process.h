@@ -50,7 +50,9 @@ bool wait_until(Condition condition, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (condition()) return true;
-    struct timespec pause {0, 10'000'000};
+    struct timespec pause {
+      0, 10'000'000
+    };
     nanosleep(&pause, nullptr);
   }
   return condition();

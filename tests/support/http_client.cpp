@@ -34,7 +34,8 @@ HttpResult http_request(std::uint16_t port, const std::string& method, const std
   }
   http::request<http::string_body> request{http::string_to_verb(method), target, 11};
   request.set(http::field::host, "127.0.0.1");
-  for (const auto& [name, value] : headers) request.set(name, value);
+  for (const auto& [name, value] : headers)
+    request.set(name, value);
   request.body() = body;
   if (!body.empty() && headers.find("content-type") == headers.end()) {
     request.set(http::field::content_type, "application/json");

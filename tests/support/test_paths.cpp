@@ -10,8 +10,12 @@
 
 namespace kvrelay::test {
 
-std::filesystem::path source_dir() { return KVRELAY_SOURCE_DIR; }
-std::filesystem::path binary_dir() { return KVRELAY_BINARY_DIR; }
+std::filesystem::path source_dir() {
+  return KVRELAY_SOURCE_DIR;
+}
+std::filesystem::path binary_dir() {
+  return KVRELAY_BINARY_DIR;
+}
 
 std::filesystem::path kvrelay_binary() {
   if (const char* override_path = std::getenv("KVRELAY_BIN")) return override_path;
@@ -30,8 +34,7 @@ std::optional<std::filesystem::path> stories_model_path() {
 
 TempDir::TempDir() {
   static std::atomic<unsigned> counter{0};
-  path_ = binary_dir() / "test-tmp" /
-          ("t" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)));
+  path_ = binary_dir() / "test-tmp" / ("t" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)));
   std::filesystem::remove_all(path_);
   std::filesystem::create_directories(path_);
 }

@@ -1,7 +1,8 @@
 #include <CLI/CLI.hpp>
 
-#include "commands.h"
 #include "kvrelay/proxy/version.h"
+
+#include "commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvrelay: moves agent context between LLM workers as tokens or KV, whichever is cheaper"};

@@ -1,7 +1,8 @@
 #include <memory>
 
-#include "commands.h"
 #include "kvrelay/proxy/daemon.h"
+
+#include "commands.h"
 
 namespace kvrelay::cli {
 

@@ -21,8 +21,7 @@ inline constexpr BlockHash kRootBlockHash = 0x6b7672656c6179ULL;  // "kvrelay"
 
 // Chained hashes of every *full* block of `tokens`; a trailing partial block has no hash,
 // since its KV cannot be shared until the block fills.
-[[nodiscard]] std::vector<BlockHash> hash_blocks(std::uint64_t fingerprint_id,
-                                                 std::span<const TokenId> tokens,
+[[nodiscard]] std::vector<BlockHash> hash_blocks(std::uint64_t fingerprint_id, std::span<const TokenId> tokens,
                                                  std::uint32_t block_tokens = kDefaultBlockTokens);
 
 }  // namespace kvrelay

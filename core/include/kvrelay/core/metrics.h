@@ -73,7 +73,8 @@ class Family {
   template <class Visit>
   void for_each(Visit visit) const {
     const std::lock_guard lock(mutex_);
-    for (const auto& [values, index] : index_) visit(values, children_[index]);
+    for (const auto& [values, index] : index_)
+      visit(values, children_[index]);
   }
   [[nodiscard]] const std::vector<std::string>& label_names() const { return label_names_; }
 

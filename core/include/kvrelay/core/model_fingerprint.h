@@ -26,9 +26,7 @@ struct ModelFingerprint {
     return KvLayout{layers, kv_heads, head_dim, dtype, tokens};
   }
 
-  [[nodiscard]] bool kv_compatible_with(const ModelFingerprint& other) const noexcept {
-    return id() == other.id();
-  }
+  [[nodiscard]] bool kv_compatible_with(const ModelFingerprint& other) const noexcept { return id() == other.id(); }
 
   friend bool operator==(const ModelFingerprint&, const ModelFingerprint&) = default;
 };

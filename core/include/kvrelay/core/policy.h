@@ -35,10 +35,10 @@ struct HttpUrl {
 
 struct ListenPolicy {
   HostPort http{"127.0.0.1", 8080};
-  std::optional<HostPort> admin;  // admin endpoints on the main listener when absent
-  std::optional<HostPort> peer;   // TCP peer plane; disabled when absent
-  std::string unix_socket;        // worker data plane; disabled when empty
-  std::string unix_socket_group;  // group that may connect; "" keeps the daemon's group
+  std::optional<HostPort> admin;            // admin endpoints on the main listener when absent
+  std::optional<HostPort> peer;             // TCP peer plane; disabled when absent
+  std::string unix_socket;                  // worker data plane; disabled when empty
+  std::string unix_socket_group;            // group that may connect; "" keeps the daemon's group
   std::vector<std::uint32_t> allowed_uids;  // empty: only the daemon's own uid
 };
 
@@ -52,7 +52,7 @@ struct AgentPolicy {
   std::string id;
   HttpUrl upstream;
   ModelFingerprint model;
-  int role_priority = 0;  // 0..7
+  int role_priority = 0;      // 0..7
   bool kv_connector = false;  // upstream accepts kv_transfer_params.kvrelay
   std::string node;           // node that serves this agent; "" = this node
   std::optional<HttpUrl> metrics_url;
@@ -73,10 +73,10 @@ struct RoutePolicy {
   std::optional<std::string> forced_medium;
   int priority = 0;  // 0..7
   std::optional<std::chrono::milliseconds> deadline;
-  double audit_fraction = 0.0;       // 0..1
+  double audit_fraction = 0.0;         // 0..1
   double hysteresis_threshold = 0.15;  // relative predicted gain needed to switch medium
-  double quality_floor = 0.0;        // 0..1, minimum fidelity product along a lossy chain
-  bool push = false;                 // publish pushes KV ahead to the destination's sidecar
+  double quality_floor = 0.0;          // 0..1, minimum fidelity product along a lossy chain
+  bool push = false;                   // publish pushes KV ahead to the destination's sidecar
 };
 
 struct LimitsPolicy {
@@ -95,9 +95,9 @@ struct CodecPolicy {
 };
 
 struct LoggingPolicy {
-  std::string level = "info";  // trace, debug, info, warn, error, critical, off
+  std::string level = "info";   // trace, debug, info, warn, error, critical, off
   std::string format = "text";  // text or json
-  std::string file;            // "" = stderr
+  std::string file;             // "" = stderr
 };
 
 struct Policy {

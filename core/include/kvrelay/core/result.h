@@ -22,7 +22,9 @@ using Status = Result<void>;
   return outcome::failure(Error{code, std::move(message)});
 }
 
-[[nodiscard]] inline auto ok() { return outcome::success(); }
+[[nodiscard]] inline auto ok() {
+  return outcome::success();
+}
 
 }  // namespace kvrelay
 

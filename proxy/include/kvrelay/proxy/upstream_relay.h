@@ -12,9 +12,9 @@
 namespace kvrelay::proxy {
 
 struct RelayOutcome {
-  unsigned status = 0;            // upstream status, or the status kvrelay answered with
-  bool upstream_failed = false;   // connect/write/read error or timeout before a response
-  std::string error_kind;         // "connect", "timeout", "read", "write", "client" when failed
+  unsigned status = 0;           // upstream status, or the status kvrelay answered with
+  bool upstream_failed = false;  // connect/write/read error or timeout before a response
+  std::string error_kind;        // "connect", "timeout", "read", "write", "client" when failed
   std::chrono::steady_clock::duration time_to_first_byte{};
   std::chrono::steady_clock::duration total{};
   std::uint64_t response_bytes = 0;
@@ -25,7 +25,7 @@ struct RelayOutcome {
 // it arrives: headers first, then each body read as it comes (SSE events are not buffered).
 // Upstream failures before any byte was sent to the client become a 502/504 JSON error.
 [[nodiscard]] std::shared_ptr<StreamingResponder> make_upstream_relay(
-    std::shared_ptr<UpstreamPool> pool, HttpUrl upstream, HttpRequest request, bool client_keep_alive, std::chrono::milliseconds timeout,
-    std::function<void(const RelayOutcome&)> on_finished);
+    std::shared_ptr<UpstreamPool> pool, HttpUrl upstream, HttpRequest request, bool client_keep_alive,
+    std::chrono::milliseconds timeout, std::function<void(const RelayOutcome&)> on_finished);
 
 }  // namespace kvrelay::proxy
