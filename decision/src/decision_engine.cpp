@@ -112,7 +112,21 @@ Result<AgentId> DecisionEngine::add_agent(AgentParams params) {
   AgentState state{params, PrefillFit(config_.prefill_window, config_.prefill_min_samples, params.prefill_prior),
                    WindowedRate(config_.prefill_window, decode_rate)};
   agents_.push_back(std::move(state));
+  agent_hot_.emplace_back();
+  refresh_hot(id);
   return id;
+}
+
+void DecisionEngine::refresh_hot(AgentId agent) noexcept {
+  const AgentState& state = agents_[agent];
+  AgentHot& hot = agent_hot_[agent];
+  hot.fingerprint_id = state.params.fingerprint_id;
+  hot.kv_bytes_per_token = state.params.kv_bytes_per_token;
+  const double decode_rate = state.decode_tokens.per_second();
+  hot.decode_s_per_token = decode_rate > 0.0 ? 1.0 / decode_rate : state.params.decode_s_per_token;
+  hot.prefill = state.prefill.coefficients();
+  hot.accepts_sparse = state.params.accepts_sparse;
+  hot.dtype_index = state.params.dtype == DType::kFloat32 ? 0 : (state.params.dtype == DType::kFloat16 ? 1 : 2);
 }
 
 Result<LinkId> DecisionEngine::add_link(LinkParams params) {
@@ -140,7 +154,6 @@ Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link
   KVRELAY_TRY(const AgentId from, find_agent(policy.from_agent));
   KVRELAY_TRY(const AgentId to, find_agent(policy.to_agent));
   RouteState state;
-  state.name = policy.id;
   state.from = from;
   state.to = to;
   state.link = link;
@@ -164,7 +177,8 @@ Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link
   state.since.fill(0.0);
   const auto id = static_cast<RouteId>(routes_.size());
   route_ids_.emplace(policy.id, id);
-  routes_.push_back(std::move(state));
+  routes_.push_back(state);
+  route_names_.push_back(policy.id);
   return id;
 }
 
@@ -200,30 +214,19 @@ std::size_t DecisionEngine::regime_of(std::uint64_t tokens) noexcept {
 }
 
 void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shape, Decision& out) const noexcept {
-  const AgentState& sender = agents_[route.from];
-  const AgentState& receiver = agents_[route.to];
+  const AgentHot& sender = agent_hot_[route.from];
+  const AgentHot& receiver = agent_hot_[route.to];
   const LinkState& link = links_[route.link];
-  const bool kv_compatible = sender.params.fingerprint_id == receiver.params.fingerprint_id;
+  const bool kv_compatible = sender.fingerprint_id == receiver.fingerprint_id;
   const std::uint64_t cached = std::min(shape.receiver_cached, shape.tokens);
   const std::uint64_t missing = shape.tokens - cached;
   const double missing_d = static_cast<double>(missing);
-  const double raw_kv_bytes = missing_d * sender.params.kv_bytes_per_token;
+  const double raw_kv_bytes = missing_d * sender.kv_bytes_per_token;
   const double bandwidth = std::max(link.throughput.per_second(), 1.0);
   const double rtt = link.rtt.mean();
-  const double decode_rate = receiver.decode_tokens.per_second();
-  const double decode_s_per_token = decode_rate > 0.0 ? 1.0 / decode_rate : receiver.params.decode_s_per_token;
+  const double decode_s_per_token = receiver.decode_s_per_token;
   const bool refresh = shape.chain_fidelity < route.quality_floor;
-  const auto dtype_index = [&]() -> std::size_t {
-    switch (sender.params.dtype) {
-      case DType::kFloat32:
-        return 0;
-      case DType::kFloat16:
-        return 1;
-      case DType::kBFloat16:
-        return 2;
-    }
-    return 0;
-  }();
+  const std::size_t dtype_index = sender.dtype_index;
 
   out.missing_tokens = missing;
   out.candidate_count = static_cast<std::uint8_t>(media_.size());
@@ -237,7 +240,7 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
     if (m.spec.kind == MediumKind::kTokens) {
       c.wire_bytes = missing_d * 4.0;  // uint32 token ids
       c.comm_s = c.wire_bytes / bandwidth + rtt;
-      c.comp_s = receiver.prefill.predict(missing, cached);
+      c.comp_s = receiver.prefill.predict(missing_d, static_cast<double>(cached));
     } else {
       const double ratio = m.ratio[dtype_index].mean();
       c.wire_bytes = raw_kv_bytes * ratio;
@@ -259,7 +262,7 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.excluded = Exclusion::kNotAllowed;
     } else if (m.spec.needs_kv() && !kv_compatible) {
       c.excluded = Exclusion::kFingerprintMismatch;
-    } else if (m.spec.kind == MediumKind::kKvSparse && !receiver.params.accepts_sparse) {
+    } else if (m.spec.kind == MediumKind::kKvSparse && !receiver.accepts_sparse) {
       c.excluded = Exclusion::kSparseUnsupported;
     } else if (!m.spec.lossless() && refresh) {
       c.excluded = Exclusion::kPrecisionRefresh;
@@ -291,12 +294,18 @@ Result<Decision> DecisionEngine::predict(RouteId route, const TransferShape& sha
   return out;
 }
 
-Result<Decision> DecisionEngine::decide(RouteId route_id, const TransferShape& shape) {
+Result<Decision> DecisionEngine::decide(RouteId route, const TransferShape& shape) {
+  Decision out;
+  KVRELAY_TRY(decide_into(route, shape, out));
+  return out;
+}
+
+Status DecisionEngine::decide_into(RouteId route_id, const TransferShape& shape, Decision& out) {
   if (route_id >= routes_.size()) {
     return fail(ErrorCode::kNotFound, "unknown route id");
   }
   RouteState& route = routes_[route_id];
-  Decision out;
+  out = Decision{};
   out.route = route_id;
   evaluate(route, shape, out);
   const std::size_t regime = regime_of(shape.tokens);
@@ -342,19 +351,21 @@ Result<Decision> DecisionEngine::decide(RouteId route_id, const TransferShape& s
     out.chain_fidelity_after = shape.chain_fidelity * chosen.profile.fidelity;
   }
   out.deadline_miss = route.deadline_s > 0.0 && out.candidates[out.chosen].total_s > route.deadline_s;
-  return out;
+  return ok();
 }
 
 void DecisionEngine::observe_prefill(AgentId receiver, std::uint64_t new_tokens, std::uint64_t cached_tokens,
                                      double seconds) noexcept {
   if (receiver < agents_.size()) {
     agents_[receiver].prefill.observe(new_tokens, cached_tokens, seconds);
+    refresh_hot(receiver);
   }
 }
 
 void DecisionEngine::observe_decode(AgentId receiver, std::uint64_t tokens, double seconds) noexcept {
   if (receiver < agents_.size()) {
     agents_[receiver].decode_tokens.observe(static_cast<double>(tokens), seconds);
+    refresh_hot(receiver);
   }
 }
 

@@ -139,11 +139,13 @@ class DecisionEngine {
   [[nodiscard]] Result<RouteId> find_route(std::string_view id) const;
   [[nodiscard]] const MediumSpec& medium(MediumId id) const { return media_[id].spec; }
   [[nodiscard]] std::size_t media_count() const noexcept { return media_.size(); }
-  [[nodiscard]] const std::string& route_name(RouteId id) const { return routes_[id].name; }
+  [[nodiscard]] const std::string& route_name(RouteId id) const { return route_names_[id]; }
   [[nodiscard]] std::size_t route_count() const noexcept { return routes_.size(); }
 
   // Hot path: decide and remember the choice for the route's hysteresis.
   [[nodiscard]] Result<Decision> decide(RouteId route, const TransferShape& shape);
+  // The same, filling a caller-owned Decision (no ~1 KiB copy through the Result).
+  [[nodiscard]] Status decide_into(RouteId route, const TransferShape& shape, Decision& out);
   // The same prediction without touching any state (what-if, admin, oracle comparisons).
   [[nodiscard]] Result<Decision> predict(RouteId route, const TransferShape& shape) const;
 
@@ -178,13 +180,21 @@ class DecisionEngine {
     PrefillFit prefill;
     WindowedRate decode_tokens;
   };
+  // What evaluate() reads about an agent, one cache line, refreshed when estimates change.
+  struct AgentHot {
+    std::uint64_t fingerprint_id = 0;
+    double kv_bytes_per_token = 0.0;
+    double decode_s_per_token = 0.0;
+    PrefillCoefficients prefill;
+    std::uint8_t dtype_index = 0;
+    bool accepts_sparse = false;
+  };
   struct LinkState {
     LinkParams params;
     WindowedRate throughput;
     WindowedMean rtt;
   };
   struct RouteState {
-    std::string name;
     AgentId from = 0;
     AgentId to = 0;
     LinkId link = 0;
@@ -199,11 +209,14 @@ class DecisionEngine {
   };
 
   void evaluate(const RouteState& route, const TransferShape& shape, Decision& out) const noexcept;
+  void refresh_hot(AgentId agent) noexcept;
   [[nodiscard]] static std::size_t regime_of(std::uint64_t tokens) noexcept;
 
   EngineConfig config_;
   std::vector<MediumState> media_;
   std::vector<AgentState> agents_;
+  std::vector<AgentHot> agent_hot_;
+  std::vector<std::string> route_names_;
   std::vector<LinkState> links_;
   std::vector<RouteState> routes_;
   boost::unordered_flat_map<std::string, MediumId> medium_ids_;
