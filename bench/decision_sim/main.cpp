@@ -2,7 +2,8 @@
 // (agent chains, fan-out, fan-in, and all of them mixed) and compares it with fixed policies
 // and an oracle that knows every transfer's true cost. Prints one JSON object.
 //
-//   decision_sim [--transfers N] [--seed S]
+//   decision_sim [--transfers N] [--seed S] [--check]
+// --check: exit status 1 when a goal is missed (used by ctest).
 
 #include <algorithm>
 #include <chrono>
@@ -122,14 +123,21 @@ nlohmann::json run_workload(const std::string& kind, std::size_t transfers, std:
 int main(int argc, char** argv) {
   std::size_t transfers = 40'000;
   std::uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool check = false;
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--transfers") {
+    if (flag == "--check") {
+      check = true;
+      --i;
+    } else if (i + 1 >= argc) {
+      std::cerr << "usage: decision_sim [--transfers N] [--seed S] [--check]\n";
+      return 2;
+    } else if (flag == "--transfers") {
       transfers = std::strtoull(argv[i + 1], nullptr, 10);
     } else if (flag == "--seed") {
       seed = std::strtoull(argv[i + 1], nullptr, 10);
     } else {
-      std::cerr << "usage: decision_sim [--transfers N] [--seed S]\n";
+      std::cerr << "usage: decision_sim [--transfers N] [--seed S] [--check]\n";
       return 2;
     }
   }
@@ -149,5 +157,5 @@ int main(int argc, char** argv) {
   }
   out["all_goals_met"] = all_goals;
   std::cout << out.dump(2) << '\n';
-  return 0;
+  return check && !all_goals ? 1 : 0;
 }
