@@ -48,6 +48,14 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// Other work on the host inflates timings; recorded so results can be read accordingly.
+double load_average() {
+  std::ifstream loadavg("/proc/loadavg");
+  double one_minute = 0.0;
+  loadavg >> one_minute;
+  return one_minute;
+}
+
 nlohmann::json run_workload(const std::string& kind, std::size_t transfers, std::uint64_t seed) {
   const auto started = std::chrono::steady_clock::now();
   const kvrelay::sim::Workload w = kvrelay::sim::build_workload(kind, transfers, seed);
@@ -143,7 +151,8 @@ int main(int argc, char** argv) {
   }
   nlohmann::json out;
   out["bench"] = "decision_sim";
-  out["machine"] = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()}};
+  out["machine"] = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()},
+                     {"load_average_1m", load_average()}};
   out["seed"] = seed;
   out["physical_limit"] = "oracle: per-transfer argmin of the true costs (zero regret by definition)";
   bool all_goals = true;

@@ -242,3 +242,16 @@ TEST_CASE("The decision log record carries every term, the winner and why the ot
   }
   CHECK(losers == static_cast<int>(f.engine.media_count()) - 1);
 }
+
+TEST_CASE("A chosen medium predicted past the route deadline is flagged") {
+  EngineFixture f;
+  RoutePolicy tight;
+  tight.deadline = std::chrono::milliseconds(5);
+  const Decision late = f.engine.decide(f.route(tight), TransferShape{8192, 0, 1.0, 0.0, 0}).value();
+  CHECK(late.cost_of(late.chosen).total_s > 0.005);
+  CHECK(late.deadline_miss);
+  RoutePolicy loose;
+  loose.deadline = std::chrono::milliseconds(60'000);
+  CHECK_FALSE(f.engine.decide(f.route(loose), TransferShape{8192, 0, 1.0, 0.0, 0}).value().deadline_miss);
+  CHECK_FALSE(f.engine.decide(f.route(), TransferShape{8192, 0, 1.0, 0.0, 0}).value().deadline_miss);
+}
