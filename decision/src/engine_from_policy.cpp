@@ -1,0 +1,65 @@
+#include "kvrelay/decision/engine_from_policy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+namespace kvrelay::decision {
+
+std::string link_id_for(const Policy& policy, const AgentPolicy& to_agent) {
+  if (to_agent.node.empty() || to_agent.node == policy.node_id) {
+    return "local";
+  }
+  return "peer:" + to_agent.node;
+}
+
+Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors& priors, EngineConfig config) {
+  DecisionEngine engine(config);
+  KVRELAY_TRY(engine.add_link(LinkParams{"local", true, priors.shm_bytes_per_s, priors.shm_rtt_s}));
+  for (const AgentPolicy& agent : policy.agents) {
+    KVRELAY_TRY(const std::uint64_t bytes_per_token, agent.model.layout(1).bytes_per_token());
+    AgentParams params;
+    params.id = agent.id;
+    params.fingerprint_id = agent.model.id();
+    params.kv_bytes_per_token = static_cast<double>(bytes_per_token);
+    params.dtype = agent.model.dtype;
+    params.accepts_sparse = agent.accepts_sparse_kv;
+    params.role_priority = agent.role_priority;
+    KVRELAY_TRY(engine.add_agent(params));
+    const std::string link = link_id_for(policy, agent);
+    if (link != "local" && !engine.find_link(link)) {
+      const PeerPolicy* peer = policy.find_peer(agent.node);
+      const bool shm = peer != nullptr && peer->same_host;
+      KVRELAY_TRY(engine.add_link(LinkParams{link, shm, shm ? priors.shm_bytes_per_s : priors.tcp_bytes_per_s,
+                                             shm ? priors.shm_rtt_s : priors.tcp_rtt_s}));
+    }
+  }
+  for (const RoutePolicy& route : policy.routes) {
+    const AgentPolicy* to = policy.find_agent(route.to_agent);
+    if (to == nullptr) {
+      return fail(ErrorCode::kNotFound, "route '" + route.id + "': unknown agent '" + route.to_agent + "'");
+    }
+    KVRELAY_TRY(const LinkId link, engine.find_link(link_id_for(policy, *to)));
+    KVRELAY_TRY(engine.add_route(route, link));
+  }
+  return engine;
+}
+
+double measure_copy_bandwidth(std::size_t bytes) {
+  std::vector<unsigned char> source(bytes, 1);
+  std::vector<unsigned char> target(bytes, 0);
+  std::memcpy(target.data(), source.data(), bytes);  // fault the pages in first
+  double best = 0.0;
+  for (int round = 0; round < 3; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(target.data(), source.data(), bytes);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (seconds > 0.0) {
+      best = std::max(best, static_cast<double>(bytes) / seconds);
+    }
+  }
+  return best > 0.0 ? best : 1e9;
+}
+
+}  // namespace kvrelay::decision

@@ -1,0 +1,43 @@
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "policy_fixture.h"
+#include "support/child_process.h"
+#include "support/test_paths.h"
+
+using kvrelay::test::kvrelay_binary;
+using kvrelay::test::run_command;
+using kvrelay::test::TempDir;
+
+TEST_CASE("kvrelay decision explain prints the full breakdown and follows the link figures given") {
+  TempDir dir;
+  kvrelay::test::write_file(dir / "policy.json", kvrelay::decision::testing::two_node_policy());
+  const auto explain = [&](const std::string& gbps) {
+    return run_command({kvrelay_binary().string(), "decision", "explain", "--policy", (dir / "policy.json").string(),
+                        "--route", "plan-review", "--tokens", "16384", "--link-gbps", gbps, "--rtt-us", "200"},
+                       dir.path());
+  };
+  const auto slow = explain("0.1");
+  REQUIRE(slow.exit_status == 0);
+  const auto slow_json = nlohmann::json::parse(slow.out);
+  CHECK(slow_json.at("route") == "plan-review");
+  CHECK(slow_json.at("chosen") == "tokens");
+  CHECK(slow_json.at("estimates").at("link_bytes_per_s").get<double>() == Approx(0.1e9 / 8));
+  CHECK(slow_json.at("estimates").at("rtt_s").get<double>() == Approx(200e-6));
+  CHECK(slow_json.at("candidates").size() == 7);
+
+  const auto fast = explain("400");
+  REQUIRE(fast.exit_status == 0);
+  CHECK(nlohmann::json::parse(fast.out).at("chosen") != "tokens");
+}
+
+TEST_CASE("kvrelay decision explain reports an unknown route") {
+  TempDir dir;
+  kvrelay::test::write_file(dir / "policy.json", kvrelay::decision::testing::two_node_policy());
+  const auto result = run_command({kvrelay_binary().string(), "decision", "explain", "--policy",
+                                   (dir / "policy.json").string(), "--route", "nope", "--tokens", "10"},
+                                  dir.path());
+  CHECK(result.exit_status == 1);
+  CHECK(result.err.find("not_found") != std::string::npos);
+}
