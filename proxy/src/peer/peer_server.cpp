@@ -151,11 +151,8 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     }
     shm::ByteWriter ack;
     ack.put(begin.transfer_id).put(static_cast<std::uint32_t>(index));
-    if (auto sent = co_await send_frame(connection, encode_peer_frame(PeerMessage::kChunkAck, ack.bytes()),
-                                        options.read_timeout);
-        !sent) {
-      co_return sent;
-    }
+    const auto ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
+    if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
   }
   const std::uint64_t digest = XXH3_64bits_digest(total);
   if (digest != begin.info.checksum) {
@@ -177,75 +174,76 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   }
   shm::ByteWriter done;
   done.put(begin.transfer_id);
-  co_return co_await send_frame(connection, encode_peer_frame(PeerMessage::kCommitted, done.bytes()), options.read_timeout);
+  const auto committed_frame = encode_peer_frame(PeerMessage::kCommitted, done.bytes());
+  co_return co_await send_frame(connection, committed_frame, options.read_timeout);
 }
 
-asio::awaitable<void> run_session(SharedPtr shared, std::shared_ptr<PeerConnection> connection) {
+// Serves one connection until it closes; any error ends the session. (Temporaries are never
+// passed into co_await expressions here: GCC 12 can destroy them twice.)
+asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& connection) {
   const auto& options = shared->options;
-  auto fail_session = [&](const Error& error) -> asio::awaitable<void> {
-    spdlog::warn("peer {}: {}", connection->socket.is_open() ? "session" : "session (closed)", error.to_string());
-    if (connection->socket.is_open()) {
-      (void)co_await send_frame(*connection, encode_peer_error(error), std::chrono::milliseconds(500));
-    }
-    connection->close();
-  };
-  auto hello = co_await read_frame(*connection, options.handshake_timeout, options.handshake_timeout);
-  if (!hello) co_return co_await fail_session(hello.error());
-  if (hello.value().header.type != PeerMessage::kHello) {
-    co_return co_await fail_session(Error{ErrorCode::kProtocol, "expected hello"});
-  }
+  auto hello = co_await read_frame(connection, options.handshake_timeout, options.handshake_timeout);
+  if (!hello) co_return outcome::failure(hello.error());
+  if (hello.value().header.type != PeerMessage::kHello) co_return fail(ErrorCode::kProtocol, "expected hello");
   auto remote = decode_hello(hello.value().payload);
-  if (!remote) co_return co_await fail_session(remote.error());
+  if (!remote) co_return outcome::failure(remote.error());
   Hello mine;
   mine.node_id = options.node_id;
   if (!options.shm_socket.empty()) {
     mine.capabilities |= kCapSharedMemory;
     mine.shm_socket = options.shm_socket;
   }
-  if (auto sent = co_await send_frame(*connection, encode_hello(PeerMessage::kHelloOk, mine), options.read_timeout);
-      !sent) {
-    co_return co_await fail_session(sent.error());
-  }
-  while (connection->socket.is_open()) {
-    auto frame = co_await read_frame(*connection, options.idle_timeout, options.read_timeout);
+  const auto hello_ok = encode_hello(PeerMessage::kHelloOk, mine);
+  if (auto sent = co_await send_frame(connection, hello_ok, options.read_timeout); !sent) co_return sent;
+  while (connection.socket.is_open()) {
+    auto frame = co_await read_frame(connection, options.idle_timeout, options.read_timeout);
     if (!frame) {
-      if (frame.error().code != ErrorCode::kIo) co_return co_await fail_session(frame.error());
-      connection->close();  // orderly or abrupt close between frames: nothing to report
-      co_return;
+      // A close between frames is how a session normally ends: nothing to report.
+      if (frame.error().code == ErrorCode::kIo) co_return ok();
+      co_return outcome::failure(frame.error());
     }
     const auto& payload = frame.value().payload;
+    std::vector<std::byte> answer;
     switch (frame.value().header.type) {
-      case PeerMessage::kPing: {
-        if (payload.size() > 64) co_return co_await fail_session(Error{ErrorCode::kProtocol, "oversized ping"});
-        if (auto sent = co_await send_frame(*connection, encode_peer_frame(PeerMessage::kPong, payload),
-                                            options.read_timeout);
-            !sent) {
-          co_return co_await fail_session(sent.error());
-        }
+      case PeerMessage::kPing:
+        if (payload.size() > 64) co_return fail(ErrorCode::kProtocol, "oversized ping");
+        answer = encode_peer_frame(PeerMessage::kPong, payload);
         break;
-      }
       case PeerMessage::kStats: {
         PeerServerStats snapshot;
         {
           std::lock_guard lock(shared->mutex);
           snapshot = shared->counters;
         }
-        if (auto sent = co_await send_frame(*connection, encode_peer_stats(snapshot), options.read_timeout); !sent) {
-          co_return co_await fail_session(sent.error());
-        }
+        answer = encode_peer_stats(snapshot);
         break;
       }
       case PeerMessage::kBegin: {
         auto begin = decode_begin(payload);
-        if (!begin) co_return co_await fail_session(begin.error());
-        auto received = co_await receive_transfer(shared, *connection, begin.value());
-        if (!received) co_return co_await fail_session(received.error());
-        break;
+        if (!begin) co_return outcome::failure(begin.error());
+        auto received = co_await receive_transfer(shared, connection, begin.value());
+        if (!received) co_return received;
+        continue;
       }
       default:
-        co_return co_await fail_session(Error{ErrorCode::kProtocol, "unexpected peer message"});
+        co_return fail(ErrorCode::kProtocol, "unexpected peer message");
     }
+    if (auto sent = co_await send_frame(connection, answer, options.read_timeout); !sent) co_return sent;
   }
+  co_return ok();
+}
+
+asio::awaitable<void> run_session(SharedPtr shared, std::shared_ptr<PeerConnection> connection) {
+  const auto status = co_await session_body(shared, *connection);
+  if (!status && connection->socket.is_open()) {
+    spdlog::warn("peer session: {}", status.error().to_string());
+    const auto report = encode_peer_error(status.error());
+    const std::chrono::milliseconds grace(500);
+    [[maybe_unused]] const auto sent = co_await send_frame(*connection, report, grace);
+  } else if (!status) {
+    spdlog::warn("peer session: {}", status.error().to_string());
+  }
+  connection->close();
 }
 
 asio::awaitable<void> accept_loop(SharedPtr shared, asio::io_context& io) {
