@@ -123,6 +123,7 @@ int run_daemon(const DaemonOptions& options) {
     shm_options.socket_path = policy->listen.unix_socket;
     shm_options.socket_group = policy->listen.unix_socket_group;
     shm_options.allowed_uids = policy->listen.allowed_uids;
+    shm_options.max_region_bytes = policy->limits.kv_store_bytes;
     auto listening = shm::ShmServer::listen(shm_options, entry_store);
     if (!listening) {
       spdlog::critical("cannot listen on unix socket: {}", listening.error().to_string());
@@ -137,6 +138,7 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.node_id = policy->node_id;
     peer_options.shm_socket = policy->listen.unix_socket;
     peer_options.idle_timeout = policy->limits.idle_timeout;
+    peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());

@@ -65,6 +65,36 @@ TEST_CASE("peer KV transfers keep their layout; same-host peers may use shared m
   CHECK(local.stats().value().commits == 1);
 }
 
+TEST_CASE("kvrelay peer send follows the policy: shared memory only for same_host peers", "[peer]") {
+  PeerDaemon daemon;
+  TempDir dir;
+  const auto bytes = peer_pattern(3 << 20, 21);
+  write_file(dir / "payload", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  for (const bool same_host : {false, true}) {
+    INFO("same_host " << same_host);
+    nlohmann::json policy = basic_daemon_policy();
+    policy["node"]["id"] = "sender";
+    policy["peers"] = nlohmann::json::array({{{"id", "recv"}, {"address", daemon.peer_text()}, {"same_host", same_host}}});
+    write_file(dir / "sender.json", policy.dump());
+    const std::uint64_t transfer_id = same_host ? 2 : 1;
+    const auto sent = run_command({kvrelay_binary().string(), "peer", "send", "--config", (dir / "sender.json").string(),
+                                   "--peer", "recv", "--transfer-id", std::to_string(transfer_id),
+                                   (dir / "payload").string()},
+                                  dir.path());
+    REQUIRE(sent.exit_status == 0);
+    CHECK(nlohmann::json::parse(sent.out)["outcome"] == (same_host ? "committed_shm" : "committed"));
+    auto entry = daemon.data_plane().lookup({1, transfer_id});
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+  }
+  const auto probe = run_command({kvrelay_binary().string(), "peer", "probe", daemon.peer_text()}, dir.path());
+  REQUIRE(probe.exit_status == 0);
+  const auto report = nlohmann::json::parse(probe.out);
+  CHECK(report["node"] == "test-node");
+  CHECK(report["stats"]["committed_transfers"] == 1);
+  CHECK(report["stats"]["bytes_received"] == 3 << 20);
+}
+
 TEST_CASE("link estimates are windowed: median RTT and throughput of the recent transfers", "[peer][unit]") {
   proxy::peer::LinkEstimator estimator(4);
   CHECK_FALSE(estimator.estimate("b").has_value());

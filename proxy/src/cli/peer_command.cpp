@@ -23,6 +23,8 @@ namespace {
 
 struct SendOptions {
   std::string to;
+  std::string config;   // with peer_id: address and same_host come from the policy
+  std::string peer_id;
   std::uint64_t transfer_id = 0;
   std::uint64_t model_id = 1;
   std::uint64_t context_hash = 0;  // 0: use the transfer id
@@ -46,8 +48,24 @@ int fail_with(const std::string& message) {
 }
 
 int run_send(const SendOptions& options) {
-  auto address = parse_host_port(options.to);
-  if (!address) return fail_with(address.error().to_string());
+  proxy::peer::PeerClientOptions client_options;
+  HostPort target;
+  if (!options.peer_id.empty()) {
+    if (options.config.empty()) return fail_with("--peer needs --config");
+    auto policy = load_policy_file(options.config);
+    if (!policy) return fail_with(policy.error().message);
+    const PeerPolicy* peer = policy.value().find_peer(options.peer_id);
+    if (peer == nullptr) return fail_with("no peer '" + options.peer_id + "' in " + options.config);
+    client_options = proxy::peer::peer_client_options(policy.value(), *peer);
+    target = peer->address;
+  } else {
+    if (options.to.empty()) return fail_with("give --to HOST:PORT or --config with --peer ID");
+    auto address = parse_host_port(options.to);
+    if (!address) return fail_with(address.error().to_string());
+    target = address.value();
+    client_options.node_id = options.node_id;
+    client_options.allow_shared_memory = options.same_host;
+  }
   shm::UniqueFd file(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!file) return fail_with("cannot open " + options.file);
   struct stat info {};
@@ -55,11 +73,8 @@ int run_send(const SendOptions& options) {
   auto mapping = shm::Mapping::map(file.get(), static_cast<std::uint64_t>(info.st_size), false);
   if (!mapping) return fail_with(mapping.error().to_string());
 
-  proxy::peer::PeerClientOptions client_options;
-  client_options.node_id = options.node_id;
   client_options.chunk_bytes = options.chunk_bytes;
   client_options.window_chunks = options.window;
-  client_options.allow_shared_memory = options.same_host;
   client_options.rate_limit_bytes_per_s = static_cast<std::uint64_t>(options.rate_limit_mib_per_s * 1024 * 1024);
   if (options.progress) {
     client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
@@ -68,7 +83,7 @@ int run_send(const SendOptions& options) {
     };
   }
   const auto started = std::chrono::steady_clock::now();
-  auto client = proxy::peer::PeerClient::connect(address.value(), client_options);
+  auto client = proxy::peer::PeerClient::connect(target, client_options);
   if (!client) return fail_with(client.error().to_string());
   const shm::EntryKey key{options.model_id, options.context_hash != 0 ? options.context_hash : options.transfer_id};
   auto sent = client.value().send(options.transfer_id, key, KvLayout{}, mapping.value().bytes());
@@ -127,7 +142,9 @@ void add_peer_command(CLI::App& app, int& exit_code) {
 
   auto send = std::make_shared<SendOptions>();
   auto* send_command = peer->add_subcommand("send", "Transfer a file's bytes as one entry to a peer sidecar");
-  send_command->add_option("--to", send->to, "Peer address HOST:PORT")->required();
+  send_command->add_option("--to", send->to, "Peer address HOST:PORT");
+  send_command->add_option("--config", send->config, "Policy file; with --peer, the peer's address and same_host");
+  send_command->add_option("--peer", send->peer_id, "Peer id from the policy's peers[]");
   send_command->add_option("--transfer-id", send->transfer_id, "Id that makes a retried transfer land once")
       ->required();
   send_command->add_option("--model-id", send->model_id, "Entry key: model fingerprint id");

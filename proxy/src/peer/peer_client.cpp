@@ -199,6 +199,14 @@ asio::awaitable<Result<PeerServerStats>> stats_once(PeerClient::State* state) {
 
 }  // namespace
 
+PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer) {
+  PeerClientOptions options;
+  options.node_id = policy.node_id;
+  options.read_timeout = policy.limits.read_timeout;
+  options.allow_shared_memory = peer.same_host;
+  return options;
+}
+
 PeerClient::PeerClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
 PeerClient::~PeerClient() {
   if (state_ && state_->connection) {

@@ -82,6 +82,10 @@ asio::awaitable<Status> send_frame(PeerConnection& connection, const std::vector
 // Receives the chunks of one transfer into a fresh sealed memfd and publishes it.
 asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection& connection, const Begin& begin) {
   const auto& options = shared->options;
+  if (begin.info.bytes > options.max_entry_bytes) {
+    co_return fail(ErrorCode::kResourceExhausted,
+                   fmt::format("transfer of {} bytes exceeds the limit {}", begin.info.bytes, options.max_entry_bytes));
+  }
   std::unique_ptr<ActiveTransfer> claim;
   {
     std::lock_guard lock(shared->mutex);

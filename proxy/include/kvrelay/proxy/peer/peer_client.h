@@ -34,6 +34,10 @@ struct PeerClientOptions {
   std::shared_ptr<LinkEstimator> link_estimator;
 };
 
+// Client options for sending to `peer` under `policy`: our node id, the policy's read
+// timeout, and the shared-memory path only where the policy marks the peer same_host.
+[[nodiscard]] PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer);
+
 enum class TransferOutcome { kCommitted, kAlreadyCommitted, kCommittedViaSharedMemory };
 
 class PeerClient {

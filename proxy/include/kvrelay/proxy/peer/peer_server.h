@@ -27,6 +27,7 @@ struct PeerServerOptions {
   std::chrono::milliseconds read_timeout{5'000};  // inside a frame or a transfer
   std::chrono::milliseconds idle_timeout{60'000};  // between frames outside transfers
   std::size_t remembered_transfers = 65'536;      // committed ids kept for exactly-once
+  std::uint64_t max_entry_bytes = 64ULL << 30;     // larger transfers are refused up front
 };
 
 class PeerServer {
