@@ -44,6 +44,18 @@ Result<sockaddr_un> socket_address(const std::string& path) {
   return address;
 }
 
+// Tells a refused client why, then hangs up without leaving its requests unread: closing a
+// Unix socket with unread data makes the peer's recv fail with ECONNRESET before it can read
+// our explanation. Shutting down first makes later client sends fail with EPIPE instead.
+void refuse_connection(UniqueFd& client, const Error& error) {
+  (void)send_message(client.get(), encode_error(0, error));
+  ::shutdown(client.get(), SHUT_RDWR);
+  while (true) {
+    auto drained = receive_message(client.get());  // non-blocking socket; closes any fds
+    if (!drained || drained.value().closed) break;
+  }
+}
+
 }  // namespace
 
 struct ShmServer::Connection {
@@ -196,14 +208,12 @@ void ShmServer::accept_connections() {
         !uid_allowed(credentials.uid)) {
       ++refused_;
       spdlog::warn("shm: refused connection from uid {} pid {}", credentials.uid, credentials.pid);
-      const auto reply = encode_error(0, Error{ErrorCode::kPermissionDenied, "uid not allowed by listen.allowed_uids"});
-      (void)send_message(client.get(), reply);
+      refuse_connection(client, Error{ErrorCode::kPermissionDenied, "uid not allowed by listen.allowed_uids"});
       continue;
     }
     if (connections_.size() >= options_.max_connections) {
       ++refused_;
-      const auto reply = encode_error(0, Error{ErrorCode::kResourceExhausted, "too many connections"});
-      (void)send_message(client.get(), reply);
+      refuse_connection(client, Error{ErrorCode::kResourceExhausted, "too many connections"});
       continue;
     }
     auto connection = std::make_unique<Connection>();
