@@ -23,7 +23,10 @@
 #include "kvrelay/proxy/front_proxy.h"
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
+#include "kvrelay/proxy/peer/peer_server.h"
 #include "kvrelay/proxy/version.h"
+#include "kvrelay/shm_transport/entry_store.h"
+#include "kvrelay/shm_transport/server.h"
 
 namespace kvrelay::proxy {
 
@@ -38,8 +41,11 @@ struct DaemonState {
   std::atomic<bool> draining{false};
 };
 
-Status write_ready_file(const std::string& path, std::uint16_t http_port, std::uint16_t admin_port) {
+Status write_ready_file(const std::string& path, std::uint16_t http_port, std::uint16_t admin_port,
+                        std::uint16_t peer_port, const std::string& unix_socket) {
   nlohmann::json body{{"pid", ::getpid()}, {"http", http_port}, {"admin", admin_port}};
+  if (peer_port != 0) body["peer"] = peer_port;
+  if (!unix_socket.empty()) body["unix_socket"] = unix_socket;
   const std::string temporary = path + ".tmp";
   {
     std::ofstream file(temporary, std::ios::trunc);
@@ -101,11 +107,46 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
   }
+  // The worker data plane (Unix socket + shared memory) and the peer plane share one store:
+  // an entry received from a peer is what a local worker's lookup finds.
+  auto entry_store = std::make_shared<shm::InMemoryEntryStore>(policy->limits.kv_store_bytes);
+  std::unique_ptr<shm::ShmServer> shm_server;
+  if (!policy->listen.unix_socket.empty()) {
+    shm::ShmServerOptions shm_options;
+    shm_options.socket_path = policy->listen.unix_socket;
+    shm_options.socket_group = policy->listen.unix_socket_group;
+    shm_options.allowed_uids = policy->listen.allowed_uids;
+    shm_options.max_region_bytes = policy->limits.kv_store_bytes;
+    auto listening = shm::ShmServer::listen(shm_options, entry_store);
+    if (!listening) {
+      spdlog::critical("cannot listen on unix socket: {}", listening.error().to_string());
+      return 1;
+    }
+    shm_server = std::move(listening).value();
+    shm_server->start();
+  }
+  std::unique_ptr<peer::PeerServer> peer_server;
+  if (policy->listen.peer) {
+    peer::PeerServerOptions peer_options;
+    peer_options.node_id = policy->node_id;
+    peer_options.shm_socket = policy->listen.unix_socket;
+    peer_options.idle_timeout = policy->limits.idle_timeout;
+    peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
+    peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
+    if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
+      spdlog::critical("cannot listen for peers: {}", listening.error().to_string());
+      return 1;
+    }
+  }
+  const std::uint16_t peer_port = peer_server ? peer_server->local_endpoint().port() : 0;
   const auto http_port = main_server.local_endpoint().port();
   const auto admin_port = admin_server ? admin_server->local_endpoint().port() : http_port;
-  spdlog::info("listening: http {}:{}, admin port {}", policy->listen.http.host, http_port, admin_port);
+  spdlog::info("listening: http {}:{}, admin port {}, peer port {}, unix socket '{}'", policy->listen.http.host,
+               http_port, admin_port, peer_port, policy->listen.unix_socket);
   if (!options.ready_file.empty()) {
-    if (auto written = write_ready_file(options.ready_file, http_port, admin_port); !written) {
+    if (auto written = write_ready_file(options.ready_file, http_port, admin_port, peer_port,
+                                        policy->listen.unix_socket);
+        !written) {
       spdlog::critical("{}", written.error().to_string());
       return 1;
     }
@@ -146,6 +187,8 @@ int run_daemon(const DaemonOptions& options) {
     reload_signal.cancel();
     main_server.drain();
     if (admin_server) admin_server->drain();
+    // In-flight peer transfers fail (the sender retries elsewhere); nothing partial is kept.
+    if (peer_server) peer_server->stop();
     poll_drain();
   });
 
@@ -154,8 +197,8 @@ int run_daemon(const DaemonOptions& options) {
     workers.emplace_back([&io] { io.run(); });
   }
   io.run();
-  for (auto& worker : workers)
-    worker.join();
+  for (auto& worker : workers) worker.join();
+  if (shm_server) shm_server->stop();
   spdlog::info("kvrelay stopped");
   return 0;
 }

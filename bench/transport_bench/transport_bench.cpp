@@ -1,0 +1,252 @@
+// transport_bench: throughput and latency of kvrelay's transports next to their physical
+// limits measured in the same run (memcpy for shared memory, a plain blocking loopback TCP
+// socket pair for the peer plane). Prints one JSON object.
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "kvrelay/proxy/peer/peer_client.h"
+#include "kvrelay/proxy/peer/peer_server.h"
+#include "kvrelay/shm_transport/client.h"
+#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/shm_transport/server.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace kvrelay;
+
+constexpr std::size_t kMiB = 1U << 20;
+constexpr int kRepeats = 3;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+std::vector<std::byte> make_payload(std::size_t size) {
+  std::vector<std::byte> bytes(size);
+  std::uint64_t state = 88172645463325252ULL;
+  for (std::size_t offset = 0; offset + 8 <= size; offset += 8) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    std::memcpy(bytes.data() + offset, &state, 8);
+  }
+  return bytes;
+}
+
+// memcpy into pages never touched before (a fresh memfd, as a publish gets): the limit for
+// writing a new entry, first-touch costs included.
+double bench_memcpy_fresh(const std::vector<std::byte>& source) {
+  double best = 0;
+  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    auto memfd = shm::create_sealed_memfd("bench", source.size());
+    if (!memfd) return 0;
+    const auto start = Clock::now();
+    auto mapping = shm::Mapping::map(memfd.value().get(), source.size(), true);
+    if (!mapping) return 0;
+    std::memcpy(mapping.value().data(), source.data(), source.size());
+    best = std::max(best, gbps(source.size(), seconds_since(start)));
+  }
+  return best;
+}
+
+double bench_memcpy(const std::vector<std::byte>& source) {
+  std::vector<std::byte> destination(source.size());
+  std::memcpy(destination.data(), source.data(), source.size());  // fault the pages in first
+  double best = 0;
+  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    const auto start = Clock::now();
+    std::memcpy(destination.data(), source.data(), source.size());
+    best = std::max(best, gbps(source.size(), seconds_since(start)));
+  }
+  return best;
+}
+
+// A plain blocking socket pair over loopback: the ceiling for the peer plane.
+double bench_raw_tcp(const std::vector<std::byte>& payload, std::size_t size) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::listen(listener, 1);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  double best = 0;
+  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    std::vector<std::byte> sink(size, std::byte{1});  // touched: measure the socket, not page faults
+    std::thread receiver([&] {
+      const int connection = ::accept(listener, nullptr, nullptr);
+      std::size_t got = 0;
+      while (got < size) {
+        const auto n = ::recv(connection, sink.data() + got, size - got, 0);
+        if (n <= 0) break;
+        got += static_cast<std::size_t>(n);
+      }
+      const char done = 'k';
+      (void)::send(connection, &done, 1, 0);
+      ::close(connection);
+    });
+    const int sender = ::socket(AF_INET, SOCK_STREAM, 0);
+    ::connect(sender, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    const auto start = Clock::now();
+    std::size_t sent = 0;
+    while (sent < size) {
+      const auto n = ::send(sender, payload.data() + sent, std::min(kMiB, size - sent), 0);
+      if (n <= 0) break;
+      sent += static_cast<std::size_t>(n);
+    }
+    char done = 0;
+    (void)::recv(sender, &done, 1, 0);
+    best = std::max(best, gbps(size, seconds_since(start)));
+    ::close(sender);
+    receiver.join();
+  }
+  ::close(listener);
+  return best;
+}
+
+struct ShmResults {
+  double publish_gbps = 0;
+  double small_p50_us = 0;
+  double small_p99_us = 0;
+};
+
+ShmResults bench_shm(const std::vector<std::byte>& payload) {
+  ShmResults results;
+  const std::string path = "/tmp/kvrelay-transport-bench-" + std::to_string(::getpid()) + ".sock";
+  auto store = std::make_shared<shm::InMemoryEntryStore>(payload.size() * 2);
+  shm::ShmServerOptions options;
+  options.socket_path = path;
+  auto server = shm::ShmServer::listen(options, store);
+  if (!server) {
+    std::fprintf(stderr, "shm server: %s\n", server.error().to_string().c_str());
+    return results;
+  }
+  server.value()->start();
+  auto client = shm::ShmClient::connect(path);
+  if (!client) return results;
+  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    const auto start = Clock::now();
+    auto published = client.value().publish({1, static_cast<std::uint64_t>(repeat)}, KvLayout{}, payload);
+    const double seconds = seconds_since(start);
+    if (!published) std::fprintf(stderr, "publish: %s\n", published.error().to_string().c_str());
+    results.publish_gbps = std::max(results.publish_gbps, gbps(payload.size(), seconds));
+  }
+  std::vector<std::byte> message(64, std::byte{7});
+  std::vector<std::byte> answer(256);
+  std::vector<double> samples;
+  for (int index = 0; index < 20000; ++index) {
+    const auto start = Clock::now();
+    auto called = client.value().ring_call(message, answer);
+    const double micros = seconds_since(start) * 1e6;
+    if (!called) break;
+    if (index >= 1000) samples.push_back(micros);  // skip warm-up
+  }
+  std::sort(samples.begin(), samples.end());
+  if (!samples.empty()) {
+    results.small_p50_us = samples[samples.size() / 2];
+    results.small_p99_us = samples[samples.size() * 99 / 100];
+  }
+  server.value()->stop();
+  return results;
+}
+
+double bench_tcp_transfer(std::uint16_t port, const std::vector<std::byte>& payload, std::size_t size,
+                          std::uint64_t& transfer_id) {
+  auto client = proxy::peer::PeerClient::connect({"127.0.0.1", port}, {});
+  if (!client) return 0;
+  double best = 0;
+  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    const auto start = Clock::now();
+    auto sent = client.value().send(++transfer_id, {2, transfer_id}, KvLayout{}, std::span(payload.data(), size));
+    const double seconds = seconds_since(start);
+    if (!sent) {
+      std::fprintf(stderr, "tcp transfer: %s\n", sent.error().to_string().c_str());
+      return 0;
+    }
+    best = std::max(best, gbps(size, seconds));
+  }
+  return best;
+}
+
+nlohmann::json machine() {
+  utsname name{};
+  ::uname(&name);
+  std::string cpu;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return {{"host", name.nodename}, {"kernel", name.release}, {"cpu", cpu},
+          {"cores", std::thread::hardware_concurrency()}};
+}
+
+}  // namespace
+
+int main() {
+  const auto payload = make_payload(256 * kMiB);
+  nlohmann::json result;
+  result["bench"] = "transport_bench";
+  result["machine"] = machine();
+  result["memcpy_gbps"] = bench_memcpy(payload);
+  result["memcpy_fresh_pages_gbps"] = bench_memcpy_fresh(payload);
+
+  const auto shm_results = bench_shm(payload);
+  result["shm_publish_gbps"] = shm_results.publish_gbps;
+  result["shm_publish_vs_memcpy"] = shm_results.publish_gbps / result["memcpy_gbps"].get<double>();
+  result["shm_publish_vs_memcpy_fresh_pages"] =
+      shm_results.publish_gbps / result["memcpy_fresh_pages_gbps"].get<double>();
+  result["shm_small_msg_p50_us"] = shm_results.small_p50_us;
+  result["shm_small_msg_p99_us"] = shm_results.small_p99_us;
+
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  auto store = std::make_shared<shm::InMemoryEntryStore>(1ULL << 30);
+  proxy::peer::PeerServerOptions peer_options;
+  peer_options.node_id = "bench";
+  proxy::peer::PeerServer server(io, peer_options, store);
+  if (auto listening = server.listen({"127.0.0.1", 0}); !listening) {
+    std::fprintf(stderr, "peer listen: %s\n", listening.error().to_string().c_str());
+    return 1;
+  }
+  std::thread io_thread([&] { io.run(); });
+  std::uint64_t transfer_id = 0;
+  nlohmann::json raw;
+  nlohmann::json tcp;
+  nlohmann::json ratio;
+  for (const std::size_t mib : {std::size_t{1}, std::size_t{16}, std::size_t{256}}) {
+    const auto key = std::to_string(mib) + "MiB";
+    raw[key] = bench_raw_tcp(payload, mib * kMiB);
+    tcp[key] = bench_tcp_transfer(server.local_endpoint().port(), payload, mib * kMiB, transfer_id);
+    ratio[key] = tcp[key].get<double>() / raw[key].get<double>();
+  }
+  server.stop();
+  work.reset();
+  io.stop();
+  io_thread.join();
+  result["raw_tcp_gbps"] = raw;
+  result["tcp_transfer_gbps"] = tcp;
+  result["tcp_vs_raw_tcp"] = ratio;
+  result["goals"] = {{"shm_publish_vs_memcpy", ">= 0.8"}, {"tcp_vs_raw_tcp", ">= 0.8"}, {"shm_small_msg_p50_us", "< 20"}};
+  std::printf("%s\n", result.dump(2).c_str());
+  return 0;
+}

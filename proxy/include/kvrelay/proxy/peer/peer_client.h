@@ -1,0 +1,65 @@
+#pragma once
+
+// Sending end of the TCP peer plane, with a blocking API (it runs its own event loop on the
+// calling thread) for the CLI, the daemon's transfer workers, tests and benchmarks.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kvrelay/core/policy.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/proxy/peer/link_estimator.h"
+#include "kvrelay/proxy/peer/peer_protocol.h"
+
+namespace kvrelay::proxy::peer {
+
+struct PeerClientOptions {
+  std::string node_id = "kvrelay-client";
+  std::chrono::milliseconds connect_timeout{3'000};
+  std::chrono::milliseconds read_timeout{5'000};
+  std::uint32_t chunk_bytes = 1U << 20;
+  // Chunks sent but not yet acknowledged. Bounds what a slow receiver can make us hold in
+  // flight: window * chunk_bytes (the data itself is never copied).
+  std::uint32_t window_chunks = 8;
+  std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
+  // May publish through the receiver's Unix socket when it is on this host and offers one.
+  bool allow_shared_memory = false;
+  // Called after each acknowledged chunk with (bytes acknowledged, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+  // Where RTT and throughput samples go (optional); keyed by the remote node id.
+  std::shared_ptr<LinkEstimator> link_estimator;
+};
+
+// Client options for sending to `peer` under `policy`: our node id, the policy's read
+// timeout, and the shared-memory path only where the policy marks the peer same_host.
+[[nodiscard]] PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer);
+
+enum class TransferOutcome { kCommitted, kAlreadyCommitted, kCommittedViaSharedMemory };
+
+class PeerClient {
+ public:
+  ~PeerClient();
+  PeerClient(PeerClient&&) noexcept;
+  PeerClient& operator=(PeerClient&&) noexcept;
+
+  // Connects and exchanges hellos.
+  [[nodiscard]] static Result<PeerClient> connect(const HostPort& address, PeerClientOptions options);
+
+  [[nodiscard]] const Hello& remote() const;
+  [[nodiscard]] Result<TransferOutcome> send(std::uint64_t transfer_id, const shm::EntryKey& key,
+                                             const KvLayout& layout, std::span<const std::byte> bytes);
+  [[nodiscard]] Result<std::chrono::microseconds> ping();
+  [[nodiscard]] Result<PeerServerStats> stats();
+
+  struct State;  // defined in peer_client.cpp
+
+ private:
+  explicit PeerClient(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvrelay::proxy::peer

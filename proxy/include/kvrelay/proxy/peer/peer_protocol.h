@@ -1,0 +1,101 @@
+#pragma once
+
+// Frames of the sidecar <-> sidecar TCP protocol (byte layout in docs/wire-format.md,
+// "Peer protocol (TCP)"). Every frame: a 12-byte header (magic, version, type, payload
+// length) and a payload whose meaning depends on the type.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/entry.h"
+
+namespace kvrelay::proxy::peer {
+
+inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-endian byte order
+inline constexpr std::uint16_t kPeerVersion = 1;
+inline constexpr std::size_t kPeerHeaderBytes = 12;
+inline constexpr std::size_t kChunkHeaderBytes = 20;     // transfer id, index, checksum
+inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;
+inline constexpr std::uint32_t kMaxControlPayload = 64 * 1024;
+
+// Capability bits announced in the hello.
+inline constexpr std::uint64_t kCapChunkedTransfer = 1U << 0;
+inline constexpr std::uint64_t kCapSharedMemory = 1U << 1;  // hello carries a Unix socket path
+
+enum class PeerMessage : std::uint16_t {
+  kHello = 1,
+  kHelloOk = 2,
+  kBegin = 3,
+  kBeginOk = 4,
+  kChunk = 5,
+  kChunkAck = 6,
+  kCommitted = 7,
+  kError = 8,
+  kPing = 9,
+  kPong = 10,
+  kStats = 11,
+  kStatsReply = 12,
+};
+
+struct PeerHeader {
+  PeerMessage type{};
+  std::uint32_t length = 0;
+};
+
+// Validates magic, version, type and a length within that type's bound.
+[[nodiscard]] Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderBytes> bytes);
+[[nodiscard]] std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload);
+void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length);
+
+struct Hello {
+  std::uint32_t protocol_version = kPeerVersion;
+  std::uint64_t capabilities = kCapChunkedTransfer;
+  std::string node_id;
+  std::uint32_t max_chunk_bytes = kMaxChunkBytes;
+  std::string shm_socket;  // only with kCapSharedMemory
+};
+[[nodiscard]] std::vector<std::byte> encode_hello(PeerMessage type, const Hello& hello);
+[[nodiscard]] Result<Hello> decode_hello(std::span<const std::byte> payload);
+
+struct Begin {
+  std::uint64_t transfer_id = 0;
+  shm::EntryKey key;
+  shm::EntryInfo info;  // layout, total bytes, xxh3 of all bytes
+  std::uint32_t chunk_bytes = 1U << 20;
+  [[nodiscard]] std::uint64_t chunk_count() const {
+    return info.bytes == 0 ? 0 : (info.bytes + chunk_bytes - 1) / chunk_bytes;
+  }
+};
+[[nodiscard]] std::vector<std::byte> encode_begin(const Begin& begin);
+// Also validates the entry info and chunk size.
+[[nodiscard]] Result<Begin> decode_begin(std::span<const std::byte> payload);
+
+enum class BeginState : std::uint8_t { kProceed = 0, kAlreadyCommitted = 1 };
+
+struct ChunkHeader {
+  std::uint64_t transfer_id = 0;
+  std::uint32_t index = 0;
+  std::uint64_t checksum = 0;
+};
+void encode_chunk_header(std::span<std::byte, kChunkHeaderBytes> out, const ChunkHeader& chunk);
+[[nodiscard]] ChunkHeader decode_chunk_header(std::span<const std::byte, kChunkHeaderBytes> bytes);
+
+// Receiver counters, returned by kStats (tests and `kvrelay peer probe`).
+struct PeerServerStats {
+  std::uint64_t sessions = 0;
+  std::uint64_t active_transfers = 0;
+  std::uint64_t committed_transfers = 0;
+  std::uint64_t duplicate_transfers = 0;  // retried ids answered "already committed"
+  std::uint64_t failed_transfers = 0;
+  std::uint64_t bytes_received = 0;
+};
+[[nodiscard]] std::vector<std::byte> encode_peer_stats(const PeerServerStats& stats);
+[[nodiscard]] Result<PeerServerStats> decode_peer_stats(std::span<const std::byte> payload);
+
+[[nodiscard]] std::vector<std::byte> encode_peer_error(const Error& error);
+[[nodiscard]] Error decode_peer_error(std::span<const std::byte> payload);
+
+}  // namespace kvrelay::proxy::peer

@@ -1,0 +1,53 @@
+#pragma once
+
+// Receiving end of the TCP peer plane: accepts sidecar connections, answers hellos, pings and
+// stats, and receives chunked transfers straight into a sealed memfd. A transfer becomes
+// visible in the entry store only after every chunk and the whole-entry checksum verified;
+// a transfer id that already committed is answered "already committed", so a retry lands
+// exactly once.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "kvrelay/core/policy.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/proxy/peer/peer_protocol.h"
+#include "kvrelay/shm_transport/entry_store.h"
+
+namespace kvrelay::proxy::peer {
+
+struct PeerServerOptions {
+  std::string node_id;
+  std::string shm_socket;  // advertised to same-host peers when set
+  std::chrono::milliseconds handshake_timeout{5'000};
+  std::chrono::milliseconds read_timeout{5'000};  // inside a frame or a transfer
+  std::chrono::milliseconds idle_timeout{60'000};  // between frames outside transfers
+  std::size_t remembered_transfers = 65'536;      // committed ids kept for exactly-once
+  std::uint64_t max_entry_bytes = 64ULL << 30;     // larger transfers are refused up front
+};
+
+class PeerServer {
+ public:
+  PeerServer(boost::asio::io_context& io, PeerServerOptions options, std::shared_ptr<shm::EntryStore> store);
+  ~PeerServer();
+  PeerServer(const PeerServer&) = delete;
+  PeerServer& operator=(const PeerServer&) = delete;
+
+  [[nodiscard]] Status listen(const HostPort& address);
+  [[nodiscard]] boost::asio::ip::tcp::endpoint local_endpoint() const;
+  // Stops accepting and closes every session (their transfers fail, nothing partial is kept).
+  void stop();
+  [[nodiscard]] PeerServerStats stats() const;
+
+  struct Shared;  // state shared with sessions, which may outlive this object briefly
+
+ private:
+  boost::asio::io_context& io_;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace kvrelay::proxy::peer

@@ -1,0 +1,260 @@
+#include "kvrelay/proxy/peer/peer_client.h"
+
+// GCC 12 reports a false -Wmismatched-new-delete for Asio's coroutine frame allocator
+// (awaitable_frame_base has matching class-level new/delete).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <optional>
+
+#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/client.h"
+#include "peer_io.h"
+
+namespace kvrelay::proxy::peer {
+
+using namespace detail;
+
+namespace {
+
+template <class T>
+asio::awaitable<void> store_result(asio::awaitable<Result<T>> task, std::optional<Result<T>>* out) {
+  out->emplace(co_await std::move(task));
+}
+
+}  // namespace
+
+struct PeerClient::State {
+  PeerClientOptions options;
+  asio::io_context io;
+  std::shared_ptr<PeerConnection> connection;
+  Hello remote;
+  bool broken = false;  // after an error mid-protocol the stream position is unknown
+
+  // Runs one coroutine to completion on this thread.
+  template <class T>
+  Result<T> run(asio::awaitable<Result<T>> task) {
+    if (broken) return fail(ErrorCode::kIo, "peer connection is broken");
+    std::optional<Result<T>> result;
+    io.restart();
+    asio::co_spawn(io, store_result(std::move(task), &result), asio::detached);
+    io.run();
+    if (!result) return fail(ErrorCode::kInternal, "peer client task did not finish");
+    if (!result->has_value()) broken = true;
+    return std::move(*result);
+  }
+};
+
+namespace {
+
+asio::awaitable<Result<PeerFrame>> expect(PeerConnection& connection, PeerMessage type,
+                                          std::chrono::milliseconds timeout) {
+  auto frame = co_await read_frame(connection, timeout, timeout);
+  if (!frame) co_return frame;
+  if (frame.value().header.type == PeerMessage::kError) {
+    co_return outcome::failure(decode_peer_error(frame.value().payload));
+  }
+  if (frame.value().header.type != type) {
+    co_return fail(ErrorCode::kProtocol, fmt::format("expected peer message {}, got {}", static_cast<int>(type),
+                                                     static_cast<int>(frame.value().header.type)));
+  }
+  co_return frame;
+}
+
+asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address) {
+  auto executor = co_await asio::this_coro::executor;
+  tcp::resolver resolver(executor);
+  auto [resolve_ec, endpoints] =
+      co_await resolver.async_resolve(address.host, std::to_string(address.port), kNoThrow);
+  if (resolve_ec) co_return fail(ErrorCode::kIo, fmt::format("resolve {}: {}", address.to_string(), resolve_ec.message()));
+  state->connection = std::make_shared<PeerConnection>(tcp::socket(executor));
+  auto& connection = *state->connection;
+  asio::co_spawn(executor, watchdog(state->connection), asio::detached);
+  connection.arm(state->options.connect_timeout);
+  auto [connect_ec, endpoint] = co_await asio::async_connect(connection.socket, endpoints, kNoThrow);
+  if (connect_ec) co_return outcome::failure(io_error(connection, connect_ec, "connect"));
+  tune_socket(connection.socket);
+  Hello mine;
+  mine.node_id = state->options.node_id;
+  const auto hello = encode_hello(PeerMessage::kHello, mine);
+  if (auto sent = co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto reply = co_await expect(connection, PeerMessage::kHelloOk, state->options.read_timeout);
+  if (!reply) co_return outcome::failure(reply.error());
+  auto remote = decode_hello(reply.value().payload);
+  if (!remote) co_return outcome::failure(remote.error());
+  state->remote = std::move(remote).value();
+  connection.arm(std::chrono::hours(24 * 365));  // idle between calls; the server decides when to drop us
+  co_return true;
+}
+
+asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, Begin begin,
+                                                     std::span<const std::byte> bytes) {
+  auto& connection = *state->connection;
+  const auto& options = state->options;
+  const auto begin_frame = encode_begin(begin);
+  if (auto sent = co_await write_all(connection, asio::buffer(begin_frame), asio::const_buffer{}, options.read_timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto begin_ok = co_await expect(connection, PeerMessage::kBeginOk, options.read_timeout);
+  if (!begin_ok) co_return outcome::failure(begin_ok.error());
+  shm::ByteReader reader(begin_ok.value().payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto state_byte = reader.get<std::uint8_t>();
+  if (!state_byte || *id != begin.transfer_id || reader.remaining() != 0) {
+    co_return fail(ErrorCode::kProtocol, "malformed begin reply");
+  }
+  if (*state_byte == static_cast<std::uint8_t>(BeginState::kAlreadyCommitted)) {
+    connection.arm(std::chrono::hours(24 * 365));
+    co_return TransferOutcome::kAlreadyCommitted;
+  }
+  if (*state_byte != static_cast<std::uint8_t>(BeginState::kProceed)) co_return fail(ErrorCode::kProtocol, "bad begin state");
+
+  const std::uint64_t chunks = begin.chunk_count();
+  const auto started = std::chrono::steady_clock::now();
+  asio::steady_timer pacing(connection.socket.get_executor());
+  std::uint64_t next = 0;
+  std::uint64_t acked = 0;
+  std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> header{};
+  while (acked < chunks) {
+    while (next < chunks && next - acked < options.window_chunks) {
+      const std::uint64_t offset = next * begin.chunk_bytes;
+      const std::size_t length =
+          static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes - offset));
+      const std::byte* data = bytes.data() + offset;
+      encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(header.data(), kPeerHeaderBytes), PeerMessage::kChunk,
+                         static_cast<std::uint32_t>(kChunkHeaderBytes + length));
+      encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
+                          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next), XXH3_64bits(data, length)});
+      if (auto sent = co_await write_all(connection, asio::buffer(header), asio::buffer(data, length),
+                                         options.read_timeout);
+          !sent) {
+        co_return outcome::failure(sent.error());
+      }
+      ++next;
+      if (options.rate_limit_bytes_per_s > 0) {
+        const double seconds = static_cast<double>(offset + length) / static_cast<double>(options.rate_limit_bytes_per_s);
+        pacing.expires_at(started + std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6)));
+        [[maybe_unused]] auto [ec] = co_await pacing.async_wait(kNoThrow);
+      }
+    }
+    auto ack = co_await expect(connection, PeerMessage::kChunkAck, options.read_timeout);
+    if (!ack) co_return outcome::failure(ack.error());
+    shm::ByteReader ack_reader(ack.value().payload);
+    const auto ack_id = ack_reader.get<std::uint64_t>();
+    const auto ack_index = ack_reader.get<std::uint32_t>();
+    if (!ack_index || *ack_id != begin.transfer_id || *ack_index != acked) {
+      co_return fail(ErrorCode::kProtocol, "unexpected chunk acknowledgement");
+    }
+    ++acked;
+    if (options.on_progress) {
+      options.on_progress(std::min<std::uint64_t>(acked * begin.chunk_bytes, begin.info.bytes), begin.info.bytes);
+    }
+  }
+  auto committed = co_await expect(connection, PeerMessage::kCommitted, options.read_timeout);
+  if (!committed) co_return outcome::failure(committed.error());
+  connection.arm(std::chrono::hours(24 * 365));
+  if (options.link_estimator) {
+    options.link_estimator->add_transfer(
+        state->remote.node_id, begin.info.bytes,
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started));
+  }
+  co_return TransferOutcome::kCommitted;
+}
+
+asio::awaitable<Result<std::chrono::microseconds>> ping_once(PeerClient::State* state) {
+  auto& connection = *state->connection;
+  const auto started = std::chrono::steady_clock::now();
+  shm::ByteWriter nonce;
+  nonce.put(static_cast<std::uint64_t>(started.time_since_epoch().count()));
+  const auto frame = encode_peer_frame(PeerMessage::kPing, nonce.bytes());
+  if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto pong = co_await expect(connection, PeerMessage::kPong, state->options.read_timeout);
+  if (!pong) co_return outcome::failure(pong.error());
+  if (pong.value().payload != nonce.bytes()) co_return fail(ErrorCode::kProtocol, "pong does not echo the ping");
+  connection.arm(std::chrono::hours(24 * 365));
+  co_return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
+}
+
+asio::awaitable<Result<PeerServerStats>> stats_once(PeerClient::State* state) {
+  auto& connection = *state->connection;
+  const auto frame = encode_peer_frame(PeerMessage::kStats, {});
+  if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto reply = co_await expect(connection, PeerMessage::kStatsReply, state->options.read_timeout);
+  if (!reply) co_return outcome::failure(reply.error());
+  connection.arm(std::chrono::hours(24 * 365));
+  co_return decode_peer_stats(reply.value().payload);
+}
+
+}  // namespace
+
+PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer) {
+  PeerClientOptions options;
+  options.node_id = policy.node_id;
+  options.read_timeout = policy.limits.read_timeout;
+  options.allow_shared_memory = peer.same_host;
+  return options;
+}
+
+PeerClient::PeerClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PeerClient::~PeerClient() {
+  if (state_ && state_->connection) {
+    state_->connection->close();
+    state_->io.restart();
+    state_->io.run();  // let the watchdog see the closed socket and finish
+  }
+}
+PeerClient::PeerClient(PeerClient&&) noexcept = default;
+PeerClient& PeerClient::operator=(PeerClient&&) noexcept = default;
+
+Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOptions options) {
+  if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
+    return fail(ErrorCode::kInvalidArgument, "chunk size out of range");
+  }
+  if (options.window_chunks == 0) return fail(ErrorCode::kInvalidArgument, "window must hold at least one chunk");
+  auto state = std::make_unique<State>();
+  state->options = std::move(options);
+  KVRELAY_TRY(state->run(connect_and_hello(state.get(), address)));
+  return PeerClient(std::move(state));
+}
+
+const Hello& PeerClient::remote() const { return state_->remote; }
+
+Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::EntryKey& key, const KvLayout& layout,
+                                         std::span<const std::byte> bytes) {
+  Begin begin;
+  begin.transfer_id = transfer_id;
+  begin.key = key;
+  begin.info = shm::EntryInfo{layout, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())};
+  begin.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
+  KVRELAY_TRY(shm::validate_entry_info(begin.info));
+  if (state_->options.allow_shared_memory && (state_->remote.capabilities & kCapSharedMemory) != 0 &&
+      !state_->remote.shm_socket.empty()) {
+    // Same host: one copy into the receiver's shared memory instead of a trip through TCP.
+    KVRELAY_TRY(auto local, shm::ShmClient::connect(state_->remote.shm_socket));
+    KVRELAY_TRY(local.publish(key, layout, bytes));
+    return TransferOutcome::kCommittedViaSharedMemory;
+  }
+  return state_->run(send_chunks(state_.get(), begin, bytes));
+}
+
+Result<std::chrono::microseconds> PeerClient::ping() {
+  KVRELAY_TRY(auto rtt, state_->run(ping_once(state_.get())));
+  if (state_->options.link_estimator) state_->options.link_estimator->add_rtt(state_->remote.node_id, rtt);
+  return rtt;
+}
+
+Result<PeerServerStats> PeerClient::stats() { return state_->run(stats_once(state_.get())); }
+
+}  // namespace kvrelay::proxy::peer

@@ -1,0 +1,88 @@
+#include "peer_io.h"
+
+// GCC 12 reports a false -Wmismatched-new-delete for Asio's coroutine frame allocator
+// (awaitable_frame_base has matching class-level new/delete).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
+
+namespace kvrelay::proxy::peer::detail {
+
+asio::awaitable<void> watchdog(std::shared_ptr<PeerConnection> connection) {
+  while (connection->socket.is_open()) {
+    connection->timer.expires_at(connection->deadline);
+    [[maybe_unused]] auto [ec] = co_await connection->timer.async_wait(kNoThrow);
+    if (!connection->socket.is_open()) break;
+    if (connection->deadline <= std::chrono::steady_clock::now()) {
+      connection->timed_out = true;
+      boost::system::error_code ignored;
+      connection->socket.close(ignored);
+      break;
+    }
+  }
+}
+
+void tune_socket(tcp::socket& socket) {
+  boost::system::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  socket.set_option(asio::socket_base::keep_alive(true), ignored);
+  const int fd = socket.native_handle();
+  const int idle_s = 10;
+  const int interval_s = 2;
+  const int probes = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+}
+
+Error io_error(const PeerConnection& connection, const boost::system::error_code& ec, const char* what) {
+  if (connection.timed_out) return Error{ErrorCode::kTimeout, fmt::format("{}: peer timed out", what)};
+  if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe) {
+    return Error{ErrorCode::kIo, fmt::format("{}: peer closed the connection ({})", what, ec.message())};
+  }
+  return Error{ErrorCode::kIo, fmt::format("{}: {}", what, ec.message())};
+}
+
+asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buffer buffer,
+                                   std::chrono::milliseconds timeout) {
+  connection.arm(timeout);
+  auto [ec, transferred] = co_await asio::async_read(connection.socket, buffer, kNoThrow);
+  if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
+  co_return ok();
+}
+
+asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
+                                  std::chrono::milliseconds timeout) {
+  connection.arm(timeout);
+  const std::array<asio::const_buffer, 2> buffers{first, second};
+  auto [ec, transferred] = co_await asio::async_write(connection.socket, buffers, kNoThrow);
+  if (ec) co_return outcome::failure(io_error(connection, ec, "write"));
+  co_return ok();
+}
+
+asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
+                                              std::chrono::milliseconds timeout) {
+  std::array<std::byte, kPeerHeaderBytes> header_bytes{};
+  connection.arm(first_byte_timeout);
+  auto [ec, got] = co_await connection.socket.async_read_some(asio::buffer(header_bytes.data(), 1), kNoThrow);
+  if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
+  auto rest = co_await read_exact(connection, asio::buffer(header_bytes.data() + 1, kPeerHeaderBytes - 1), timeout);
+  if (!rest) co_return outcome::failure(rest.error());
+  auto header = decode_peer_header(header_bytes);
+  if (!header) co_return outcome::failure(header.error());
+  PeerFrame frame;
+  frame.header = header.value();
+  if (frame.header.type != PeerMessage::kChunk && frame.header.length > 0) {
+    frame.payload.resize(frame.header.length);
+    auto body = co_await read_exact(connection, asio::buffer(frame.payload), timeout);
+    if (!body) co_return outcome::failure(body.error());
+  }
+  co_return frame;
+}
+
+}  // namespace kvrelay::proxy::peer::detail

@@ -1,0 +1,70 @@
+#pragma once
+
+// Deadline-guarded reads and writes on one peer connection, shared by both ends of the peer
+// protocol. A watchdog coroutine closes the socket when the current deadline passes, which
+// fails the pending operation; errors come back as values (as_tuple), never as exceptions.
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "kvrelay/core/result.h"
+#include "kvrelay/proxy/peer/peer_protocol.h"
+
+namespace kvrelay::proxy::peer::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+inline constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
+
+struct PeerConnection {
+  explicit PeerConnection(tcp::socket connected)
+      : socket(std::move(connected)), timer(socket.get_executor()) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  bool timed_out = false;
+
+  void arm(std::chrono::milliseconds timeout) {
+    deadline = std::chrono::steady_clock::now() + timeout;
+    timer.cancel();  // the watchdog re-reads the new deadline
+  }
+  void close() {
+    boost::system::error_code ignored;
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+    timer.cancel();
+  }
+};
+
+// Runs until the connection is closed; closes it when a deadline passes.
+asio::awaitable<void> watchdog(std::shared_ptr<PeerConnection> connection);
+
+// TCP_NODELAY (acks and pings are tiny) and kernel keep-alive probes on idle links.
+void tune_socket(tcp::socket& socket);
+
+[[nodiscard]] Error io_error(const PeerConnection& connection, const boost::system::error_code& ec, const char* what);
+
+asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buffer buffer,
+                                   std::chrono::milliseconds timeout);
+// Two buffers (header + body) so chunk data goes out without being copied. (No initializer
+// lists here: GCC 12 miscompiles braced lists inside co_await expressions.)
+asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
+                                  std::chrono::milliseconds timeout);
+
+struct PeerFrame {
+  PeerHeader header;
+  std::vector<std::byte> payload;  // empty for kChunk: its body is read by the caller
+};
+// Reads one header (waiting up to `first_byte_timeout`), then the payload of any non-chunk
+// frame (within `timeout`).
+asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
+                                              std::chrono::milliseconds timeout);
+
+}  // namespace kvrelay::proxy::peer::detail

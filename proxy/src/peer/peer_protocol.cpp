@@ -1,0 +1,158 @@
+#include "kvrelay/proxy/peer/peer_protocol.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kvrelay/shm_transport/byte_io.h"
+
+namespace kvrelay::proxy::peer {
+
+using shm::ByteReader;
+using shm::ByteWriter;
+
+Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderBytes> bytes) {
+  ByteReader reader(bytes);
+  const auto magic = reader.get<std::uint32_t>().value_or(0);
+  const auto version = reader.get<std::uint16_t>().value_or(0);
+  const auto type = reader.get<std::uint16_t>().value_or(0);
+  const auto length = reader.get<std::uint32_t>().value_or(0);
+  if (magic != kPeerMagic) return fail(ErrorCode::kBadMagic, fmt::format("bad peer frame magic 0x{:08x}", magic));
+  if (version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer protocol version {}", version));
+  if (type < static_cast<std::uint16_t>(PeerMessage::kHello) ||
+      type > static_cast<std::uint16_t>(PeerMessage::kStatsReply)) {
+    return fail(ErrorCode::kProtocol, fmt::format("unknown peer message type {}", type));
+  }
+  const auto message = static_cast<PeerMessage>(type);
+  const std::uint64_t limit = message == PeerMessage::kChunk ? kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes}
+                                                              : kMaxControlPayload;
+  if (length > limit) return fail(ErrorCode::kProtocol, fmt::format("peer frame of {} bytes exceeds {}", length, limit));
+  return PeerHeader{message, length};
+}
+
+void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length) {
+  const std::uint16_t type_value = static_cast<std::uint16_t>(type);
+  std::memcpy(out.data(), &kPeerMagic, 4);
+  std::memcpy(out.data() + 4, &kPeerVersion, 2);
+  std::memcpy(out.data() + 6, &type_value, 2);
+  std::memcpy(out.data() + 8, &length, 4);
+}
+
+std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload) {
+  std::vector<std::byte> frame(kPeerHeaderBytes + payload.size());
+  encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes), type,
+                     static_cast<std::uint32_t>(payload.size()));
+  if (!payload.empty()) std::memcpy(frame.data() + kPeerHeaderBytes, payload.data(), payload.size());
+  return frame;
+}
+
+std::vector<std::byte> encode_hello(PeerMessage type, const Hello& hello) {
+  ByteWriter writer;
+  writer.put(hello.protocol_version).put(hello.capabilities).put_string(hello.node_id).put(hello.max_chunk_bytes);
+  writer.put_string(hello.shm_socket);
+  return encode_peer_frame(type, writer.bytes());
+}
+
+Result<Hello> decode_hello(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  Hello hello;
+  const auto version = reader.get<std::uint32_t>();
+  const auto capabilities = reader.get<std::uint64_t>();
+  auto node = reader.get_string();
+  const auto max_chunk = reader.get<std::uint32_t>();
+  auto socket = reader.get_string();
+  if (!version || !capabilities || !node || !max_chunk || !socket || reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, "malformed hello");
+  }
+  if (*version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer speaks version {}", *version));
+  if (*max_chunk == 0 || *max_chunk > kMaxChunkBytes) return fail(ErrorCode::kProtocol, "bad max chunk size");
+  hello.protocol_version = *version;
+  hello.capabilities = *capabilities;
+  hello.node_id = std::move(*node);
+  hello.max_chunk_bytes = *max_chunk;
+  hello.shm_socket = std::move(*socket);
+  return hello;
+}
+
+std::vector<std::byte> encode_begin(const Begin& begin) {
+  ByteWriter writer;
+  writer.put(begin.transfer_id);
+  shm::encode_key(writer, begin.key);
+  shm::encode_layout(writer, begin.info.layout);
+  writer.put(begin.info.bytes).put(begin.info.checksum).put(begin.chunk_bytes);
+  return encode_peer_frame(PeerMessage::kBegin, writer.bytes());
+}
+
+Result<Begin> decode_begin(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  Begin begin;
+  const auto transfer_id = reader.get<std::uint64_t>();
+  const auto key = shm::decode_key(reader);
+  if (!transfer_id || !key) return fail(ErrorCode::kTruncated, "begin truncated");
+  KVRELAY_TRY(const auto layout, shm::decode_layout(reader));
+  const auto bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  const auto chunk_bytes = reader.get<std::uint32_t>();
+  if (!chunk_bytes || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed begin");
+  if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
+    return fail(ErrorCode::kProtocol, fmt::format("chunk size {} out of range", *chunk_bytes));
+  }
+  begin.transfer_id = *transfer_id;
+  begin.key = *key;
+  begin.info = shm::EntryInfo{layout, *bytes, *checksum};
+  begin.chunk_bytes = *chunk_bytes;
+  KVRELAY_TRY(shm::validate_entry_info(begin.info));
+  if (begin.chunk_count() > UINT32_MAX) return fail(ErrorCode::kOverflow, "too many chunks");
+  return begin;
+}
+
+void encode_chunk_header(std::span<std::byte, kChunkHeaderBytes> out, const ChunkHeader& chunk) {
+  std::memcpy(out.data(), &chunk.transfer_id, 8);
+  std::memcpy(out.data() + 8, &chunk.index, 4);
+  std::memcpy(out.data() + 12, &chunk.checksum, 8);
+}
+
+ChunkHeader decode_chunk_header(std::span<const std::byte, kChunkHeaderBytes> bytes) {
+  ChunkHeader chunk;
+  std::memcpy(&chunk.transfer_id, bytes.data(), 8);
+  std::memcpy(&chunk.index, bytes.data() + 8, 4);
+  std::memcpy(&chunk.checksum, bytes.data() + 12, 8);
+  return chunk;
+}
+
+std::vector<std::byte> encode_peer_stats(const PeerServerStats& stats) {
+  ByteWriter writer;
+  writer.put(stats.sessions).put(stats.active_transfers).put(stats.committed_transfers);
+  writer.put(stats.duplicate_transfers).put(stats.failed_transfers).put(stats.bytes_received);
+  return encode_peer_frame(PeerMessage::kStatsReply, writer.bytes());
+}
+
+Result<PeerServerStats> decode_peer_stats(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  PeerServerStats stats;
+  for (std::uint64_t* field : {&stats.sessions, &stats.active_transfers, &stats.committed_transfers,
+                               &stats.duplicate_transfers, &stats.failed_transfers, &stats.bytes_received}) {
+    const auto value = reader.get<std::uint64_t>();
+    if (!value) return fail(ErrorCode::kTruncated, "peer stats truncated");
+    *field = *value;
+  }
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in peer stats");
+  return stats;
+}
+
+std::vector<std::byte> encode_peer_error(const Error& error) {
+  ByteWriter writer;
+  writer.put(static_cast<std::uint16_t>(error.code));
+  writer.put_string(std::string_view(error.message).substr(0, 4000));
+  return encode_peer_frame(PeerMessage::kError, writer.bytes());
+}
+
+Error decode_peer_error(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto code = reader.get<std::uint16_t>();
+  auto text = reader.get_string();
+  if (!code || !text || reader.remaining() != 0) return Error{ErrorCode::kProtocol, "malformed peer error"};
+  return Error{static_cast<ErrorCode>(*code), std::move(*text)};
+}
+
+}  // namespace kvrelay::proxy::peer

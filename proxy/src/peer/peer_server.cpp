@@ -1,0 +1,333 @@
+#include "kvrelay/proxy/peer/peer_server.h"
+
+// GCC 12 reports a false -Wmismatched-new-delete for Asio's coroutine frame allocator
+// (awaitable_frame_base has matching class-level new/delete).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include <deque>
+#include <mutex>
+#include <set>
+#include <unordered_set>
+
+#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/memfd.h"
+#include "peer_io.h"
+
+namespace kvrelay::proxy::peer {
+
+using namespace detail;
+
+struct PeerServer::Shared {
+  Shared(PeerServerOptions server_options, std::shared_ptr<shm::EntryStore> entry_store)
+      : options(std::move(server_options)), store(std::move(entry_store)) {}
+  const PeerServerOptions options;
+  const std::shared_ptr<shm::EntryStore> store;
+  std::unique_ptr<tcp::acceptor> acceptor;
+
+  mutable std::mutex mutex;
+  PeerServerStats counters;
+  std::unordered_set<std::uint64_t> active;
+  std::unordered_set<std::uint64_t> committed;
+  std::deque<std::uint64_t> committed_order;
+  std::set<std::weak_ptr<PeerConnection>, std::owner_less<>> sessions;
+  bool stopped = false;
+
+  void remember_committed(std::uint64_t transfer_id) {
+    committed.insert(transfer_id);
+    committed_order.push_back(transfer_id);
+    while (committed_order.size() > options.remembered_transfers) {
+      committed.erase(committed_order.front());
+      committed_order.pop_front();
+    }
+  }
+};
+
+namespace {
+
+using SharedPtr = std::shared_ptr<PeerServer::Shared>;
+
+// Claims a transfer id for one session; released on every exit path.
+class ActiveTransfer {
+ public:
+  ActiveTransfer(SharedPtr shared, std::uint64_t id) : shared_(std::move(shared)), id_(id) {}
+  ~ActiveTransfer() {
+    std::lock_guard lock(shared_->mutex);
+    shared_->active.erase(id_);
+    --shared_->counters.active_transfers;
+    if (!committed_) ++shared_->counters.failed_transfers;
+  }
+  ActiveTransfer(const ActiveTransfer&) = delete;
+  ActiveTransfer& operator=(const ActiveTransfer&) = delete;
+  void mark_committed() { committed_ = true; }
+
+ private:
+  SharedPtr shared_;
+  std::uint64_t id_;
+  bool committed_ = false;
+};
+
+asio::awaitable<Status> send_frame(PeerConnection& connection, const std::vector<std::byte>& frame,
+                                   std::chrono::milliseconds timeout) {
+  co_return co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout);
+}
+
+// Receives the chunks of one transfer into a fresh sealed memfd and publishes it.
+asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection& connection, const Begin& begin) {
+  const auto& options = shared->options;
+  if (begin.info.bytes > options.max_entry_bytes) {
+    co_return fail(ErrorCode::kResourceExhausted,
+                   fmt::format("transfer of {} bytes exceeds the limit {}", begin.info.bytes, options.max_entry_bytes));
+  }
+  std::unique_ptr<ActiveTransfer> claim;
+  {
+    std::lock_guard lock(shared->mutex);
+    if (shared->committed.contains(begin.transfer_id)) {
+      ++shared->counters.duplicate_transfers;
+      claim = nullptr;
+    } else if (shared->active.contains(begin.transfer_id)) {
+      co_return fail(ErrorCode::kAlreadyExists, fmt::format("transfer {} is in progress", begin.transfer_id));
+    } else {
+      shared->active.insert(begin.transfer_id);
+      ++shared->counters.active_transfers;
+      claim = std::make_unique<ActiveTransfer>(shared, begin.transfer_id);
+    }
+  }
+  shm::ByteWriter reply;
+  reply.put(begin.transfer_id).put(static_cast<std::uint8_t>(claim ? BeginState::kProceed : BeginState::kAlreadyCommitted));
+  const auto begin_ok = encode_peer_frame(PeerMessage::kBeginOk, reply.bytes());
+  if (!claim) co_return co_await send_frame(connection, begin_ok, options.read_timeout);
+
+  auto memfd = shm::create_sealed_memfd("kvrelay-peer", begin.info.bytes);
+  if (!memfd) co_return outcome::failure(memfd.error());
+  auto mapping = shm::Mapping::map(memfd.value().get(), begin.info.bytes, true);
+  if (!mapping) co_return outcome::failure(mapping.error());
+  if (auto sent = co_await send_frame(connection, begin_ok, options.read_timeout); !sent) co_return sent;
+
+  XXH3_state_t* total = XXH3_createState();
+  if (total == nullptr) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> total_guard(total, &XXH3_freeState);
+  XXH3_64bits_reset(total);
+  const std::uint64_t chunks = begin.chunk_count();
+  std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
+  for (std::uint64_t index = 0; index < chunks; ++index) {
+    auto frame = co_await read_frame(connection, options.read_timeout, options.read_timeout);
+    if (!frame) co_return outcome::failure(frame.error());
+    if (frame.value().header.type == PeerMessage::kError) {
+      co_return outcome::failure(decode_peer_error(frame.value().payload));
+    }
+    if (frame.value().header.type != PeerMessage::kChunk) co_return fail(ErrorCode::kProtocol, "expected a chunk");
+    const std::uint64_t offset = index * begin.chunk_bytes;
+    const std::uint64_t expected = std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes - offset);
+    if (frame.value().header.length != kChunkHeaderBytes + expected) {
+      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} has {} bytes, expected {}", index,
+                                                       frame.value().header.length - kChunkHeaderBytes, expected));
+    }
+    if (auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes), options.read_timeout); !got) {
+      co_return got;
+    }
+    const auto chunk = decode_chunk_header(chunk_header_bytes);
+    if (chunk.transfer_id != begin.transfer_id || chunk.index != index) {
+      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} of transfer {} out of order", chunk.index,
+                                                       chunk.transfer_id));
+    }
+    std::byte* destination = mapping.value().data() + offset;
+    // Zero copy: the socket writes straight into the shared memory the entry will live in.
+    if (auto got = co_await read_exact(connection, asio::buffer(destination, expected), options.read_timeout); !got) {
+      co_return got;
+    }
+    const std::uint64_t actual = XXH3_64bits(destination, static_cast<std::size_t>(expected));
+    if (actual != chunk.checksum) {
+      co_return fail(ErrorCode::kChecksumMismatch,
+                     fmt::format("chunk {} checksum 0x{:016x} != 0x{:016x}", index, actual, chunk.checksum));
+    }
+    XXH3_64bits_update(total, destination, static_cast<std::size_t>(expected));
+    {
+      std::lock_guard lock(shared->mutex);
+      shared->counters.bytes_received += expected;
+    }
+    shm::ByteWriter ack;
+    ack.put(begin.transfer_id).put(static_cast<std::uint32_t>(index));
+    const auto ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
+    if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
+  }
+  const std::uint64_t digest = XXH3_64bits_digest(total);
+  if (digest != begin.info.checksum) {
+    co_return fail(ErrorCode::kChecksumMismatch,
+                   fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, begin.info.checksum));
+  }
+  mapping.value().reset();
+  if (auto sealed = shm::seal_contents(memfd.value().get()); !sealed) co_return sealed;
+  auto entry = std::make_shared<shm::StoredEntry>();
+  entry->info = begin.info;
+  entry->fd = std::move(memfd).value();
+  {
+    // Publish and remember the id under one lock, so a concurrent retry sees one or the other.
+    std::lock_guard lock(shared->mutex);
+    if (auto put = shared->store->put(begin.key, std::move(entry)); !put) co_return put;
+    shared->remember_committed(begin.transfer_id);
+    ++shared->counters.committed_transfers;
+    claim->mark_committed();
+  }
+  shm::ByteWriter done;
+  done.put(begin.transfer_id);
+  const auto committed_frame = encode_peer_frame(PeerMessage::kCommitted, done.bytes());
+  co_return co_await send_frame(connection, committed_frame, options.read_timeout);
+}
+
+// Serves one connection until it closes; any error ends the session. (Temporaries are never
+// passed into co_await expressions here: GCC 12 can destroy them twice.)
+asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& connection) {
+  const auto& options = shared->options;
+  auto hello = co_await read_frame(connection, options.handshake_timeout, options.handshake_timeout);
+  if (!hello) co_return outcome::failure(hello.error());
+  if (hello.value().header.type != PeerMessage::kHello) co_return fail(ErrorCode::kProtocol, "expected hello");
+  auto remote = decode_hello(hello.value().payload);
+  if (!remote) co_return outcome::failure(remote.error());
+  Hello mine;
+  mine.node_id = options.node_id;
+  if (!options.shm_socket.empty()) {
+    mine.capabilities |= kCapSharedMemory;
+    mine.shm_socket = options.shm_socket;
+  }
+  const auto hello_ok = encode_hello(PeerMessage::kHelloOk, mine);
+  if (auto sent = co_await send_frame(connection, hello_ok, options.read_timeout); !sent) co_return sent;
+  while (connection.socket.is_open()) {
+    auto frame = co_await read_frame(connection, options.idle_timeout, options.read_timeout);
+    if (!frame) {
+      // A close between frames is how a session normally ends: nothing to report.
+      if (frame.error().code == ErrorCode::kIo) co_return ok();
+      co_return outcome::failure(frame.error());
+    }
+    const auto& payload = frame.value().payload;
+    std::vector<std::byte> answer;
+    switch (frame.value().header.type) {
+      case PeerMessage::kPing:
+        if (payload.size() > 64) co_return fail(ErrorCode::kProtocol, "oversized ping");
+        answer = encode_peer_frame(PeerMessage::kPong, payload);
+        break;
+      case PeerMessage::kStats: {
+        PeerServerStats snapshot;
+        {
+          std::lock_guard lock(shared->mutex);
+          snapshot = shared->counters;
+        }
+        answer = encode_peer_stats(snapshot);
+        break;
+      }
+      case PeerMessage::kBegin: {
+        auto begin = decode_begin(payload);
+        if (!begin) co_return outcome::failure(begin.error());
+        auto received = co_await receive_transfer(shared, connection, begin.value());
+        if (!received) co_return received;
+        continue;
+      }
+      default:
+        co_return fail(ErrorCode::kProtocol, "unexpected peer message");
+    }
+    if (auto sent = co_await send_frame(connection, answer, options.read_timeout); !sent) co_return sent;
+  }
+  co_return ok();
+}
+
+asio::awaitable<void> run_session(SharedPtr shared, std::shared_ptr<PeerConnection> connection) {
+  const auto status = co_await session_body(shared, *connection);
+  if (!status && connection->socket.is_open()) {
+    spdlog::warn("peer session: {}", status.error().to_string());
+    const auto report = encode_peer_error(status.error());
+    const std::chrono::milliseconds grace(500);
+    [[maybe_unused]] const auto sent = co_await send_frame(*connection, report, grace);
+  } else if (!status) {
+    spdlog::warn("peer session: {}", status.error().to_string());
+  }
+  connection->close();
+}
+
+asio::awaitable<void> accept_loop(SharedPtr shared, asio::io_context& io) {
+  while (true) {
+    tcp::socket socket(asio::make_strand(io));
+    auto [ec] = co_await shared->acceptor->async_accept(socket, kNoThrow);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !shared->acceptor->is_open()) co_return;
+      spdlog::warn("peer accept: {}", ec.message());
+      continue;
+    }
+    tune_socket(socket);
+    auto connection = std::make_shared<PeerConnection>(std::move(socket));
+    {
+      std::lock_guard lock(shared->mutex);
+      if (shared->stopped) co_return;
+      ++shared->counters.sessions;
+      shared->sessions.insert(connection);
+    }
+    const auto executor = connection->socket.get_executor();
+    asio::co_spawn(executor, watchdog(connection), asio::detached);
+    asio::co_spawn(executor, run_session(shared, connection), [shared, connection](std::exception_ptr) {
+      std::lock_guard lock(shared->mutex);
+      shared->sessions.erase(connection);
+    });
+  }
+}
+
+}  // namespace
+
+PeerServer::PeerServer(asio::io_context& io, PeerServerOptions options, std::shared_ptr<shm::EntryStore> store)
+    : io_(io), shared_(std::make_shared<Shared>(std::move(options), std::move(store))) {}
+
+PeerServer::~PeerServer() { stop(); }
+
+Status PeerServer::listen(const HostPort& address) {
+  boost::system::error_code ec;
+  const auto ip = asio::ip::make_address(address.host, ec);
+  if (ec) return fail(ErrorCode::kInvalidArgument, fmt::format("peer listen address '{}': {}", address.host, ec.message()));
+  auto acceptor = std::make_unique<tcp::acceptor>(asio::make_strand(io_));
+  const tcp::endpoint endpoint(ip, address.port);
+  acceptor->open(endpoint.protocol(), ec);
+  if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor->bind(endpoint, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return fail(ErrorCode::kIo, fmt::format("peer listen {}: {}", address.to_string(), ec.message()));
+  shared_->acceptor = std::move(acceptor);
+  asio::co_spawn(shared_->acceptor->get_executor(), accept_loop(shared_, io_), asio::detached);
+  return ok();
+}
+
+tcp::endpoint PeerServer::local_endpoint() const {
+  boost::system::error_code ec;
+  return shared_->acceptor ? shared_->acceptor->local_endpoint(ec) : tcp::endpoint{};
+}
+
+void PeerServer::stop() {
+  std::vector<std::shared_ptr<PeerConnection>> open;
+  {
+    std::lock_guard lock(shared_->mutex);
+    if (shared_->stopped) return;
+    shared_->stopped = true;
+    for (const auto& weak : shared_->sessions) {
+      if (auto connection = weak.lock()) open.push_back(std::move(connection));
+    }
+  }
+  if (shared_->acceptor) {
+    asio::post(shared_->acceptor->get_executor(), [shared = shared_] {
+      boost::system::error_code ignored;
+      shared->acceptor->close(ignored);
+    });
+  }
+  for (auto& connection : open) {
+    asio::post(connection->socket.get_executor(), [connection] { connection->close(); });
+  }
+}
+
+PeerServerStats PeerServer::stats() const {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->counters;
+}
+
+}  // namespace kvrelay::proxy::peer

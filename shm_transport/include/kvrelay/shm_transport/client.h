@@ -1,0 +1,93 @@
+#pragma once
+
+// Worker-side client of the sidecar's data plane (C++). Engines that cannot link C++ use the
+// C ABI in kvrelay_client.h, which wraps this class.
+//
+// Publishing is two-phase: allocate() returns a writable shared region, the engine writes KV
+// into it in place, and commit() hands it back with its layout and checksum. The region is
+// unmapped before the commit is sent so the sidecar can seal it against writes.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/control_protocol.h"
+#include "kvrelay/shm_transport/entry.h"
+#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/shm_transport/spsc_ring.h"
+
+namespace kvrelay::shm {
+
+struct WritableRegion {
+  std::uint64_t id = 0;
+  UniqueFd fd;
+  Mapping mapping;
+  [[nodiscard]] std::span<std::byte> bytes() const { return mapping.bytes(); }
+};
+
+// A committed entry, mapped read-only; the fd is sealed against writes, so the bytes cannot
+// change under the reader.
+struct ReadOnlyEntry {
+  EntryInfo info;
+  UniqueFd fd;
+  Mapping mapping;
+  [[nodiscard]] std::span<const std::byte> bytes() const { return mapping.bytes(); }
+};
+
+class ShmClient {
+ public:
+  ShmClient() = default;
+  ShmClient(ShmClient&&) noexcept = default;
+  ShmClient& operator=(ShmClient&&) noexcept = default;
+  ~ShmClient();
+
+  [[nodiscard]] static Result<ShmClient> connect(const std::string& socket_path);
+
+  [[nodiscard]] Result<WritableRegion> allocate(std::uint64_t size);
+  // Hands over a memfd the client created itself (must carry F_SEAL_SHRINK | F_SEAL_GROW).
+  [[nodiscard]] Result<WritableRegion> attach(UniqueFd memfd);
+  // Unmaps the region, then asks the sidecar to validate and publish it. The region is
+  // consumed either way.
+  [[nodiscard]] Status commit(WritableRegion region, const EntryKey& key, const KvLayout& layout,
+                              std::uint64_t checksum);
+  [[nodiscard]] Status abort(WritableRegion region);
+  // allocate + copy (hashing while the data is in cache) + commit.
+  [[nodiscard]] Status publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes);
+  // kNotFound on a miss.
+  [[nodiscard]] Result<ReadOnlyEntry> lookup(const EntryKey& key);
+  [[nodiscard]] Result<ServerStats> stats();
+  [[nodiscard]] Result<std::vector<std::byte>> ping(std::span<const std::byte> payload);
+
+  // Small messages over the shared-memory ring (opened on first use).
+  [[nodiscard]] Status open_ring();
+  // Sends one message and waits for its answer; returns the answer's length in `answer`.
+  [[nodiscard]] Result<std::size_t> ring_call(std::span<const std::byte> message, std::span<std::byte> answer);
+
+  [[nodiscard]] int socket_fd() const { return socket_.get(); }
+
+ private:
+  struct Reply {
+    ControlFrame frame;
+    std::vector<std::byte> storage;
+    std::vector<UniqueFd> fds;
+  };
+  [[nodiscard]] Result<Reply> call(MessageType type, std::span<const std::byte> payload,
+                                   MessageType expected_reply, std::size_t expected_fds, std::span<const int> fds = {});
+
+  UniqueFd socket_;
+  std::uint32_t next_request_ = 1;
+  // Ring state (unique_ptr keeps the class movable; SpscRing points into ring_memory_).
+  Mapping ring_memory_;
+  std::optional<SpscRing> requests_;
+  std::optional<SpscRing> responses_;
+  UniqueFd wake_server_;
+  UniqueFd wake_client_;
+};
+
+// xxh3_64, the checksum every commit carries.
+[[nodiscard]] std::uint64_t checksum_bytes(std::span<const std::byte> bytes);
+
+}  // namespace kvrelay::shm

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "kvrelay/core/kv_layout.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/unique_fd.h"
+
+namespace kvrelay::shm {
+
+// What an entry is filed under: the model fingerprint id and a digest of the context (e.g.
+// the last block hash of its token chain).
+struct EntryKey {
+  std::uint64_t model_id = 0;
+  std::uint64_t context_hash = 0;
+  friend bool operator==(const EntryKey&, const EntryKey&) = default;
+};
+
+struct EntryKeyHash {
+  std::size_t operator()(const EntryKey& key) const noexcept {
+    return static_cast<std::size_t>(key.model_id * 0x9E3779B97F4A7C15ULL ^ key.context_hash);
+  }
+};
+
+// Metadata that travels with every entry. layout.layers == 0 marks an opaque blob (no KV
+// layout): the transports move any bytes; KV entries must match their layout exactly.
+struct EntryInfo {
+  KvLayout layout{};
+  std::uint64_t bytes = 0;
+  std::uint64_t checksum = 0;  // xxh3_64 of the bytes
+};
+
+// A committed entry: immutable bytes in a memfd sealed against writes and resizes.
+struct StoredEntry {
+  EntryInfo info;
+  UniqueFd fd;
+};
+
+// Opaque entries carry layers == 0; everything else must describe exactly `bytes`.
+[[nodiscard]] Status validate_entry_info(const EntryInfo& info);
+
+// Wire encodings shared by the control and peer protocols (see docs/wire-format.md).
+inline constexpr std::size_t kEncodedKeyBytes = 16;
+inline constexpr std::size_t kEncodedLayoutBytes = 24;
+void encode_key(ByteWriter& writer, const EntryKey& key);
+[[nodiscard]] std::optional<EntryKey> decode_key(ByteReader& reader);
+void encode_layout(ByteWriter& writer, const KvLayout& layout);
+// Fails on unknown dtypes or nonzero padding; structural checks are validate_entry_info's job.
+[[nodiscard]] Result<KvLayout> decode_layout(ByteReader& reader);
+
+}  // namespace kvrelay::shm

@@ -1,0 +1,58 @@
+#pragma once
+
+// Where committed entries live. The transports only ever call this interface, so the daemon
+// can put the real KV store (block index, utility-based eviction) behind it later.
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/entry.h"
+
+namespace kvrelay::shm {
+
+struct EntryStoreStats {
+  std::uint64_t entries = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t evictions = 0;
+};
+
+class EntryStore {
+ public:
+  virtual ~EntryStore() = default;
+  // Makes a committed entry visible. A later put under the same key replaces it.
+  [[nodiscard]] virtual Status put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) = 0;
+  // nullptr when absent.
+  [[nodiscard]] virtual std::shared_ptr<const StoredEntry> get(const EntryKey& key) = 0;
+  [[nodiscard]] virtual bool erase(const EntryKey& key) = 0;
+  [[nodiscard]] virtual EntryStoreStats stats() = 0;
+};
+
+// A byte-budgeted map; evicts least recently used entries when a put would exceed the budget.
+class InMemoryEntryStore final : public EntryStore {
+ public:
+  explicit InMemoryEntryStore(std::uint64_t byte_budget) : budget_(byte_budget) {}
+  [[nodiscard]] Status put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) override;
+  [[nodiscard]] std::shared_ptr<const StoredEntry> get(const EntryKey& key) override;
+  [[nodiscard]] bool erase(const EntryKey& key) override;
+  [[nodiscard]] EntryStoreStats stats() override;
+
+ private:
+  struct Slot {
+    std::shared_ptr<const StoredEntry> entry;
+    std::list<EntryKey>::iterator recency;
+  };
+  void erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found);
+
+  std::mutex mutex_;
+  std::uint64_t budget_;
+  std::uint64_t bytes_ = 0;
+  std::uint64_t evictions_ = 0;
+  std::list<EntryKey> recency_;  // front: most recently used
+  std::unordered_map<EntryKey, Slot, EntryKeyHash> entries_;
+};
+
+}  // namespace kvrelay::shm

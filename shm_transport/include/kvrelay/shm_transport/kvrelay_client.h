@@ -1,0 +1,95 @@
+/* C ABI of the kvrelay worker client (libkvrelay_client.so), for engines that cannot link C++
+ * and for Python via ctypes. Handles are opaque; every call returns KVRELAY_OK (0) or one of
+ * the error codes below (the same numbers as kvrelay::ErrorCode), and kvrelay_last_error()
+ * gives the message of the client's last failure. A handle is used by one thread at a time. */
+#ifndef KVRELAY_SHM_TRANSPORT_KVRELAY_CLIENT_H_
+#define KVRELAY_SHM_TRANSPORT_KVRELAY_CLIENT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVRELAY_CLIENT_ABI_VERSION 1
+
+enum {
+  KVRELAY_OK = 0,
+  KVRELAY_E_INVALID_ARGUMENT = 1,
+  KVRELAY_E_OVERFLOW = 2,
+  KVRELAY_E_OUT_OF_RANGE = 3,
+  KVRELAY_E_TRUNCATED = 4,
+  KVRELAY_E_BAD_MAGIC = 5,
+  KVRELAY_E_BAD_VERSION = 6,
+  KVRELAY_E_UNKNOWN_CODEC = 7,
+  KVRELAY_E_LAYOUT_MISMATCH = 8,
+  KVRELAY_E_CHECKSUM_MISMATCH = 9,
+  KVRELAY_E_CORRUPT = 10,
+  KVRELAY_E_NOT_FOUND = 11,
+  KVRELAY_E_ALREADY_EXISTS = 12,
+  KVRELAY_E_PERMISSION_DENIED = 13,
+  KVRELAY_E_RESOURCE_EXHAUSTED = 14,
+  KVRELAY_E_TIMEOUT = 15,
+  KVRELAY_E_IO = 16,
+  KVRELAY_E_PROTOCOL = 17,
+  KVRELAY_E_UNSUPPORTED = 18,
+  KVRELAY_E_CANCELLED = 19,
+  KVRELAY_E_INTERNAL = 20
+};
+
+typedef struct kvrelay_client kvrelay_client;
+typedef struct kvrelay_region kvrelay_region;
+typedef struct kvrelay_entry kvrelay_entry;
+
+typedef struct kvrelay_key {
+  uint64_t model_id;     /* ModelFingerprint::id() */
+  uint64_t context_hash; /* e.g. the last block hash of the context */
+} kvrelay_key;
+
+/* layers == 0 publishes opaque bytes; otherwise size must equal
+ * layers * 2 * tokens * kv_heads * head_dim * dtype size. dtype: 1 fp32, 2 fp16, 3 bf16. */
+typedef struct kvrelay_layout {
+  uint32_t layers;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+  uint32_t dtype;
+  uint64_t tokens;
+} kvrelay_layout;
+
+int kvrelay_abi_version(void);
+
+int kvrelay_client_connect(const char* socket_path, kvrelay_client** out);
+void kvrelay_client_close(kvrelay_client* client);
+/* Message of the last failed call on this client (valid until the next call), or "". */
+const char* kvrelay_last_error(const kvrelay_client* client);
+
+/* Two-phase publish: write into kvrelay_region_data(), then commit (or abort). Both consume
+ * the region handle whatever they return. */
+int kvrelay_region_alloc(kvrelay_client* client, uint64_t size, kvrelay_region** out);
+void* kvrelay_region_data(kvrelay_region* region);
+uint64_t kvrelay_region_size(const kvrelay_region* region);
+int kvrelay_region_commit(kvrelay_client* client, kvrelay_region* region, const kvrelay_key* key,
+                          const kvrelay_layout* layout);
+int kvrelay_region_abort(kvrelay_client* client, kvrelay_region* region);
+
+/* Copies `size` bytes into a fresh region and commits them. */
+int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
+                    const void* data, uint64_t size);
+
+/* KVRELAY_E_NOT_FOUND on a miss. The entry is a read-only mapping until released. */
+int kvrelay_lookup(kvrelay_client* client, const kvrelay_key* key, kvrelay_entry** out);
+const void* kvrelay_entry_data(const kvrelay_entry* entry);
+uint64_t kvrelay_entry_size(const kvrelay_entry* entry);
+void kvrelay_entry_layout(const kvrelay_entry* entry, kvrelay_layout* out);
+void kvrelay_entry_release(kvrelay_entry* entry);
+
+/* Small message round trip over the shared-memory ring; *answer_size gets the answer length. */
+int kvrelay_small_call(kvrelay_client* client, const void* message, size_t size, void* answer, size_t capacity,
+                       size_t* answer_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVRELAY_SHM_TRANSPORT_KVRELAY_CLIENT_H_ */

@@ -1,0 +1,91 @@
+#pragma once
+
+// The sidecar end of the worker data plane: a Unix SOCK_SEQPACKET listener that hands out
+// sealed memfd regions, validates commits, answers lookups and serves small messages over
+// shared-memory rings. One thread runs a poll loop over every connection.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/control_protocol.h"
+#include "kvrelay/shm_transport/entry_store.h"
+#include "kvrelay/shm_transport/spsc_ring.h"
+
+namespace kvrelay::shm {
+
+struct ShmServerOptions {
+  std::string socket_path;
+  std::string socket_group;                 // "" keeps mode 0600; a group name gives 0660 + chgrp
+  std::vector<std::uint32_t> allowed_uids;  // besides the daemon's own uid
+  std::uint64_t max_region_bytes = 64ULL << 30;
+  std::uint64_t max_pending_bytes_per_connection = 64ULL << 30;
+  std::uint32_t max_connections = 256;
+  RingGeometry ring{};
+};
+
+// Answers one small ring message; the default echoes it (a ping).
+using SmallMessageHandler = std::function<std::vector<std::byte>(std::span<const std::byte>)>;
+
+class ShmServer {
+ public:
+  ~ShmServer();
+  ShmServer(const ShmServer&) = delete;
+  ShmServer& operator=(const ShmServer&) = delete;
+
+  // Binds the socket (replacing a stale socket file, never any other file) and applies mode,
+  // group and uid policy. Does not start serving.
+  [[nodiscard]] static Result<std::unique_ptr<ShmServer>> listen(ShmServerOptions options,
+                                                                 std::shared_ptr<EntryStore> store);
+
+  void set_small_message_handler(SmallMessageHandler handler) { small_handler_ = std::move(handler); }
+
+  // Serves on the calling thread until stop().
+  void run();
+  // Serves on a background thread.
+  void start();
+  // Thread-safe; returns once the loop has exited (when started with start()).
+  void stop();
+
+  [[nodiscard]] ServerStats stats() const;
+  [[nodiscard]] const std::string& socket_path() const { return options_.socket_path; }
+
+ private:
+  struct Connection;
+  ShmServer(ShmServerOptions options, std::shared_ptr<EntryStore> store);
+
+  void accept_connections();
+  // false: drop the connection.
+  bool serve_connection(Connection& connection);
+  bool serve_ring(Connection& connection);
+  void handle_frame(Connection& connection, const ControlFrame& frame, std::vector<UniqueFd>& fds,
+                    std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
+  [[nodiscard]] Result<std::vector<std::byte>> handle_commit(Connection& connection, const ControlFrame& frame);
+  void close_connection(std::size_t index);
+  [[nodiscard]] bool uid_allowed(std::uint32_t uid) const;
+
+  ShmServerOptions options_;
+  std::shared_ptr<EntryStore> store_;
+  SmallMessageHandler small_handler_;
+  UniqueFd listen_fd_;
+  UniqueFd stop_fd_;  // eventfd that wakes the poll loop for stop()
+  std::vector<std::unique_ptr<Connection>> connections_;
+  std::thread thread_;
+  std::uint64_t next_region_id_ = 1;
+
+  std::atomic<std::uint64_t> connections_count_{0};
+  std::atomic<std::uint64_t> pending_regions_{0};
+  std::atomic<std::uint64_t> pending_bytes_{0};
+  std::atomic<std::uint64_t> commits_{0};
+  std::atomic<std::uint64_t> rejected_{0};
+  std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> open_rings_{0};
+};
+
+}  // namespace kvrelay::shm

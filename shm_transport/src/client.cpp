@@ -1,0 +1,238 @@
+#include "kvrelay/shm_transport/client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/fd_passing.h"
+
+namespace kvrelay::shm {
+
+namespace {
+
+constexpr std::uint32_t kClientProtocolVersion = 1;
+constexpr int kReplyTimeoutSeconds = 60;
+// Busy-polls this many times for a ring answer before sleeping on the eventfd: a round trip
+// is a few microseconds, a wake-up through the scheduler costs more.
+constexpr int kRingSpins = 20000;
+
+}  // namespace
+
+std::uint64_t checksum_bytes(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+ShmClient::~ShmClient() = default;
+
+Result<ShmClient> ShmClient::connect(const std::string& socket_path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (socket_path.empty() || socket_path.size() >= sizeof(address.sun_path)) {
+    return fail(ErrorCode::kInvalidArgument, "bad unix socket path");
+  }
+  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  ShmClient client;
+  client.socket_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!client.socket_) return fail(ErrorCode::kIo, fmt::format("socket: {}", std::strerror(errno)));
+  if (::connect(client.socket_.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    return fail(ErrorCode::kIo, fmt::format("connect {}: {}", socket_path, std::strerror(errno)));
+  }
+  timeval timeout{kReplyTimeoutSeconds, 0};
+  ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ByteWriter hello;
+  hello.put(kClientProtocolVersion);
+  KVRELAY_TRY(client.call(MessageType::kHello, hello.bytes(), MessageType::kHelloOk, 0));
+  return client;
+}
+
+Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::byte> payload,
+                                         MessageType expected_reply, std::size_t expected_fds, std::span<const int> fds) {
+  if (!socket_) return fail(ErrorCode::kInvalidArgument, "client is not connected");
+  const std::uint32_t request_id = next_request_++;
+  auto sent = send_message(socket_.get(), encode_frame(type, request_id, payload), fds);
+  if (!sent) {
+    // A sidecar that refuses us (uid policy) says why and hangs up before our request lands.
+    pollfd readable{socket_.get(), POLLIN, 0};
+    if (sent.error().code != ErrorCode::kIo || ::poll(&readable, 1, 0) != 1) return outcome::failure(sent.error());
+  }
+  KVRELAY_TRY(auto received, receive_message(socket_.get()));
+  if (received.closed) return fail(ErrorCode::kIo, "sidecar closed the connection");
+  Reply reply;
+  reply.storage = std::move(received.bytes);
+  reply.fds = std::move(received.fds);
+  KVRELAY_TRY(auto frame, decode_frame(reply.storage));
+  reply.frame = frame;
+  if (reply.frame.type == MessageType::kError) return outcome::failure(decode_error(reply.frame.payload));
+  if (reply.frame.type != expected_reply) return fail(ErrorCode::kProtocol, "unexpected reply type");
+  if (reply.frame.request_id != request_id) return fail(ErrorCode::kProtocol, "reply for another request");
+  if (reply.fds.size() != expected_fds) return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
+  return reply;
+}
+
+Result<WritableRegion> ShmClient::allocate(std::uint64_t size) {
+  ByteWriter request;
+  request.put(size);
+  KVRELAY_TRY(auto reply, call(MessageType::kAllocRegion, request.bytes(), MessageType::kRegion, 1));
+  ByteReader reader(reply.frame.payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto granted = reader.get<std::uint64_t>();
+  if (!granted || *granted != size) return fail(ErrorCode::kProtocol, "malformed region reply");
+  KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), size));
+  WritableRegion region;
+  region.id = *id;
+  region.fd = std::move(reply.fds[0]);
+  KVRELAY_TRY(auto mapping, Mapping::map(region.fd.get(), size, true));
+  region.mapping = std::move(mapping);
+  return region;
+}
+
+Result<WritableRegion> ShmClient::attach(UniqueFd memfd) {
+  struct stat info {};
+  if (::fstat(memfd.get(), &info) != 0) return fail(ErrorCode::kInvalidArgument, "cannot stat memfd");
+  const auto size = static_cast<std::uint64_t>(info.st_size);
+  ByteWriter request;
+  request.put(size);
+  const int fds[] = {memfd.get()};
+  KVRELAY_TRY(auto reply, call(MessageType::kAttachRegion, request.bytes(), MessageType::kRegionAttached, 0, fds));
+  ByteReader reader(reply.frame.payload);
+  const auto id = reader.get<std::uint64_t>();
+  if (!id) return fail(ErrorCode::kProtocol, "malformed attach reply");
+  WritableRegion region;
+  region.id = *id;
+  region.fd = std::move(memfd);
+  KVRELAY_TRY(auto mapping, Mapping::map(region.fd.get(), size, true));
+  region.mapping = std::move(mapping);
+  return region;
+}
+
+Status ShmClient::commit(WritableRegion region, const EntryKey& key, const KvLayout& layout, std::uint64_t checksum) {
+  const std::uint64_t size = region.mapping.size() != 0 ? region.mapping.size() : 0;
+  region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
+  ByteWriter request;
+  request.put(region.id);
+  encode_key(request, key);
+  encode_layout(request, layout);
+  request.put(size).put(checksum);
+  KVRELAY_TRY(call(MessageType::kCommit, request.bytes(), MessageType::kCommitted, 0));
+  return ok();
+}
+
+Status ShmClient::abort(WritableRegion region) {
+  region.mapping.reset();
+  ByteWriter request;
+  request.put(region.id);
+  KVRELAY_TRY(call(MessageType::kAbort, request.bytes(), MessageType::kAborted, 0));
+  return ok();
+}
+
+Status ShmClient::publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes) {
+  KVRELAY_TRY(auto region, allocate(bytes.size()));
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  XXH3_64bits_reset(state);
+  // Copy in cache-sized pieces and hash each piece right after copying it, while it is hot.
+  constexpr std::size_t kPiece = 256 * 1024;
+  std::byte* destination = region.mapping.data();
+  for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
+    const std::size_t length = std::min(kPiece, bytes.size() - offset);
+    std::memcpy(destination + offset, bytes.data() + offset, length);
+    XXH3_64bits_update(state, destination + offset, length);
+  }
+  const std::uint64_t checksum = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return commit(std::move(region), key, layout, checksum);
+}
+
+Result<ReadOnlyEntry> ShmClient::lookup(const EntryKey& key) {
+  ByteWriter request;
+  encode_key(request, key);
+  KVRELAY_TRY(auto reply, call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1));
+  ByteReader reader(reply.frame.payload);
+  KVRELAY_TRY(const auto layout, decode_layout(reader));
+  const auto bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  if (!checksum || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed entry reply");
+  ReadOnlyEntry entry;
+  entry.info = EntryInfo{layout, *bytes, *checksum};
+  KVRELAY_TRY(validate_entry_info(entry.info));
+  KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), 0));
+  KVRELAY_TRY(const unsigned seals, get_seals(reply.fds[0].get()));
+  if ((seals & 0x0008U) == 0) return fail(ErrorCode::kPermissionDenied, "entry memfd is not sealed against writes");
+  entry.fd = std::move(reply.fds[0]);
+  struct stat info {};
+  if (::fstat(entry.fd.get(), &info) != 0 || static_cast<std::uint64_t>(info.st_size) != entry.info.bytes) {
+    return fail(ErrorCode::kCorrupt, "entry memfd size differs from its metadata");
+  }
+  KVRELAY_TRY(auto mapping, Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  entry.mapping = std::move(mapping);
+  return entry;
+}
+
+Result<ServerStats> ShmClient::stats() {
+  KVRELAY_TRY(auto reply, call(MessageType::kStats, {}, MessageType::kStatsReply, 0));
+  return decode_stats(reply.frame.payload);
+}
+
+Result<std::vector<std::byte>> ShmClient::ping(std::span<const std::byte> payload) {
+  KVRELAY_TRY(auto reply, call(MessageType::kPing, payload, MessageType::kPong, 0));
+  return std::vector<std::byte>(reply.frame.payload.begin(), reply.frame.payload.end());
+}
+
+Status ShmClient::open_ring() {
+  if (requests_) return ok();
+  KVRELAY_TRY(auto reply, call(MessageType::kOpenRing, {}, MessageType::kRingOpened, 3));
+  ByteReader reader(reply.frame.payload);
+  const auto slots = reader.get<std::uint32_t>();
+  const auto slot_bytes = reader.get<std::uint32_t>();
+  if (!slot_bytes || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed ring reply");
+  const RingGeometry geometry{*slots, *slot_bytes};
+  KVRELAY_TRY(geometry.validate());
+  KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), 2 * geometry.ring_bytes()));
+  KVRELAY_TRY(auto mapping, Mapping::map(reply.fds[0].get(), 2 * geometry.ring_bytes(), true));
+  ring_memory_ = std::move(mapping);
+  requests_.emplace(ring_memory_.data(), geometry);
+  responses_.emplace(ring_memory_.data() + geometry.ring_bytes(), geometry);
+  KVRELAY_TRY(requests_->check_header());
+  KVRELAY_TRY(responses_->check_header());
+  wake_server_ = std::move(reply.fds[1]);
+  wake_client_ = std::move(reply.fds[2]);
+  return ok();
+}
+
+Result<std::size_t> ShmClient::ring_call(std::span<const std::byte> message, std::span<std::byte> answer) {
+  KVRELAY_TRY(open_ring());
+  KVRELAY_TRY(const bool pushed, requests_->push(message));
+  if (!pushed) return fail(ErrorCode::kResourceExhausted, "request ring full");
+  const std::uint64_t one = 1;
+  if (::write(wake_server_.get(), &one, sizeof(one)) != sizeof(one)) return fail(ErrorCode::kIo, "eventfd write");
+  for (int spin = 0;; ++spin) {
+    KVRELAY_TRY(const auto popped, responses_->pop(answer));
+    if (popped) {
+      if (spin >= kRingSpins) {
+        std::uint64_t drained = 0;  // consume the wake-up we were waiting on, if it is there
+        pollfd ready{wake_client_.get(), POLLIN, 0};
+        if (::poll(&ready, 1, 0) == 1) (void)::read(wake_client_.get(), &drained, sizeof(drained));
+      }
+      return *popped;
+    }
+    if (spin >= kRingSpins) {
+      pollfd waits[2] = {{wake_client_.get(), POLLIN, 0}, {socket_.get(), POLLIN, 0}};
+      const int ready = ::poll(waits, 2, kReplyTimeoutSeconds * 1000);
+      if (ready == 0) return fail(ErrorCode::kTimeout, "no ring answer");
+      if ((waits[1].revents & (POLLHUP | POLLIN)) != 0 && (waits[0].revents & POLLIN) == 0) {
+        return fail(ErrorCode::kIo, "sidecar closed the connection");
+      }
+      std::uint64_t drained = 0;
+      (void)::read(wake_client_.get(), &drained, sizeof(drained));
+    }
+  }
+}
+
+}  // namespace kvrelay::shm

@@ -1,0 +1,64 @@
+#include "kvrelay/shm_transport/entry.h"
+
+#include <fmt/format.h>
+
+namespace kvrelay::shm {
+
+Status validate_entry_info(const EntryInfo& info) {
+  if (info.layout.layers == 0) {
+    if (info.layout.kv_heads != 0 || info.layout.head_dim != 0 || info.layout.tokens != 0) {
+      return fail(ErrorCode::kLayoutMismatch, "opaque entry (0 layers) with nonzero shape fields");
+    }
+    return ok();
+  }
+  KVRELAY_TRY(info.layout.validate());
+  KVRELAY_TRY(const auto total, info.layout.total_bytes());
+  if (total != info.bytes) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("layout {} needs {} bytes, entry has {}", info.layout.describe(), total, info.bytes));
+  }
+  return ok();
+}
+
+void encode_key(ByteWriter& writer, const EntryKey& key) { writer.put(key.model_id).put(key.context_hash); }
+
+std::optional<EntryKey> decode_key(ByteReader& reader) {
+  const auto model = reader.get<std::uint64_t>();
+  const auto context = reader.get<std::uint64_t>();
+  if (!model || !context) return std::nullopt;
+  return EntryKey{*model, *context};
+}
+
+void encode_layout(ByteWriter& writer, const KvLayout& layout) {
+  writer.put(layout.layers).put(layout.kv_heads).put(layout.head_dim);
+  writer.put(static_cast<std::uint8_t>(layout.layers == 0 ? 0 : static_cast<std::uint8_t>(layout.dtype)));
+  writer.put(std::uint8_t{0}).put(std::uint16_t{0});
+  writer.put(layout.tokens);
+}
+
+Result<KvLayout> decode_layout(ByteReader& reader) {
+  const auto layers = reader.get<std::uint32_t>();
+  const auto heads = reader.get<std::uint32_t>();
+  const auto dim = reader.get<std::uint32_t>();
+  const auto dtype = reader.get<std::uint8_t>();
+  const auto pad1 = reader.get<std::uint8_t>();
+  const auto pad2 = reader.get<std::uint16_t>();
+  const auto tokens = reader.get<std::uint64_t>();
+  if (!tokens) return fail(ErrorCode::kTruncated, "layout truncated");
+  if (*pad1 != 0 || *pad2 != 0) return fail(ErrorCode::kProtocol, "layout padding must be zero");
+  KvLayout layout;
+  layout.layers = *layers;
+  layout.kv_heads = *heads;
+  layout.head_dim = *dim;
+  layout.tokens = *tokens;
+  if (*layers == 0) {
+    if (*dtype != 0) return fail(ErrorCode::kProtocol, "opaque entry with a dtype");
+    return layout;
+  }
+  const auto parsed = dtype_from_wire(*dtype);
+  if (!parsed) return fail(ErrorCode::kProtocol, fmt::format("unknown dtype {}", *dtype));
+  layout.dtype = *parsed;
+  return layout;
+}
+
+}  // namespace kvrelay::shm

@@ -1,0 +1,52 @@
+#include "kvrelay/shm_transport/entry_store.h"
+
+#include <fmt/format.h>
+
+namespace kvrelay::shm {
+
+Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) {
+  if (!entry) return fail(ErrorCode::kInvalidArgument, "null entry");
+  const std::uint64_t size = entry->info.bytes;
+  std::lock_guard lock(mutex_);
+  if (size > budget_) {
+    return fail(ErrorCode::kResourceExhausted, fmt::format("entry of {} bytes exceeds the store budget {}", size, budget_));
+  }
+  if (auto found = entries_.find(key); found != entries_.end()) erase_locked(found);
+  while (bytes_ + size > budget_ && !recency_.empty()) {
+    erase_locked(entries_.find(recency_.back()));
+    ++evictions_;
+  }
+  recency_.push_front(key);
+  entries_.emplace(key, Slot{std::move(entry), recency_.begin()});
+  bytes_ += size;
+  return ok();
+}
+
+std::shared_ptr<const StoredEntry> InMemoryEntryStore::get(const EntryKey& key) {
+  std::lock_guard lock(mutex_);
+  const auto found = entries_.find(key);
+  if (found == entries_.end()) return nullptr;
+  recency_.splice(recency_.begin(), recency_, found->second.recency);
+  return found->second.entry;
+}
+
+bool InMemoryEntryStore::erase(const EntryKey& key) {
+  std::lock_guard lock(mutex_);
+  const auto found = entries_.find(key);
+  if (found == entries_.end()) return false;
+  erase_locked(found);
+  return true;
+}
+
+EntryStoreStats InMemoryEntryStore::stats() {
+  std::lock_guard lock(mutex_);
+  return {entries_.size(), bytes_, evictions_};
+}
+
+void InMemoryEntryStore::erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found) {
+  bytes_ -= found->second.entry->info.bytes;
+  recency_.erase(found->second.recency);
+  entries_.erase(found);
+}
+
+}  // namespace kvrelay::shm

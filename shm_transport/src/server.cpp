@@ -1,0 +1,456 @@
+#include "kvrelay/shm_transport/server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/fd_passing.h"
+#include "kvrelay/shm_transport/memfd.h"
+
+namespace kvrelay::shm {
+
+namespace {
+
+constexpr std::uint32_t kServerProtocolVersion = 1;
+
+struct Region {
+  UniqueFd fd;
+  std::uint64_t size = 0;
+};
+
+Result<sockaddr_un> socket_address(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("unix socket path '{}' is empty or too long", path));
+  }
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  return address;
+}
+
+// Tells a refused client why, then hangs up without leaving its requests unread: closing a
+// Unix socket with unread data makes the peer's recv fail with ECONNRESET before it can read
+// our explanation. Shutting down first makes later client sends fail with EPIPE instead.
+void refuse_connection(UniqueFd& client, const Error& error) {
+  (void)send_message(client.get(), encode_error(0, error));
+  ::shutdown(client.get(), SHUT_RDWR);
+  while (true) {
+    auto drained = receive_message(client.get());  // non-blocking socket; closes any fds
+    if (!drained || drained.value().closed) break;
+  }
+}
+
+}  // namespace
+
+struct ShmServer::Connection {
+  UniqueFd socket;
+  std::uint32_t uid = 0;
+  std::int32_t pid = 0;
+  std::map<std::uint64_t, Region> regions;
+  std::uint64_t pending_bytes = 0;
+  // Small-message ring pair, once opened: requests flow client -> server in `requests`.
+  Mapping ring_memory;
+  std::optional<SpscRing> requests;
+  std::optional<SpscRing> responses;
+  UniqueFd wake_server;  // client writes after pushing a request
+  UniqueFd wake_client;  // we write after pushing a response
+};
+
+ShmServer::ShmServer(ShmServerOptions options, std::shared_ptr<EntryStore> store)
+    : options_(std::move(options)), store_(std::move(store)) {
+  small_handler_ = [](std::span<const std::byte> message) {
+    return std::vector<std::byte>(message.begin(), message.end());
+  };
+}
+
+ShmServer::~ShmServer() {
+  stop();
+  if (listen_fd_) ::unlink(options_.socket_path.c_str());
+}
+
+Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, std::shared_ptr<EntryStore> store) {
+  if (!store) return fail(ErrorCode::kInvalidArgument, "shm server needs an entry store");
+  KVRELAY_TRY(options.ring.validate());
+  KVRELAY_TRY(const auto address, socket_address(options.socket_path));
+  std::unique_ptr<ShmServer> server(new ShmServer(std::move(options), std::move(store)));
+  const std::string& path = server->options_.socket_path;
+
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0) {
+    if (!S_ISSOCK(existing.st_mode)) {
+      return fail(ErrorCode::kAlreadyExists, fmt::format("{} exists and is not a socket; refusing to replace it", path));
+    }
+    ::unlink(path.c_str());
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return fail(ErrorCode::kIo, fmt::format("socket: {}", std::strerror(errno)));
+  // The file must never exist with a wider mode than ours, not even between bind and chmod.
+  const mode_t previous_mask = ::umask(0177);
+  const int bound = ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  const int bind_errno = errno;
+  ::umask(previous_mask);
+  if (bound != 0) return fail(ErrorCode::kIo, fmt::format("bind {}: {}", path, std::strerror(bind_errno)));
+  server->listen_fd_ = std::move(fd);  // from here on the destructor unlinks the path
+  if (!server->options_.socket_group.empty()) {
+    const group* entry = ::getgrnam(server->options_.socket_group.c_str());
+    if (entry == nullptr) {
+      return fail(ErrorCode::kInvalidArgument, fmt::format("unknown group '{}'", server->options_.socket_group));
+    }
+    if (::chown(path.c_str(), static_cast<uid_t>(-1), entry->gr_gid) != 0 || ::chmod(path.c_str(), 0660) != 0) {
+      return fail(ErrorCode::kPermissionDenied, fmt::format("cannot give {} to group {}: {}", path,
+                                                            server->options_.socket_group, std::strerror(errno)));
+    }
+  }
+  if (::listen(server->listen_fd_.get(), 64) != 0) {
+    return fail(ErrorCode::kIo, fmt::format("listen {}: {}", path, std::strerror(errno)));
+  }
+  server->stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!server->stop_fd_) return fail(ErrorCode::kIo, "eventfd failed");
+  return server;
+}
+
+void ShmServer::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void ShmServer::stop() {
+  if (stop_fd_) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto written = ::write(stop_fd_.get(), &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+bool ShmServer::uid_allowed(std::uint32_t uid) const {
+  if (uid == ::geteuid()) return true;
+  return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) != options_.allowed_uids.end();
+}
+
+ServerStats ShmServer::stats() const {
+  ServerStats stats;
+  stats.connections = connections_count_.load();
+  stats.pending_regions = pending_regions_.load();
+  stats.pending_bytes = pending_bytes_.load();
+  const auto store_stats = store_->stats();
+  stats.entries = store_stats.entries;
+  stats.entry_bytes = store_stats.bytes;
+  stats.commits = commits_.load();
+  stats.rejected_messages = rejected_.load();
+  stats.refused_connections = refused_.load();
+  stats.open_rings = open_rings_.load();
+  return stats;
+}
+
+void ShmServer::run() {
+  std::vector<pollfd> polled;
+  // Which connection each pollfd after the first two belongs to, and whether it is the ring wake fd.
+  std::vector<std::pair<Connection*, bool>> owners;
+  while (true) {
+    polled.clear();
+    owners.clear();
+    polled.push_back({stop_fd_.get(), POLLIN, 0});
+    polled.push_back({listen_fd_.get(), POLLIN, 0});
+    for (auto& connection : connections_) {
+      polled.push_back({connection->socket.get(), POLLIN, 0});
+      owners.emplace_back(connection.get(), false);
+      if (connection->wake_server) {
+        polled.push_back({connection->wake_server.get(), POLLIN, 0});
+        owners.emplace_back(connection.get(), true);
+      }
+    }
+    const int ready = ::poll(polled.data(), polled.size(), -1);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("shm server poll: {}", std::strerror(errno));
+      return;
+    }
+    if ((polled[0].revents & POLLIN) != 0) return;
+    if ((polled[1].revents & POLLIN) != 0) accept_connections();
+    std::vector<Connection*> dropped;
+    for (std::size_t index = 2; index < polled.size(); ++index) {
+      if (polled[index].revents == 0) continue;
+      auto [connection, is_ring] = owners[index - 2];
+      if (std::find(dropped.begin(), dropped.end(), connection) != dropped.end()) continue;
+      const bool keep = is_ring ? serve_ring(*connection) : serve_connection(*connection);
+      if (!keep) dropped.push_back(connection);
+    }
+    for (Connection* connection : dropped) {
+      const auto found = std::find_if(connections_.begin(), connections_.end(),
+                                      [&](const auto& candidate) { return candidate.get() == connection; });
+      close_connection(static_cast<std::size_t>(found - connections_.begin()));
+    }
+  }
+}
+
+void ShmServer::accept_connections() {
+  while (true) {
+    UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!client) return;
+    ucred credentials{};
+    socklen_t length = sizeof(credentials);
+    if (::getsockopt(client.get(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0 ||
+        !uid_allowed(credentials.uid)) {
+      ++refused_;
+      spdlog::warn("shm: refused connection from uid {} pid {}", credentials.uid, credentials.pid);
+      refuse_connection(client, Error{ErrorCode::kPermissionDenied, "uid not allowed by listen.allowed_uids"});
+      continue;
+    }
+    if (connections_.size() >= options_.max_connections) {
+      ++refused_;
+      refuse_connection(client, Error{ErrorCode::kResourceExhausted, "too many connections"});
+      continue;
+    }
+    auto connection = std::make_unique<Connection>();
+    connection->socket = std::move(client);
+    connection->uid = credentials.uid;
+    connection->pid = credentials.pid;
+    connections_.push_back(std::move(connection));
+    ++connections_count_;
+  }
+}
+
+void ShmServer::close_connection(std::size_t index) {
+  Connection& connection = *connections_[index];
+  // Uncommitted regions die with their connection: this is what reclaims a crashed writer's memory.
+  pending_regions_ -= connection.regions.size();
+  pending_bytes_ -= connection.pending_bytes;
+  if (connection.wake_server) --open_rings_;
+  connections_.erase(connections_.begin() + static_cast<std::ptrdiff_t>(index));
+  --connections_count_;
+}
+
+bool ShmServer::serve_connection(Connection& connection) {
+  auto received = receive_message(connection.socket.get());
+  if (!received) {
+    ++rejected_;
+    spdlog::debug("shm: pid {}: {}", connection.pid, received.error().to_string());
+    // The datagram is consumed and its fds closed; tell the client and keep the connection.
+    const auto reply = encode_error(0, received.error());
+    return send_message(connection.socket.get(), reply).has_value();
+  }
+  if (received.value().closed) return false;
+  std::vector<std::byte> reply;
+  std::vector<int> reply_fds;
+  UniqueFd owned;
+  auto frame = decode_frame(received.value().bytes);
+  if (!frame) {
+    ++rejected_;
+    reply = encode_error(0, frame.error());
+  } else {
+    handle_frame(connection, frame.value(), received.value().fds, reply, reply_fds, owned);
+  }
+  return send_message(connection.socket.get(), reply, reply_fds).has_value();
+}
+
+void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, std::vector<UniqueFd>& fds,
+                             std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
+  const auto id = frame.request_id;
+  auto refuse = [&](ErrorCode code, std::string message) {
+    ++rejected_;
+    reply = encode_error(id, Error{code, std::move(message)});
+  };
+  const bool takes_fd = frame.type == MessageType::kAttachRegion;
+  if (!takes_fd && !fds.empty()) return refuse(ErrorCode::kProtocol, "unexpected fds attached");
+  ByteReader reader(frame.payload);
+  switch (frame.type) {
+    case MessageType::kHello: {
+      const auto version = reader.get<std::uint32_t>();
+      if (!version || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed hello");
+      if (*version < 1) return refuse(ErrorCode::kBadVersion, "client protocol version 0");
+      ByteWriter out;
+      out.put(kServerProtocolVersion).put(static_cast<std::uint32_t>(kMaxFdsPerMessage)).put(options_.max_region_bytes);
+      reply = encode_frame(MessageType::kHelloOk, id, out.bytes());
+      return;
+    }
+    case MessageType::kAllocRegion:
+    case MessageType::kAttachRegion: {
+      const auto size = reader.get<std::uint64_t>();
+      if (!size || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed region request");
+      if (*size > options_.max_region_bytes) {
+        return refuse(ErrorCode::kResourceExhausted, fmt::format("region of {} bytes exceeds the limit", *size));
+      }
+      if (connection.pending_bytes + *size > options_.max_pending_bytes_per_connection) {
+        return refuse(ErrorCode::kResourceExhausted, "too many uncommitted bytes on this connection");
+      }
+      Region region;
+      region.size = *size;
+      if (takes_fd) {
+        if (fds.size() != 1) return refuse(ErrorCode::kProtocol, fmt::format("attach needs 1 fd, got {}", fds.size()));
+        auto checked = check_sealed_memfd(fds[0].get(), 0);
+        if (!checked) return refuse(checked.error().code, checked.error().message);
+        if (checked.value() != *size) {
+          return refuse(ErrorCode::kInvalidArgument,
+                        fmt::format("memfd holds {} bytes, message says {}", checked.value(), *size));
+        }
+        region.fd = std::move(fds[0]);
+      } else {
+        auto created = create_sealed_memfd("kvrelay-region", *size);
+        if (!created) return refuse(created.error().code, created.error().message);
+        region.fd = std::move(created).value();
+        reply_fds.push_back(region.fd.get());
+      }
+      const std::uint64_t region_id = next_region_id_++;
+      connection.pending_bytes += *size;
+      pending_bytes_ += *size;
+      ++pending_regions_;
+      connection.regions.emplace(region_id, std::move(region));
+      ByteWriter out;
+      out.put(region_id).put(*size);
+      reply = encode_frame(takes_fd ? MessageType::kRegionAttached : MessageType::kRegion, id, out.bytes());
+      return;
+    }
+    case MessageType::kCommit: {
+      auto committed = handle_commit(connection, frame);
+      if (!committed) return refuse(committed.error().code, committed.error().message);
+      reply = std::move(committed).value();
+      return;
+    }
+    case MessageType::kAbort: {
+      const auto region_id = reader.get<std::uint64_t>();
+      if (!region_id || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed abort");
+      const auto found = connection.regions.find(*region_id);
+      if (found == connection.regions.end()) return refuse(ErrorCode::kNotFound, "no such region");
+      connection.pending_bytes -= found->second.size;
+      pending_bytes_ -= found->second.size;
+      --pending_regions_;
+      connection.regions.erase(found);
+      reply = encode_frame(MessageType::kAborted, id, {});
+      return;
+    }
+    case MessageType::kLookup: {
+      const auto key = decode_key(reader);
+      if (!key || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed lookup");
+      auto entry = store_->get(*key);
+      if (!entry) return refuse(ErrorCode::kNotFound, "no entry for this key");
+      ByteWriter out;
+      encode_layout(out, entry->info.layout);
+      out.put(entry->info.bytes).put(entry->info.checksum);
+      reply = encode_frame(MessageType::kEntry, id, out.bytes());
+      // The kernel duplicates the descriptor into the client; ours stays with the store.
+      reply_owned_fd.reset(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
+      if (!reply_owned_fd) return refuse(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
+      reply_fds.push_back(reply_owned_fd.get());
+      return;
+    }
+    case MessageType::kStats: {
+      if (reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed stats request");
+      reply = encode_frame(MessageType::kStatsReply, id, encode_stats(stats()));
+      return;
+    }
+    case MessageType::kOpenRing: {
+      if (reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed open-ring request");
+      if (connection.wake_server) return refuse(ErrorCode::kAlreadyExists, "ring already open on this connection");
+      const std::uint64_t ring_bytes = options_.ring.ring_bytes();
+      auto memory = create_sealed_memfd("kvrelay-ring", 2 * ring_bytes);
+      if (!memory) return refuse(memory.error().code, memory.error().message);
+      auto mapping = Mapping::map(memory.value().get(), 2 * ring_bytes, true);
+      if (!mapping) return refuse(mapping.error().code, mapping.error().message);
+      UniqueFd wake_server(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+      UniqueFd wake_client(::eventfd(0, EFD_CLOEXEC));
+      if (!wake_server || !wake_client) return refuse(ErrorCode::kResourceExhausted, "eventfd failed");
+      connection.ring_memory = std::move(mapping).value();
+      connection.requests.emplace(connection.ring_memory.data(), options_.ring);
+      connection.responses.emplace(connection.ring_memory.data() + ring_bytes, options_.ring);
+      connection.requests->initialize();
+      connection.responses->initialize();
+      reply_owned_fd = std::move(memory).value();
+      reply_fds = {reply_owned_fd.get(), wake_server.get(), wake_client.get()};
+      connection.wake_server = std::move(wake_server);
+      connection.wake_client = std::move(wake_client);
+      ++open_rings_;
+      ByteWriter out;
+      out.put(options_.ring.slots).put(options_.ring.slot_bytes);
+      reply = encode_frame(MessageType::kRingOpened, id, out.bytes());
+      return;
+    }
+    case MessageType::kPing:
+      reply = encode_frame(MessageType::kPong, id, frame.payload);
+      return;
+    default:
+      return refuse(ErrorCode::kProtocol, "not a request type");
+  }
+}
+
+Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, const ControlFrame& frame) {
+  ByteReader reader(frame.payload);
+  const auto region_id = reader.get<std::uint64_t>();
+  const auto key = decode_key(reader);
+  if (!region_id || !key) return fail(ErrorCode::kTruncated, "commit truncated");
+  KVRELAY_TRY(const auto layout, decode_layout(reader));
+  const auto bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  if (!checksum || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed commit");
+  const auto found = connection.regions.find(*region_id);
+  if (found == connection.regions.end()) return fail(ErrorCode::kNotFound, "no such region on this connection");
+  // A commit consumes its region whatever the outcome (after F_SEAL_WRITE it could not be
+  // written again anyway), so a failed commit never strands memory.
+  Region region = std::move(found->second);
+  connection.regions.erase(found);
+  connection.pending_bytes -= region.size;
+  pending_bytes_ -= region.size;
+  --pending_regions_;
+  const EntryInfo info{layout, *bytes, *checksum};
+  KVRELAY_TRY(validate_entry_info(info));
+  if (info.bytes != region.size) {
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
+  }
+  KVRELAY_TRY(seal_contents(region.fd.get()));
+  KVRELAY_TRY(auto view, Mapping::map(region.fd.get(), region.size, false));
+  const std::uint64_t actual = XXH3_64bits(view.data(), static_cast<std::size_t>(view.size()));
+  if (actual != info.checksum) {
+    return fail(ErrorCode::kChecksumMismatch,
+                fmt::format("region checksum 0x{:016x} != committed 0x{:016x}", actual, info.checksum));
+  }
+  auto entry = std::make_shared<StoredEntry>();
+  entry->info = info;
+  entry->fd = std::move(region.fd);
+  KVRELAY_TRY(store_->put(*key, std::move(entry)));
+  ++commits_;
+  return encode_frame(MessageType::kCommitted, frame.request_id, {});
+}
+
+bool ShmServer::serve_ring(Connection& connection) {
+  std::uint64_t count = 0;
+  [[maybe_unused]] const auto drained = ::read(connection.wake_server.get(), &count, sizeof(count));
+  std::vector<std::byte> message(options_.ring.max_message());
+  bool pushed = false;
+  while (true) {
+    auto popped = connection.requests->pop(message);
+    if (!popped) {
+      spdlog::warn("shm: pid {}: {}; closing", connection.pid, popped.error().to_string());
+      return false;
+    }
+    if (!popped.value()) break;
+    auto answer = small_handler_(std::span(message.data(), *popped.value()));
+    auto written = connection.responses->push(answer);
+    if (!written || !written.value()) {
+      // A client that does not drain its responses is not following the protocol.
+      spdlog::warn("shm: pid {}: response ring full or corrupt; closing", connection.pid);
+      return false;
+    }
+    pushed = true;
+  }
+  if (pushed) {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto woke = ::write(connection.wake_client.get(), &one, sizeof(one));
+  }
+  return true;
+}
+
+}  // namespace kvrelay::shm

@@ -1,0 +1,114 @@
+#include <catch2/catch.hpp>
+
+#include "kvrelay/proxy/peer/link_estimator.h"
+#include "peer_fixture.h"
+
+namespace kvrelay::test {
+
+using proxy::peer::TransferOutcome;
+
+TEST_CASE("peer transfers of 0 B, 1 B, 1 MiB + 1 and 256 MiB arrive byte for byte", "[peer]") {
+  PeerDaemon daemon;
+  proxy::peer::PeerClientOptions options;
+  options.link_estimator = std::make_shared<proxy::peer::LinkEstimator>();
+  auto client = proxy::peer::PeerClient::connect(daemon.peer_address(), options);
+  REQUIRE(client.has_value());
+  CHECK(client.value().remote().node_id == "test-node");
+  auto local = daemon.data_plane();
+  std::uint64_t transfer_id = 100;
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{(1U << 20) + 1}, std::size_t{256U << 20}}) {
+    INFO("size " << size);
+    const auto bytes = peer_pattern(size, transfer_id);
+    const shm::EntryKey key{7, transfer_id};
+    auto sent = client.value().send(transfer_id, key, KvLayout{}, bytes);
+    REQUIRE(sent.has_value());
+    CHECK(sent.value() == TransferOutcome::kCommitted);
+    auto entry = local.lookup(key);
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    ++transfer_id;
+  }
+  REQUIRE(client.value().ping().has_value());
+  const auto estimate = options.link_estimator->estimate("test-node");
+  REQUIRE(estimate.has_value());
+  CHECK(estimate->rtt_samples == 1);
+  CHECK(estimate->transfer_samples == 2);  // the two transfers large enough to measure bandwidth
+  CHECK(estimate->throughput_bytes_per_s > 0);
+  const auto stats = daemon.peer_stats();
+  CHECK(stats.committed_transfers == 4);
+  CHECK(stats.bytes_received == 1 + (1U << 20) + 1 + (256U << 20));
+}
+
+TEST_CASE("peer KV transfers keep their layout; same-host peers may use shared memory", "[peer]") {
+  PeerDaemon daemon;
+  const KvLayout layout{3, 2, 16, DType::kBFloat16, 50};
+  const auto bytes = peer_pattern(layout.total_bytes().value(), 5);
+  {
+    auto client = proxy::peer::PeerClient::connect(daemon.peer_address(), {});
+    REQUIRE(client.has_value());
+    REQUIRE(client.value().send(1, {3, 1}, layout, bytes).value() == TransferOutcome::kCommitted);
+  }
+  proxy::peer::PeerClientOptions same_host;
+  same_host.allow_shared_memory = true;
+  auto client = proxy::peer::PeerClient::connect(daemon.peer_address(), same_host);
+  REQUIRE(client.has_value());
+  CHECK_FALSE(client.value().remote().shm_socket.empty());
+  REQUIRE(client.value().send(2, {3, 2}, layout, bytes).value() == TransferOutcome::kCommittedViaSharedMemory);
+  auto local = daemon.data_plane();
+  for (const std::uint64_t context : {std::uint64_t{1}, std::uint64_t{2}}) {
+    auto entry = local.lookup({3, context});
+    REQUIRE(entry.has_value());
+    CHECK(entry.value().info.layout == layout);
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+  }
+  CHECK(daemon.peer_stats().committed_transfers == 1);  // the second went through shared memory
+  CHECK(local.stats().value().commits == 1);
+}
+
+TEST_CASE("kvrelay peer send follows the policy: shared memory only for same_host peers", "[peer]") {
+  PeerDaemon daemon;
+  TempDir dir;
+  const auto bytes = peer_pattern(3 << 20, 21);
+  write_file(dir / "payload", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  for (const bool same_host : {false, true}) {
+    INFO("same_host " << same_host);
+    nlohmann::json policy = basic_daemon_policy();
+    policy["node"]["id"] = "sender";
+    policy["peers"] = nlohmann::json::array({{{"id", "recv"}, {"address", daemon.peer_text()}, {"same_host", same_host}}});
+    write_file(dir / "sender.json", policy.dump());
+    const std::uint64_t transfer_id = same_host ? 2 : 1;
+    const auto sent = run_command({kvrelay_binary().string(), "peer", "send", "--config", (dir / "sender.json").string(),
+                                   "--peer", "recv", "--transfer-id", std::to_string(transfer_id),
+                                   (dir / "payload").string()},
+                                  dir.path());
+    REQUIRE(sent.exit_status == 0);
+    CHECK(nlohmann::json::parse(sent.out)["outcome"] == (same_host ? "committed_shm" : "committed"));
+    auto entry = daemon.data_plane().lookup({1, transfer_id});
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+  }
+  const auto probe = run_command({kvrelay_binary().string(), "peer", "probe", daemon.peer_text()}, dir.path());
+  REQUIRE(probe.exit_status == 0);
+  const auto report = nlohmann::json::parse(probe.out);
+  CHECK(report["node"] == "test-node");
+  CHECK(report["stats"]["committed_transfers"] == 1);
+  CHECK(report["stats"]["bytes_received"] == 3 << 20);
+}
+
+TEST_CASE("link estimates are windowed: median RTT and throughput of the recent transfers", "[peer][unit]") {
+  proxy::peer::LinkEstimator estimator(4);
+  CHECK_FALSE(estimator.estimate("b").has_value());
+  for (const int rtt : {1000, 10, 20, 30, 40}) estimator.add_rtt("b", std::chrono::microseconds(rtt));
+  // The window holds the last four samples (10, 20, 30, 40): the 1000 us outlier has left.
+  estimator.add_transfer("b", 1, std::chrono::microseconds(1));  // too small to say anything
+  estimator.add_transfer("b", 1 << 20, std::chrono::microseconds(1000));
+  estimator.add_transfer("b", 3 << 20, std::chrono::microseconds(1000));
+  const auto estimate = estimator.estimate("b").value();
+  CHECK(estimate.rtt_samples == 4);
+  CHECK(estimate.rtt >= std::chrono::microseconds(20));
+  CHECK(estimate.rtt <= std::chrono::microseconds(30));
+  CHECK(estimate.transfer_samples == 2);
+  CHECK(estimate.throughput_bytes_per_s == Approx(double(4 << 20) / 0.002));
+}
+
+}  // namespace kvrelay::test
