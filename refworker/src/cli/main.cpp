@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   kvrelay::refworker::cli::add_generate_command(app, exit_code);
   kvrelay::refworker::cli::add_dump_kv_command(app, exit_code);
+  kvrelay::refworker::cli::add_serve_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
