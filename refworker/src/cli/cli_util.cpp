@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <cblas.h>
 #include <fmt/format.h>
 
 #include <charconv>
@@ -15,6 +16,15 @@ void add_model_options(CLI::App& command, ModelSource& source) {
                                        "ffn=2816,vocab=32000[,seq_len=4096]");
   model->excludes(synthetic);
   command.add_option("--seed", source.seed, "Seed of the synthetic weights");
+}
+
+void add_blas_threads_option(CLI::App& command, int& threads) {
+  command.add_option("--blas-threads", threads, "OpenBLAS threads (0: OpenBLAS default, all cores)")
+      ->check(CLI::Range(0, 1024));
+}
+
+void apply_blas_threads(int threads) {
+  if (threads > 0) openblas_set_num_threads(threads);
 }
 
 Result<std::vector<std::int32_t>> parse_token_list(const std::string& text) {

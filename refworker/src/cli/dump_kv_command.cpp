@@ -14,6 +14,7 @@ namespace {
 
 struct DumpOptions {
   ModelSource source;
+  int blas_threads = 1;
   std::uint32_t tokens = 128;
   std::uint32_t queries = 8;
   std::string out_dir;
@@ -44,6 +45,7 @@ Result<std::vector<std::int32_t>> make_prompt(const Model& model, const DumpOpti
 }
 
 int run_dump(const DumpOptions& options) {
+  apply_blas_threads(options.blas_threads);
   auto model = load_model(options.source);
   if (!model) return report_error(model.error());
   auto prompt = make_prompt(model.value(), options);
@@ -64,6 +66,7 @@ void add_dump_kv_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<DumpOptions>();
   auto* command = app.add_subcommand("dump-kv", "Write a prompt's KV (kv.bin), last queries (queries.bin), layout.json");
   add_model_options(*command, options->source);
+  add_blas_threads_option(*command, options->blas_threads);
   command->add_option("--tokens", options->tokens, "Prompt length (BOS + the model's greedy continuation)")
       ->check(CLI::Range(1U, 1U << 20));
   command->add_option("--queries", options->queries, "Query positions to capture (the last M of the prompt)")

@@ -13,11 +13,13 @@ namespace {
 
 struct GenerateOptions {
   ModelSource source;
+  int blas_threads = 1;
   std::string prompt = "1";
   GenerationOptions generation;
 };
 
 int run_generate(const GenerateOptions& options) {
+  apply_blas_threads(options.blas_threads);
   auto model = load_model(options.source);
   if (!model) return report_error(model.error());
   auto prompt = parse_token_list(options.prompt);
@@ -43,6 +45,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<GenerateOptions>();
   auto* command = app.add_subcommand("generate", "Run a prompt of token ids and print the generated ids");
   add_model_options(*command, options->source);
+  add_blas_threads_option(*command, options->blas_threads);
   command->add_option("--prompt", options->prompt, "Comma-separated token ids (default: BOS)");
   command->add_option("--max-tokens", options->generation.max_tokens, "Tokens to generate");
   command->add_option("--temperature", options->generation.sampling.temperature, "0: greedy");

@@ -1,7 +1,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <cblas.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -28,7 +27,7 @@ struct ServeOptions {
   std::string ready_file;
   std::string model_name;
   std::uint32_t max_waiting = 256;
-  int blas_threads = 0;
+  int blas_threads = 1;
 };
 
 Status write_ready_file(const std::string& path, const nlohmann::json& body) {
@@ -50,7 +49,7 @@ std::string default_model_name(const ModelSource& source) {
 }
 
 int run_serve(const ServeOptions& options) {
-  if (options.blas_threads > 0) openblas_set_num_threads(options.blas_threads);
+  apply_blas_threads(options.blas_threads);
   const auto load_start = std::chrono::steady_clock::now();
   auto model = load_model(options.source);
   if (!model) return report_error(model.error());
@@ -107,7 +106,7 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   command->add_option("--model-name", options->model_name, "Name served at /v1/models (default: file stem)");
   command->add_option("--max-waiting", options->max_waiting, "Requests that may wait for the model thread")
       ->check(CLI::Range(1U, 1U << 20));
-  command->add_option("--blas-threads", options->blas_threads, "OpenBLAS threads (0: OpenBLAS default)");
+  add_blas_threads_option(*command, options->blas_threads);
   command->callback([options, &exit_code] { exit_code = run_serve(*options); });
 }
 
