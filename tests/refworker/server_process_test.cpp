@@ -160,6 +160,9 @@ TEST_CASE("server: bad requests get OpenAI-style errors", "[refworker][server]")
   CHECK(models["data"][0]["id"] == "stories260K");
   CHECK(models["data"][0]["kvrelay"]["layers"] == 5);
   CHECK(models["data"][0]["kvrelay"]["fingerprint_id"] == stories.server->ready()["fingerprint_id"]);
+  CHECK(kvrelay::test::raw_exchange(port, "GARBAGE\r\n\r\n").rfind("HTTP/1.1 400", 0) == 0);
+  CHECK(kvrelay::test::raw_exchange(port, "GET /healthz HTTP/1.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n")
+            .rfind("HTTP/1.1 431", 0) == 0);
   // The server survived all of it.
   CHECK(post_completion(port, {{"prompt", {1}}, {"max_tokens", 2}})["usage"]["completion_tokens"] == 2);
 }
