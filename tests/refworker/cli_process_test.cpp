@@ -11,7 +11,7 @@
 using kvrelay::test::refworker_binary;
 using kvrelay::test::run_command;
 
-TEST_CASE("cli: generate prints the greedy ids", "[refworker][cli]") {
+TEST_CASE("refworker cli: generate prints the greedy ids", "[refworker][cli]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   kvrelay::test::TempDir dir;
@@ -28,7 +28,7 @@ TEST_CASE("cli: generate prints the greedy ids", "[refworker][cli]") {
   CHECK(bad.err.find("divisible") != std::string::npos);
 }
 
-TEST_CASE("cli: dump-kv writes the KV, the queries and their layout", "[refworker][cli]") {
+TEST_CASE("refworker cli: dump-kv writes the KV, the queries and their layout", "[refworker][cli]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   kvrelay::test::TempDir dir;

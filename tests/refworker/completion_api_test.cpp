@@ -20,7 +20,7 @@ ErrorCode parse_error(const std::string& body) {
 
 }  // namespace
 
-TEST_CASE("completion request: fields are read and defaults are OpenAI's", "[refworker][api]") {
+TEST_CASE("refworker completion request: fields are read and defaults are OpenAI's", "[refworker][api]") {
   auto parsed = kr::parse_completion_request(
       R"({"model":"m","prompt":[1,5,511],"max_tokens":7,"temperature":0,"seed":9,"stream":true,"top_k":40,
           "ignore_eos":true,"kv_transfer_params":{"kvrelay":{"request_id":"r1","agent":"b"}}})",
@@ -47,7 +47,7 @@ TEST_CASE("completion request: fields are read and defaults are OpenAI's", "[ref
   CHECK(defaults.value().kvrelay_params.is_null());
 }
 
-TEST_CASE("completion request: malformed input is rejected field by field", "[refworker][api]") {
+TEST_CASE("refworker completion request: malformed input is rejected field by field", "[refworker][api]") {
   CHECK(parse_error("{") == ErrorCode::kInvalidArgument);
   CHECK(parse_error("[1,2]") == ErrorCode::kInvalidArgument);
   CHECK(parse_error(R"({"max_tokens":3})") == ErrorCode::kInvalidArgument);
@@ -70,7 +70,7 @@ TEST_CASE("completion request: malformed input is rejected field by field", "[re
   CHECK(parse_error(R"({"prompt":[1],"model":5})") == ErrorCode::kInvalidArgument);
 }
 
-TEST_CASE("text is a byte-level rendering of the ids", "[refworker][api]") {
+TEST_CASE("refworker text is a byte-level rendering of the ids", "[refworker][api]") {
   const std::vector<std::int32_t> ids = {1, 'H' + 3, 'i' + 3, 2, 300, 3 + 0xC3, 3 + 0xA9};
   CHECK(kr::render_tokens(ids) == "Hi<300>\xC3\xA9");
   // Raw bytes that are not UTF-8 must still serialize.
@@ -82,7 +82,7 @@ TEST_CASE("text is a byte-level rendering of the ids", "[refworker][api]") {
   CHECK(kr::sse_event(kr::stream_token_event({"cmpl-1", 1, "m"}, 258)).rfind("data: {", 0) == 0);
 }
 
-TEST_CASE("metrics render vLLM's names with cumulative TTFT buckets", "[refworker][api]") {
+TEST_CASE("refworker metrics render vLLM's names with cumulative TTFT buckets", "[refworker][api]") {
   kr::WorkerMetrics metrics;
   metrics.set_waiting(3);
   metrics.observe_ttft(0.003);

@@ -60,7 +60,7 @@ std::vector<std::int32_t> greedy(kr::InferenceSession& session, const std::vecto
 
 }  // namespace
 
-TEST_CASE("stories260K: greedy continuation from BOS matches the README reference", "[refworker][stories]") {
+TEST_CASE("refworker stories260K: greedy continuation from BOS matches the README reference", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   kr::InferenceSession session(*model);
@@ -69,7 +69,7 @@ TEST_CASE("stories260K: greedy continuation from BOS matches the README referenc
   CHECK(greedy(session, logits.value(), 32) == kReference);
 }
 
-TEST_CASE("stories260K: top-2 probabilities at position 0", "[refworker][stories]") {
+TEST_CASE("refworker stories260K: top-2 probabilities at position 0", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   kr::InferenceSession session(*model);
@@ -87,7 +87,7 @@ TEST_CASE("stories260K: top-2 probabilities at position 0", "[refworker][stories
   CHECK(probabilities[306] == Approx(0.256).margin(0.0005));
 }
 
-TEST_CASE("stories260K: fingerprint describes the checkpoint", "[refworker][stories]") {
+TEST_CASE("refworker stories260K: fingerprint describes the checkpoint", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   const auto& fingerprint = model->fingerprint();
@@ -100,7 +100,7 @@ TEST_CASE("stories260K: fingerprint describes the checkpoint", "[refworker][stor
   CHECK(model->fingerprint().layout(1).bytes_per_token().value() == 1280);
 }
 
-TEST_CASE("batched prefill equals token-by-token decode", "[refworker][stories]") {
+TEST_CASE("refworker batched prefill equals token-by-token decode", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   const auto tokens = prompt_tokens();
@@ -124,7 +124,7 @@ TEST_CASE("batched prefill equals token-by-token decode", "[refworker][stories]"
   CHECK(greedy(batched, batched_logits.value(), 12) == greedy(stepwise, step_logits, 12));
 }
 
-TEST_CASE("prefill after an imported KV prefix equals a full prefill", "[refworker][stories]") {
+TEST_CASE("refworker prefill after an imported KV prefix equals a full prefill", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   const auto tokens = prompt_tokens();
@@ -151,7 +151,7 @@ TEST_CASE("prefill after an imported KV prefix equals a full prefill", "[refwork
   CHECK(greedy(resumed, resumed_logits.value(), 16) == greedy(full, full_logits.value(), 16));
 }
 
-TEST_CASE("exported KV is in KvLayout order: per layer K then V, K after RoPE", "[refworker][stories]") {
+TEST_CASE("refworker exported KV is in KvLayout order: per layer K then V, K after RoPE", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   const auto tokens = prompt_tokens();
@@ -205,7 +205,7 @@ TEST_CASE("exported KV is in KvLayout order: per layer K then V, K after RoPE", 
   CHECK(changed);
 }
 
-TEST_CASE("KV import rejects wrong layouts, sizes and non-empty sessions", "[refworker][stories]") {
+TEST_CASE("refworker KV import rejects wrong layouts, sizes and non-empty sessions", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   kr::InferenceSession donor(*model);
@@ -226,7 +226,7 @@ TEST_CASE("KV import rejects wrong layouts, sizes and non-empty sessions", "[ref
   CHECK(donor.export_kv(1000).error().code == kvrelay::ErrorCode::kOutOfRange);
 }
 
-TEST_CASE("prefill rejects out-of-vocabulary ids and contexts beyond seq_len", "[refworker][stories]") {
+TEST_CASE("refworker prefill rejects out-of-vocabulary ids and contexts beyond seq_len", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   kr::InferenceSession session(*model);
@@ -237,7 +237,7 @@ TEST_CASE("prefill rejects out-of-vocabulary ids and contexts beyond seq_len", "
   CHECK(session.position() == 0);
 }
 
-TEST_CASE("dump_kv returns the prompt's KV and the queries of its last positions", "[refworker][stories]") {
+TEST_CASE("refworker dump_kv returns the prompt's KV and the queries of its last positions", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   const auto tokens = prompt_tokens();
@@ -268,7 +268,7 @@ TEST_CASE("dump_kv returns the prompt's KV and the queries of its last positions
   CHECK(other.prefill(tokens, &too_many).error().code == kvrelay::ErrorCode::kInvalidArgument);
 }
 
-TEST_CASE("seeded temperature sampling is reproducible and differs across seeds", "[refworker][stories]") {
+TEST_CASE("refworker seeded temperature sampling is reproducible and differs across seeds", "[refworker][stories]") {
   const kr::Model* model = stories_model();
   if (model == nullptr) KVRELAY_SKIP("stories260K.bin not found");
   auto run = [&](std::uint64_t seed) {

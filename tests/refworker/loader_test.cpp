@@ -31,7 +31,7 @@ std::string with_header_field(std::string bytes, std::size_t field, std::int32_t
 
 }  // namespace
 
-TEST_CASE("loader: identity is the xxh3 of the checkpoint bytes", "[refworker][loader]") {
+TEST_CASE("refworker loader: identity is the xxh3 of the checkpoint bytes", "[refworker][loader]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   const std::string bytes = kvrelay::test::read_file(*path);
@@ -45,7 +45,7 @@ TEST_CASE("loader: identity is the xxh3 of the checkpoint bytes", "[refworker][l
   CHECK(model.value().config().shared_classifier);
 }
 
-TEST_CASE("loader: truncated, padded and corrupt checkpoints are rejected", "[refworker][loader]") {
+TEST_CASE("refworker loader: truncated, padded and corrupt checkpoints are rejected", "[refworker][loader]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   const std::string good = kvrelay::test::read_file(*path);

@@ -84,7 +84,7 @@ kr::CompletionOutcome run(kr::ModelWorker& worker, std::vector<std::int32_t> pro
 
 }  // namespace
 
-TEST_CASE("worker: B's request reuses A's published KV and prefills only the follow-up", "[refworker][worker]") {
+TEST_CASE("refworker worker: B's request reuses A's published KV and prefills only the follow-up", "[refworker][worker]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   auto model = kr::load_llama2c(*path);
@@ -130,7 +130,7 @@ TEST_CASE("worker: B's request reuses A's published KV and prefills only the fol
   CHECK_FALSE(connector.bad_prefill_report);
 }
 
-TEST_CASE("worker: an unusable prefix is a miss, never a failed request", "[refworker][worker]") {
+TEST_CASE("refworker worker: an unusable prefix is a miss, never a failed request", "[refworker][worker]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   auto model = kr::load_llama2c(*path);
@@ -148,7 +148,7 @@ TEST_CASE("worker: an unusable prefix is a miss, never a failed request", "[refw
   CHECK(second.generation.tokens == first.generation.tokens);
 }
 
-TEST_CASE("worker: stop() cancels waiting requests and refuses new ones", "[refworker][worker]") {
+TEST_CASE("refworker worker: stop() cancels waiting requests and refuses new ones", "[refworker][worker]") {
   auto model = kr::make_synthetic(kr::parse_shape("layers=2,dim=64,heads=4,kv_heads=2,ffn=128,vocab=300").value(), 1);
   REQUIRE(model);
   kr::WorkerMetrics metrics;

@@ -63,7 +63,7 @@ struct StoriesServer {
 
 }  // namespace
 
-TEST_CASE("server: greedy completion reproduces the reference and reports prefill", "[refworker][server]") {
+TEST_CASE("refworker server: greedy completion reproduces the reference and reports prefill", "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
@@ -96,7 +96,7 @@ TEST_CASE("server: greedy completion reproduces the reference and reports prefil
   CHECK(continued["kvrelay"]["prefill_tokens"] == 11);
 }
 
-TEST_CASE("server: streaming sends one event per token, then usage and [DONE]", "[refworker][server]") {
+TEST_CASE("refworker server: streaming sends one event per token, then usage and [DONE]", "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
@@ -124,7 +124,7 @@ TEST_CASE("server: streaming sends one event per token, then usage and [DONE]", 
   CHECK(http_request(port, "GET", "/healthz").status == 200);
 }
 
-TEST_CASE("server: seeded sampling is reproducible per seed", "[refworker][server]") {
+TEST_CASE("refworker server: seeded sampling is reproducible per seed", "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
@@ -137,7 +137,7 @@ TEST_CASE("server: seeded sampling is reproducible per seed", "[refworker][serve
   CHECK(sample(11) != sample(12));
 }
 
-TEST_CASE("server: bad requests get OpenAI-style errors", "[refworker][server]") {
+TEST_CASE("refworker server: bad requests get OpenAI-style errors", "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
@@ -167,7 +167,7 @@ TEST_CASE("server: bad requests get OpenAI-style errors", "[refworker][server]")
   CHECK(post_completion(port, {{"prompt", {1}}, {"max_tokens", 2}})["usage"]["completion_tokens"] == 2);
 }
 
-TEST_CASE("server: metrics count tokens and first-token latencies; SIGTERM exits 0", "[refworker][server]") {
+TEST_CASE("refworker server: metrics count tokens and first-token latencies; SIGTERM exits 0", "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
@@ -189,7 +189,7 @@ TEST_CASE("server: metrics count tokens and first-token latencies; SIGTERM exits
   CHECK(stories.server->process().wait_for_exit(std::chrono::seconds(10)) == 0);
 }
 
-TEST_CASE("server: requests queue behind the model thread and are all served", "[refworker][server]") {
+TEST_CASE("refworker server: requests queue behind the model thread and are all served", "[refworker][server]") {
   // Big enough that one request runs long enough for others to be seen waiting.
   RefworkerUnderTest server({"--synthetic", "layers=4,dim=256,heads=8,kv_heads=2,ffn=688,vocab=1000,seq_len=1024",
                              "--seed", "3"});

@@ -28,7 +28,7 @@ std::vector<std::int32_t> some_tokens(std::size_t n) {
 
 }  // namespace
 
-TEST_CASE("shape parser", "[refworker][synthetic]") {
+TEST_CASE("refworker shape parser", "[refworker][synthetic]") {
   auto config = kr::parse_shape("layers=16,dim=1024,heads=16,kv_heads=4,ffn=2816,vocab=32000");
   REQUIRE(config);
   CHECK(config.value().layers == 16);
@@ -49,7 +49,7 @@ TEST_CASE("shape parser", "[refworker][synthetic]") {
   CHECK(kr::parse_shape("layers=99999999999").error().code == ErrorCode::kInvalidArgument);
 }
 
-TEST_CASE("synthetic weights are deterministic per seed", "[refworker][synthetic]") {
+TEST_CASE("refworker synthetic weights are deterministic per seed", "[refworker][synthetic]") {
   const auto config = kr::parse_shape(kShape).value();
   auto a = kr::make_synthetic(config, 42);
   auto b = kr::make_synthetic(config, 42);
@@ -67,7 +67,7 @@ TEST_CASE("synthetic weights are deterministic per seed", "[refworker][synthetic
   CHECK(a.value().fingerprint().kv_heads == 2);
 }
 
-TEST_CASE("synthetic activations stay finite and informative at depth", "[refworker][synthetic]") {
+TEST_CASE("refworker synthetic activations stay finite and informative at depth", "[refworker][synthetic]") {
   auto config = kr::parse_shape("layers=24,dim=128,heads=8,kv_heads=2,ffn=344,vocab=600,seq_len=512").value();
   auto model = kr::make_synthetic(config, 1);
   REQUIRE(model);
@@ -91,7 +91,7 @@ TEST_CASE("synthetic activations stay finite and informative at depth", "[refwor
   for (const float value : kv.value()) REQUIRE(std::isfinite(value));
 }
 
-TEST_CASE("synthetic model: KV prefix import equals full prefill", "[refworker][synthetic]") {
+TEST_CASE("refworker synthetic model: KV prefix import equals full prefill", "[refworker][synthetic]") {
   auto model = kr::load_model({"", kShape, 5});
   REQUIRE(model);
   const auto tokens = some_tokens(100);
@@ -114,7 +114,7 @@ TEST_CASE("synthetic model: KV prefix import equals full prefill", "[refworker][
   CHECK(kr::argmax(full) == kr::argmax(logits.value()));
 }
 
-TEST_CASE("load_model needs exactly one source", "[refworker][synthetic]") {
+TEST_CASE("refworker load_model needs exactly one source", "[refworker][synthetic]") {
   CHECK(kr::load_model({}).error().code == ErrorCode::kInvalidArgument);
   CHECK(kr::load_model({"x.bin", kShape, 0}).error().code == ErrorCode::kInvalidArgument);
 }
