@@ -167,7 +167,7 @@ TEST_CASE("refworker server: bad requests get OpenAI-style errors", "[refworker]
   CHECK(post_completion(port, {{"prompt", {1}}, {"max_tokens", 2}})["usage"]["completion_tokens"] == 2);
 }
 
-TEST_CASE("refworker server: metrics count tokens and first-token latencies; SIGTERM exits 0", "[refworker][server]") {
+TEST_CASE("refworker server: metrics count tokens and first-token latencies, and SIGTERM exits 0", "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
