@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "kvrelay/refworker/model.h"
 
@@ -80,7 +81,13 @@ Result<Model> load_llama2c(const std::filesystem::path& path) {
     return fail(ErrorCode::kCorrupt, fmt::format("checkpoint {} has {} trailing bytes beyond the {} that shape {} needs",
                                                  path.string(), file_size - expected, expected, config.shape_string()));
   }
-  std::vector<float> storage(floats);
+  std::vector<float> storage;
+  try {
+    storage.resize(floats);
+  } catch (const std::bad_alloc&) {
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("checkpoint {} needs {} bytes of memory; cannot allocate them", path.string(), body_bytes));
+  }
   if (std::fread(storage.data(), sizeof(float), storage.size(), file.get()) != storage.size()) {
     return fail(ErrorCode::kIo, fmt::format("short read from checkpoint {}", path.string()));
   }

@@ -1,6 +1,8 @@
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <new>
 
 #include "kvrelay/refworker/model.h"
 
@@ -37,7 +39,24 @@ Result<Model> make_synthetic(const ModelConfig& input_config, std::uint64_t seed
   ModelConfig config = input_config;
   config.shared_classifier = true;
   KVRELAY_TRY(const std::uint64_t floats, llama2c_float_count(config, false));
-  std::vector<float> storage(floats);
+  // Checked up front: filling more than physical memory would swap or get the process killed,
+  // and sanitizer allocators abort on absurd sizes instead of throwing.
+  const auto pages = ::sysconf(_SC_PHYS_PAGES);
+  const auto page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_size > 0 &&
+      floats / static_cast<std::uint64_t>(page_size) * sizeof(float) > static_cast<std::uint64_t>(pages)) {
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("shape {} needs {} GiB of weights, more than this host's memory", config.shape_string(),
+                            floats * sizeof(float) >> 30));
+  }
+  std::vector<float> storage;
+  try {
+    storage.resize(floats);
+  } catch (const std::bad_alloc&) {
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("shape {} needs {} GiB of weights; cannot allocate them", config.shape_string(),
+                            floats * sizeof(float) >> 30));
+  }
   const std::size_t dim = config.dim;
   const std::size_t layers = config.layers;
   const std::size_t kv_dim = config.kv_dim();

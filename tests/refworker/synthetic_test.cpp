@@ -114,6 +114,13 @@ TEST_CASE("refworker synthetic model: KV prefix import equals full prefill", "[r
   CHECK(kr::argmax(full) == kr::argmax(logits.value()));
 }
 
+TEST_CASE("refworker synthetic: a shape too large to allocate is an error, not a crash", "[refworker][synthetic]") {
+  // 1024 layers of dim 65536: about 100 TB of weights.
+  auto config = kr::parse_shape("layers=1024,dim=65536,heads=1024,kv_heads=1024,ffn=262144,vocab=1000");
+  REQUIRE(config);
+  CHECK(kr::make_synthetic(config.value(), 1).error().code == ErrorCode::kResourceExhausted);
+}
+
 TEST_CASE("refworker load_model needs exactly one source", "[refworker][synthetic]") {
   CHECK(kr::load_model({}).error().code == ErrorCode::kInvalidArgument);
   CHECK(kr::load_model({"x.bin", kShape, 0}).error().code == ErrorCode::kInvalidArgument);
