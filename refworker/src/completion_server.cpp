@@ -6,6 +6,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
@@ -61,6 +62,21 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_header(beast::error_code ec) {
     if (ec) return on_read(ec);
     stream_.expires_after(server_->limits.read_timeout);
+    // curl sends "Expect: 100-continue" for bodies over 1 KiB (long token-id prompts) and waits a
+    // second for the go-ahead; answering at once keeps that second out of time to first token.
+    if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(kContinue.data(), kContinue.size()),
+                        [self = shared_from_this()](beast::error_code write_ec, std::size_t) {
+                          if (write_ec) return self->shutdown();
+                          self->read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code read_ec, std::size_t) { self->on_read(read_ec); });
   }

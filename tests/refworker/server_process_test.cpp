@@ -163,6 +163,13 @@ TEST_CASE("refworker server: bad requests get OpenAI-style errors", "[refworker]
   CHECK(kvrelay::test::raw_exchange(port, "GARBAGE\r\n\r\n").rfind("HTTP/1.1 400", 0) == 0);
   CHECK(kvrelay::test::raw_exchange(port, "GET /healthz HTTP/1.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n")
             .rfind("HTTP/1.1 431", 0) == 0);
+  // curl's "Expect: 100-continue" gets an immediate go-ahead, then the answer.
+  const std::string body = R"({"prompt":[1],"max_tokens":2,"temperature":0})";
+  const auto expect = kvrelay::test::raw_exchange(
+      port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  CHECK(expect.rfind("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK", 0) == 0);
+  CHECK(expect.find("\"token_ids\":[461,461]") != std::string::npos);
   // The server survived all of it.
   CHECK(post_completion(port, {{"prompt", {1}}, {"max_tokens", 2}})["usage"]["completion_tokens"] == 2);
 }
