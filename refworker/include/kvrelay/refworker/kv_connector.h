@@ -1,0 +1,61 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "kvrelay/core/kv_layout.h"
+#include "kvrelay/core/result.h"
+
+namespace kvrelay::refworker {
+
+// KV for the leading `layout.tokens` tokens of a prompt, in KvLayout order, fp32.
+struct KvPrefix {
+  KvLayout layout;
+  std::vector<float> kv;
+};
+
+// What the worker does around each request, exactly where a vLLM KV connector hooks in: ask for
+// a KV prefix before prefill, hand over the KV after generation, report what prefill cost. The
+// implementation over the sidecar client library is wired in by the sidecar integration; the
+// worker treats every connector failure as a miss and never fails a request because of it.
+class KvConnector {
+ public:
+  virtual ~KvConnector() = default;
+
+  // `params` is the request's kv_transfer_params.kvrelay object (null when absent).
+  // nullopt: miss, the worker prefills every token.
+  [[nodiscard]] virtual Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t> tokens,
+                                                               const nlohmann::json& params) = 0;
+
+  // `kv` holds the KV of exactly `tokens` (layout.tokens == tokens.size()).
+  [[nodiscard]] virtual Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
+                                       std::span<const float> kv, const nlohmann::json& params) = 0;
+
+  // One prefill: the tokens actually computed (the prompt minus any imported prefix) and the
+  // wall time it took, for the sidecar's prefill cost model.
+  virtual void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens,
+                              double seconds) = 0;
+
+  // false: publish() would discard the KV, so the worker skips exporting it.
+  [[nodiscard]] virtual bool wants_publish() const { return true; }
+};
+
+// A worker without a sidecar: every lookup misses and nothing is published.
+class NoKvConnector final : public KvConnector {
+ public:
+  Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t>, const nlohmann::json&) override {
+    return std::optional<KvPrefix>{};
+  }
+  Status publish(std::span<const std::int32_t>, const KvLayout&, std::span<const float>,
+                 const nlohmann::json&) override {
+    return ok();
+  }
+  void report_prefill(std::span<const std::int32_t>, std::uint64_t, double) override {}
+  [[nodiscard]] bool wants_publish() const override { return false; }
+};
+
+}  // namespace kvrelay::refworker

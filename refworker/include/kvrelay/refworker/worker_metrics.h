@@ -1,0 +1,44 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace kvrelay::refworker {
+
+// The subset of vLLM's Prometheus metrics this worker has, under vLLM's names, so dashboards
+// and the sidecar's load probes read a refworker like a vLLM worker.
+class WorkerMetrics {
+ public:
+  // vLLM's time_to_first_token_seconds buckets.
+  static constexpr std::array<double, 18> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+                                                          0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
+
+  void set_waiting(std::uint64_t waiting);
+  void set_running(std::uint64_t running);
+  void observe_ttft(double seconds);
+  // `finished_reason` "stop" or "length" for a served request, empty for a failed one.
+  void add_request(std::uint64_t prompt_tokens, std::uint64_t generation_tokens, std::uint64_t cached_tokens,
+                   std::string_view finished_reason);
+
+  // Prometheus text exposition format, every series labelled model_name="<model_name>".
+  [[nodiscard]] std::string render(const std::string& model_name) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::uint64_t waiting_ = 0;
+  std::uint64_t running_ = 0;
+  std::array<std::uint64_t, kTtftBuckets.size()> ttft_counts_{};
+  std::uint64_t ttft_count_ = 0;
+  double ttft_sum_ = 0.0;
+  std::uint64_t prompt_tokens_ = 0;
+  std::uint64_t generation_tokens_ = 0;
+  std::uint64_t cached_tokens_ = 0;
+  std::uint64_t finished_stop_ = 0;
+  std::uint64_t finished_length_ = 0;
+  std::uint64_t failed_ = 0;
+};
+
+}  // namespace kvrelay::refworker

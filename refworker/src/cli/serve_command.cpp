@@ -1,0 +1,113 @@
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "kvrelay/refworker/completion_server.h"
+#include "kvrelay/refworker/kv_connector.h"
+
+namespace kvrelay::refworker::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelSource source;
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+  std::string ready_file;
+  std::string model_name;
+  std::uint32_t max_waiting = 256;
+  int blas_threads = 1;
+};
+
+Status write_ready_file(const std::string& path, const nlohmann::json& body) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::trunc);
+    file << body.dump() << '\n';
+    if (!file) return fail(ErrorCode::kIo, fmt::format("cannot write ready file {}", temporary));
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) return fail(ErrorCode::kIo, fmt::format("cannot rename {} to {}: {}", temporary, path, ec.message()));
+  return ok();
+}
+
+std::string default_model_name(const ModelSource& source) {
+  if (!source.checkpoint_path.empty()) return std::filesystem::path(source.checkpoint_path).stem().string();
+  return "synthetic";
+}
+
+int run_serve(const ServeOptions& options) {
+  apply_blas_threads(options.blas_threads);
+  const auto load_start = std::chrono::steady_clock::now();
+  auto model = load_model(options.source);
+  if (!model) return report_error(model.error());
+  spdlog::info("model {} loaded in {:.1f} s (fingerprint {:016x})", model.value().config().shape_string(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
+               model.value().fingerprint().id());
+
+  WorkerMetrics metrics;
+  NoKvConnector connector;
+  ModelWorker worker(model.value(), connector, metrics, options.max_waiting);
+  ServerContext context;
+  context.model = &model.value();
+  context.worker = &worker;
+  context.metrics = &metrics;
+  context.model_name = options.model_name.empty() ? default_model_name(options.source) : options.model_name;
+  context.limits = {model.value().config().vocab_size, model.value().config().seq_len};
+
+  boost::asio::io_context io;
+  CompletionServer server(io, ServerLimits{}, context);
+  if (auto listening = server.listen(options.host, options.port); !listening) return report_error(listening.error());
+  spdlog::info("serving '{}' on http://{}:{}", context.model_name, options.host, server.port());
+  if (!options.ready_file.empty()) {
+    const nlohmann::json ready = {{"pid", ::getpid()},
+                                  {"http", server.port()},
+                                  {"model", context.model_name},
+                                  {"fingerprint_id", fmt::format("{:016x}", model.value().fingerprint().id())}};
+    if (auto written = write_ready_file(options.ready_file, ready); !written) return report_error(written.error());
+  }
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  boost::asio::steady_timer grace(io);
+  signals.async_wait([&](boost::system::error_code ec, int signal_number) {
+    if (ec) return;
+    spdlog::info("signal {}: stopping", signal_number);
+    server.stop_accepting();
+    worker.stop();
+    // Let the answers of the request that was running reach their clients, then exit.
+    grace.expires_after(std::chrono::milliseconds(300));
+    grace.async_wait([&io](boost::system::error_code) { io.stop(); });
+  });
+  io.run();
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<ServeOptions>();
+  auto* command = app.add_subcommand("serve", "Serve the OpenAI completions API (token-id prompts)");
+  add_model_options(*command, options->source);
+  command->add_option("--host", options->host, "Listen address");
+  command->add_option("--port", options->port, "Listen port (0: ephemeral, see --ready-file)");
+  command->add_option("--ready-file", options->ready_file, "Write {pid, http, model} here once listening");
+  command->add_option("--model-name", options->model_name, "Name served at /v1/models (default: file stem)");
+  command->add_option("--max-waiting", options->max_waiting, "Requests that may wait for the model thread")
+      ->check(CLI::Range(1U, 1U << 20));
+  add_blas_threads_option(*command, options->blas_threads);
+  command->callback([options, &exit_code] { exit_code = run_serve(*options); });
+}
+
+}  // namespace kvrelay::refworker::cli

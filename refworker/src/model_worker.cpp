@@ -1,0 +1,145 @@
+#include "kvrelay/refworker/model_worker.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace kvrelay::refworker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+}  // namespace
+
+ModelWorker::ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting)
+    : model_(model), connector_(connector), metrics_(metrics), max_waiting_(max_waiting), thread_([this] { run(); }) {}
+
+ModelWorker::~ModelWorker() { stop(); }
+
+Status ModelWorker::submit(CompletionJob job) {
+  std::lock_guard lock(mutex_);
+  if (stopping_) return fail(ErrorCode::kCancelled, "worker is shutting down");
+  if (queue_.size() >= max_waiting_) {
+    return fail(ErrorCode::kResourceExhausted, fmt::format("{} requests already waiting", queue_.size()));
+  }
+  queue_.push_back(std::move(job));
+  metrics_.set_waiting(queue_.size());
+  wake_.notify_one();
+  return ok();
+}
+
+void ModelWorker::stop() {
+  std::deque<CompletionJob> abandoned;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    abandoned.swap(queue_);
+    metrics_.set_waiting(0);
+    wake_.notify_all();
+  }
+  for (auto& job : abandoned) job.on_done(fail(ErrorCode::kCancelled, "worker shut down before the request ran"));
+  if (thread_.joinable()) thread_.join();
+}
+
+void ModelWorker::run() {
+  for (;;) {
+    CompletionJob job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      metrics_.set_waiting(queue_.size());
+    }
+    metrics_.set_running(1);
+    auto outcome = serve(job);
+    metrics_.set_running(0);
+    if (outcome) {
+      metrics_.add_request(outcome.value().stats.prompt_tokens, outcome.value().generation.tokens.size(),
+                           outcome.value().stats.cached_tokens,
+                           finish_reason_name(outcome.value().generation.finish_reason));
+    } else {
+      metrics_.add_request(0, 0, 0, "");
+    }
+    job.on_done(std::move(outcome));
+  }
+}
+
+Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
+  const auto& request = job.request;
+  const std::span<const std::int32_t> prompt(request.prompt);
+  CompletionOutcome outcome;
+  auto& stats = outcome.stats;
+  stats.prompt_tokens = prompt.size();
+  const auto started = Clock::now();
+  stats.queue_ms = ms_between(job.arrival, started);
+
+  InferenceSession session(model_);
+  // A connector failure or an unusable prefix is a miss: the request still gets served.
+  auto found = connector_.lookup(prompt, request.kvrelay_params);
+  if (!found) {
+    spdlog::warn("kv lookup failed, prefilling everything: {}", found.error().to_string());
+  } else if (found.value() && found.value()->layout.tokens > 0) {
+    const KvPrefix& prefix = *found.value();
+    if (prefix.layout.tokens > prompt.size()) {
+      spdlog::warn("kv lookup returned {} tokens for a {}-token prompt; ignoring it", prefix.layout.tokens,
+                   prompt.size());
+    } else if (auto imported = session.import_kv(prefix.layout, prefix.kv); !imported) {
+      spdlog::warn("kv prefix rejected, prefilling everything: {}", imported.error().to_string());
+    } else if (session.position() == prompt.size()) {
+      // The whole prompt is cached, but the first token needs the last position's logits:
+      // recompute that one token, as vLLM does on a full prefix hit.
+      KVRELAY_TRY(session.truncate(prompt.size() - 1));
+    }
+  }
+  stats.cached_tokens = session.position();
+  const auto computed = prompt.subspan(session.position());
+  stats.prefill_tokens = computed.size();
+
+  const auto prefill_start = Clock::now();
+  KVRELAY_TRY(auto logits, session.prefill(computed));
+  const auto prefill_end = Clock::now();
+  stats.prefill_ms = ms_between(prefill_start, prefill_end);
+  connector_.report_prefill(computed, prompt.size(), stats.prefill_ms / 1000.0);
+
+  bool first = true;
+  auto on_token = [&](std::int32_t token) {
+    if (first) {
+      first = false;
+      const auto now = Clock::now();
+      stats.ttft_ms = ms_between(job.arrival, now);
+      metrics_.observe_ttft(stats.ttft_ms / 1000.0);
+    }
+    return !job.on_token || job.on_token(token);
+  };
+  KVRELAY_TRY(outcome.generation, generate(session, logits, request.generation, on_token));
+
+  // The session holds the KV of the prompt and of every generated token but the last.
+  std::vector<std::int32_t> context(request.prompt);
+  context.insert(context.end(), outcome.generation.tokens.begin(), outcome.generation.tokens.end());
+  context.resize(session.position());
+  if (!connector_.wants_publish()) {
+    stats.total_ms = ms_between(job.arrival, Clock::now());
+    return outcome;
+  }
+  auto kv = session.export_kv(session.position());
+  if (!kv) {
+    spdlog::warn("kv export failed: {}", kv.error().to_string());
+  } else if (auto published = connector_.publish(context, session.layout(context.size()), kv.value(),
+                                                 request.kvrelay_params);
+             !published) {
+    spdlog::warn("kv publish failed: {}", published.error().to_string());
+  } else {
+    stats.published_tokens = context.size();
+  }
+  stats.total_ms = ms_between(job.arrival, Clock::now());
+  return outcome;
+}
+
+}  // namespace kvrelay::refworker
