@@ -9,5 +9,6 @@ namespace kvrelay::cli {
 
 void add_serve_command(CLI::App& app, int& exit_code);
 void add_check_config_command(CLI::App& app, int& exit_code);
+void add_codec_command(CLI::App& app, int& exit_code);
 
 }  // namespace kvrelay::cli

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   kvrelay::cli::add_serve_command(app, exit_code);
   kvrelay::cli::add_check_config_command(app, exit_code);
+  kvrelay::cli::add_codec_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
