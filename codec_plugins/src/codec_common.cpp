@@ -135,12 +135,12 @@ float abs_max(const float* values, std::size_t count) noexcept {
   std::size_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
     for (std::size_t j = 0; j < kLanes; ++j) {
-      const float v = bits_to_float(float_to_bits(values[i + j]) & 0x7FFFFFFFU);
+      const float v = __builtin_fabsf(values[i + j]);
       lane_max[j] = v > lane_max[j] ? v : lane_max[j];
     }
   }
   for (; i < count; ++i) {
-    const float v = bits_to_float(float_to_bits(values[i]) & 0x7FFFFFFFU);
+    const float v = __builtin_fabsf(values[i]);
     lane_max[0] = v > lane_max[0] ? v : lane_max[0];
   }
   float hi = lane_max[0];

@@ -50,47 +50,75 @@ Error codec_error(const Codec& codec, int code, const char* action) {
 
 }  // namespace
 
-Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayout& layout,
-                                               std::span<const std::uint8_t> kv, const EncodeOptions& options) {
+namespace {
+
+struct EncodePlan {
+  std::vector<std::uint8_t> params;
+  std::uint64_t bound = 0;     // codec output bound
+  std::uint64_t capacity = 0;  // whole frame bound
+};
+
+Result<EncodePlan> plan_encode(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
+  KVRELAY_TRY(auto total, layout.total_bytes());
+  EncodePlan plan;
+  plan.params = options.params.empty() ? codec.default_params() : options.params;
+  if (plan.params.size() > kMaxFrameParamsSize) return fail(ErrorCode::kInvalidArgument, "codec params above 1024 bytes");
+  const kvrelay_codec_layout c_layout = to_c(layout);
+  plan.bound = codec.plugin().max_encoded_size(&c_layout, plan.params.data(), plan.params.size());
+  if (plan.bound == 0 && total != 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("codec '{}' rejects layout {} or its params", codec.name(), layout.describe()));
+  }
+  const std::uint64_t payload = options.zstd_stage ? ZSTD_compressBound(plan.bound) : plan.bound;
+  KVRELAY_TRY(plan.capacity, checked_add(kFrameHeaderSize + plan.params.size() + kFrameTrailerSize, payload));
+  return plan;
+}
+
+}  // namespace
+
+Result<std::uint64_t> max_frame_size(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
+  KVRELAY_TRY(auto plan, plan_encode(codec, layout, options));
+  return plan.capacity;
+}
+
+Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout, std::span<const std::uint8_t> kv,
+                                      const EncodeOptions& options, std::span<std::uint8_t> frame) {
   KVRELAY_TRY(auto total, layout.total_bytes());
   if (kv.size() != total) {
     return fail(ErrorCode::kLayoutMismatch,
                 fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size(), layout.describe(), total));
   }
-  const std::vector<std::uint8_t> params = options.params.empty() ? codec.default_params() : options.params;
-  if (params.size() > kMaxFrameParamsSize) return fail(ErrorCode::kInvalidArgument, "codec params above 1024 bytes");
-  const kvrelay_codec_layout c_layout = to_c(layout);
-  const std::uint64_t bound = codec.plugin().max_encoded_size(&c_layout, params.data(), params.size());
-  if (bound == 0 && total != 0) {
+  KVRELAY_TRY(auto plan, plan_encode(codec, layout, options));
+  if (frame.size() < plan.capacity) {
     return fail(ErrorCode::kInvalidArgument,
-                fmt::format("codec '{}' rejects layout {} or its params", codec.name(), layout.describe()));
+                fmt::format("frame buffer of {} bytes, encoding may need {}", frame.size(), plan.capacity));
   }
+  const kvrelay_codec_layout c_layout = to_c(layout);
+  const auto& params = plan.params;
   const std::size_t prefix = kFrameHeaderSize + params.size();
-  std::vector<std::uint8_t> inner;
-  std::vector<std::uint8_t> frame;
   std::size_t inner_size = 0;
   std::size_t payload_size = 0;
   if (options.zstd_stage) {
-    inner.resize(bound);
+    // Reused per thread: fresh multi-megabyte buffers cost more in page faults than the codec.
+    thread_local std::vector<std::uint8_t> inner;
+    if (inner.size() < plan.bound) inner.resize(plan.bound);
     const int code = codec.plugin().encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(), inner.data(),
-                                           inner.size(), &inner_size);
+                                           plan.bound, &inner_size);
     if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
-    frame.resize(prefix + ZSTD_compressBound(inner_size) + kFrameTrailerSize);
-    const std::size_t compressed = ZSTD_compress(frame.data() + prefix, frame.size() - prefix - kFrameTrailerSize,
+    if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
+    const std::size_t compressed = ZSTD_compress(frame.data() + prefix, plan.capacity - prefix - kFrameTrailerSize,
                                                  inner.data(), inner_size, options.zstd_level);
     if (ZSTD_isError(compressed)) {
       return fail(ErrorCode::kInternal, fmt::format("zstd stage: {}", ZSTD_getErrorName(compressed)));
     }
     payload_size = compressed;
   } else {
-    frame.resize(prefix + bound + kFrameTrailerSize);
     const int code = codec.plugin().encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(),
-                                           frame.data() + prefix, bound, &inner_size);
+                                           frame.data() + prefix, plan.bound, &inner_size);
     if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
-    if (inner_size > bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
+    if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     payload_size = inner_size;
   }
-  frame.resize(prefix + payload_size + kFrameTrailerSize);
   std::uint8_t* out = frame.data();
   put<std::uint32_t>(out, kOffMagic, kFrameMagic);
   put<std::uint16_t>(out, kOffVersion, kFrameVersion);
@@ -107,6 +135,15 @@ Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayou
   if (!params.empty()) std::memcpy(out + kFrameHeaderSize, params.data(), params.size());
   const std::size_t body = prefix + payload_size;
   put<std::uint64_t>(out, body, XXH3_64bits(out, body));
+  return body + kFrameTrailerSize;
+}
+
+Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayout& layout,
+                                               std::span<const std::uint8_t> kv, const EncodeOptions& options) {
+  KVRELAY_TRY(auto capacity, max_frame_size(codec, layout, options));
+  std::vector<std::uint8_t> frame(capacity);
+  KVRELAY_TRY(auto size, encode_frame_into(codec, layout, kv, options, frame));
+  frame.resize(size);
   return frame;
 }
 
@@ -185,12 +222,12 @@ Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t>
                 fmt::format("frame payload {} bytes exceeds codec bound {} for its layout", header.inner_length, bound));
   }
   const std::uint8_t* payload = frame.data() + kFrameHeaderSize + header.params.size();
-  std::vector<std::uint8_t> inner;
   if ((header.flags & kFrameFlagZstdStage) != 0) {
     const unsigned long long content = ZSTD_getFrameContentSize(payload, header.payload_length);
     if (content != header.inner_length) return fail(ErrorCode::kCorrupt, "zstd stage: content size disagrees with header");
-    inner.resize(header.inner_length);
-    const std::size_t got = ZSTD_decompress(inner.data(), inner.size(), payload, header.payload_length);
+    thread_local std::vector<std::uint8_t> inner;  // reused: see encode_frame_into
+    if (inner.size() < header.inner_length) inner.resize(header.inner_length);
+    const std::size_t got = ZSTD_decompress(inner.data(), header.inner_length, payload, header.payload_length);
     if (ZSTD_isError(got) || got != header.inner_length) {
       return fail(ErrorCode::kCorrupt, fmt::format("zstd stage: {}", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short"));
     }

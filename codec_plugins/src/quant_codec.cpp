@@ -130,11 +130,13 @@ void encode_int_keys(QuantKind kind, const Plan& plan, const std::uint8_t* rows,
     detail::load_floats(rows + start * plan.shape.row_bytes, plan.shape.layout.dtype, count * row, s.values.data());
     std::fill(s.lo.begin(), s.lo.begin() + static_cast<std::ptrdiff_t>(row), __builtin_inff());
     std::fill(s.hi.begin(), s.hi.begin() + static_cast<std::ptrdiff_t>(row), -__builtin_inff());
+    float* __restrict lo = s.lo.data();
+    float* __restrict hi = s.hi.data();
     for (std::size_t t = 0; t < count; ++t) {
-      const float* x = s.values.data() + t * row;
+      const float* __restrict x = s.values.data() + t * row;
       for (std::size_t c = 0; c < row; ++c) {
-        s.lo[c] = x[c] < s.lo[c] ? x[c] : s.lo[c];
-        s.hi[c] = x[c] > s.hi[c] ? x[c] : s.hi[c];
+        lo[c] = x[c] < lo[c] ? x[c] : lo[c];
+        hi[c] = x[c] > hi[c] ? x[c] : hi[c];
       }
     }
     std::uint8_t* scales = meta + (start / group) * row * 4;
@@ -146,10 +148,13 @@ void encode_int_keys(QuantKind kind, const Plan& plan, const std::uint8_t* rows,
       s.zero[c] = q.zero;
       s.inv[c] = q.inv_scale;
     }
+    const float* __restrict zero = s.zero.data();
+    const float* __restrict inv = s.inv.data();
+    std::uint8_t* __restrict code = s.codes.data();
     for (std::size_t t = 0; t < count; ++t) {
-      const float* x = s.values.data() + t * row;
+      const float* __restrict x = s.values.data() + t * row;
       for (std::size_t c = 0; c < row; ++c) {
-        s.codes[c] = static_cast<std::uint8_t>(quantize_step(x[c], s.zero[c], s.inv[c], top));
+        code[c] = static_cast<std::uint8_t>(quantize_step(x[c], zero[c], inv[c], top));
       }
       pack_codes(kind, s.codes.data(), row, codes + (start + t) * row_code_bytes);
     }
@@ -169,10 +174,13 @@ void decode_int_keys(QuantKind kind, const Plan& plan, const std::uint8_t* meta,
       s.scale[c] = half_to_float(detail::get_u16(scales + 2 * c));
       s.zero[c] = half_to_float(detail::get_u16(zeros + 2 * c));
     }
+    const float* __restrict scale = s.scale.data();
+    const float* __restrict zero = s.zero.data();
+    const std::uint8_t* __restrict code = s.codes.data();
     for (std::size_t t = 0; t < count; ++t) {
       unpack_codes(kind, codes + (start + t) * row_code_bytes, row, s.codes.data());
-      float* x = s.values.data();
-      for (std::size_t c = 0; c < row; ++c) x[c] = dequantize_step(s.codes[c], s.zero[c], s.scale[c]);
+      float* __restrict x = s.values.data();
+      for (std::size_t c = 0; c < row; ++c) x[c] = dequantize_step(code[c], zero[c], scale[c]);
       detail::store_floats(x, plan.shape.layout.dtype, row, rows + (start + t) * plan.shape.row_bytes);
     }
   }
@@ -200,9 +208,10 @@ void encode_int_values(QuantKind kind, const Plan& plan, const std::uint8_t* row
         detail::put_u16(meta_out, q.scale_half);
         detail::put_u16(meta_out + 2, q.zero_half);
         meta_out += 4;
+        const float* __restrict x = s.values.data() + first;
+        std::uint8_t* __restrict code = s.codes.data() + first;
         for (std::size_t i = 0; i < count; ++i) {
-          s.codes[first + i] =
-              static_cast<std::uint8_t>(quantize_step(s.values[first + i], q.zero, q.inv_scale, top));
+          code[i] = static_cast<std::uint8_t>(quantize_step(x[i], q.zero, q.inv_scale, top));
         }
       }
     }
@@ -227,9 +236,9 @@ void decode_int_values(QuantKind kind, const Plan& plan, const std::uint8_t* met
         const float scale = half_to_float(detail::get_u16(meta_in));
         const float zero = half_to_float(detail::get_u16(meta_in + 2));
         meta_in += 4;
-        for (std::size_t i = 0; i < count; ++i) {
-          s.values[first + i] = dequantize_step(s.codes[first + i], zero, scale);
-        }
+        float* __restrict x = s.values.data() + first;
+        const std::uint8_t* __restrict code = s.codes.data() + first;
+        for (std::size_t i = 0; i < count; ++i) x[i] = dequantize_step(code[i], zero, scale);
       }
     }
     detail::store_floats(s.values.data(), plan.shape.layout.dtype, row, rows + t * plan.shape.row_bytes);

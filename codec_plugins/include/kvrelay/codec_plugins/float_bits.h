@@ -37,6 +37,12 @@ KVRELAY_HD std::uint32_t float_to_bits(float value) {
 #endif
 }
 
+// Branch-free select: the vectorizer keeps loops whose selects are plain bit arithmetic.
+KVRELAY_HD std::uint32_t select_bits(bool condition, std::uint32_t if_true, std::uint32_t if_false) {
+  const std::uint32_t mask = 0U - static_cast<std::uint32_t>(condition);
+  return (if_true & mask) | (if_false & ~mask);
+}
+
 // IEEE half -> float, exact, branch-free (after Maratyszcza's FP16 library).
 KVRELAY_HD float half_to_float(std::uint16_t half) {
   const std::uint32_t w = static_cast<std::uint32_t>(half) << 16;
@@ -45,7 +51,7 @@ KVRELAY_HD float half_to_float(std::uint16_t half) {
   const float normalized = bits_to_float((two_w >> 4) + (0xE0U << 23)) * bits_to_float(0x7800000U);  // 2^-112
   const float denormalized = bits_to_float((two_w >> 17) | (126U << 23)) - 0.5F;
   const std::uint32_t result =
-      sign | (two_w < (1U << 27) ? float_to_bits(denormalized) : float_to_bits(normalized));
+      sign | select_bits(two_w < (1U << 27), float_to_bits(denormalized), float_to_bits(normalized));
   return bits_to_float(result);
 }
 
@@ -59,13 +65,13 @@ KVRELAY_HD std::uint16_t float_to_half(float value) {
   const std::uint32_t shl1_w = w + w;
   const std::uint32_t sign = w & 0x80000000U;
   std::uint32_t bias = shl1_w & 0xFF000000U;
-  bias = bias < 0x71000000U ? 0x71000000U : bias;
+  bias = select_bits(bias < 0x71000000U, 0x71000000U, bias);
   base = bits_to_float((bias >> 1) + 0x07800000U) + base;
   const std::uint32_t bits = float_to_bits(base);
   const std::uint32_t exp_bits = (bits >> 13) & 0x00007C00U;
   const std::uint32_t mantissa_bits = bits & 0x00000FFFU;
   const std::uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<std::uint16_t>((sign >> 16) | (shl1_w > 0xFF000000U ? 0x7E00U : nonsign));
+  return static_cast<std::uint16_t>((sign >> 16) | select_bits(shl1_w > 0xFF000000U, 0x7E00U, nonsign));
 }
 
 KVRELAY_HD float bf16_to_float(std::uint16_t value) {
@@ -77,7 +83,7 @@ KVRELAY_HD std::uint16_t float_to_bf16(float value) {
   const std::uint32_t bits = float_to_bits(value);
   const std::uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) >> 16;
   const bool is_nan = (bits & 0x7FFFFFFFU) > 0x7F800000U;
-  return static_cast<std::uint16_t>(is_nan ? ((bits >> 16) | 0x40U) : rounded);
+  return static_cast<std::uint16_t>(select_bits(is_nan, (bits >> 16) | 0x40U, rounded));
 }
 
 // Largest finite e4m3 (fn variant: no infinities, 0x7F/0xFF are NaN, never produced here).
@@ -94,8 +100,8 @@ KVRELAY_HD std::uint8_t float_to_e4m3(float value) {
   const std::uint32_t normal = ((bits + 0x7FFFFU + ((bits >> 20) & 1U)) >> 20) - (120U << 3);
   // Subnormal range: multiples of 2^-9; the magic constant makes the add round to an integer.
   const float sub = (magnitude * 512.0F + 12582912.0F) - 12582912.0F;
-  const std::uint32_t subnormal = static_cast<std::uint32_t>(sub);
-  const std::uint32_t code = magnitude < 0.015625F ? subnormal : normal;
+  const auto subnormal = static_cast<std::uint32_t>(static_cast<std::int32_t>(sub));
+  const std::uint32_t code = select_bits(magnitude < 0.015625F, subnormal, normal);
   return static_cast<std::uint8_t>(sign | code);
 }
 
@@ -105,7 +111,7 @@ KVRELAY_HD float e4m3_to_float(std::uint8_t code) {
   const std::uint32_t mantissa = code & 0x7U;
   const float subnormal = static_cast<float>(mantissa) * 0.001953125F;  // 2^-9
   const float normal = bits_to_float(((exponent + 120U) << 23) | (mantissa << 20));
-  return bits_to_float(sign | float_to_bits(exponent == 0 ? subnormal : normal));
+  return bits_to_float(sign | select_bits(exponent == 0, float_to_bits(subnormal), float_to_bits(normal)));
 }
 
 // Asymmetric quantizer step: code = round((x - zero) * inv_scale) clamped to [0, max_code].
@@ -114,7 +120,8 @@ KVRELAY_HD std::uint32_t quantize_step(float value, float zero, float inv_scale,
   float scaled = (value - zero) * inv_scale;
   scaled = scaled > 0.0F ? scaled : 0.0F;  // NaN -> 0
   scaled = scaled < max_code ? scaled : max_code;
-  return static_cast<std::uint32_t>(scaled + 0.5F);
+  // Signed conversion: x86 has no vector float -> unsigned instruction before AVX-512.
+  return static_cast<std::uint32_t>(static_cast<std::int32_t>(scaled + 0.5F));
 }
 
 KVRELAY_HD float dequantize_step(std::uint32_t code, float zero, float scale) {
@@ -133,7 +140,8 @@ struct QuantGroup {
 
 KVRELAY_HD QuantGroup make_quant_group(float min_value, float max_value, float max_code) {
   const float kHalfMax = 65504.0F;
-  float zero = min_value > -kHalfMax ? min_value : -kHalfMax;  // NaN -> -65504
+  // "+ 0.0F" turns -0 into +0, so the result does not depend on which zero a reduction met first.
+  float zero = min_value > -kHalfMax ? min_value + 0.0F : -kHalfMax;  // NaN -> -65504
   zero = zero < kHalfMax ? zero : kHalfMax;
   float range = (max_value - min_value) / max_code;
   range = range > 0.0F ? range : 0.0F;

@@ -43,6 +43,15 @@ struct EncodeOptions {
                                                              std::span<const std::uint8_t> kv,
                                                              const EncodeOptions& options = {});
 
+// Largest frame encode_frame_into may write for this codec, layout and options.
+[[nodiscard]] Result<std::uint64_t> max_frame_size(const Codec& codec, const KvLayout& layout,
+                                                   const EncodeOptions& options = {});
+// Encodes into a caller-owned buffer of at least max_frame_size() bytes (reuse it: fresh large
+// buffers cost page faults); returns the frame's size.
+[[nodiscard]] Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout,
+                                                    std::span<const std::uint8_t> kv, const EncodeOptions& options,
+                                                    std::span<std::uint8_t> frame);
+
 // Parses and checks the header, the lengths and the checksum (not the codec payload).
 [[nodiscard]] Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame);
 
