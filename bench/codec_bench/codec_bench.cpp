@@ -2,6 +2,7 @@
 // measured on the same buffer sizes in the same run. Prints one JSON object.
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -44,6 +45,14 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown";
+}
+
+// Other load on the machine skews every figure; the run records it.
+std::string load_average() {
+  std::ifstream loadavg("/proc/loadavg");
+  std::string line;
+  std::getline(loadavg, line);
+  return line;
 }
 
 double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
@@ -101,7 +110,10 @@ int main(int argc, char** argv) {
 
   const auto registry = CodecRegistry::with_builtins();
   nlohmann::json out;
-  out["machine"] = {{"cpu", cpu_model()}, {"cores_used", 1}};
+  out["machine"] = {{"cpu", cpu_model()},
+                    {"cores_used", 1},
+                    {"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
+                    {"loadavg_at_start", load_average()}};
   out["samples"] = nlohmann::json::array();
   out["codecs"] = nlohmann::json::array();
   double memcpy_best = 0;
@@ -153,6 +165,7 @@ int main(int argc, char** argv) {
     }
   }
   out["memcpy_gbps"] = memcpy_best;
+  out["machine"]["loadavg_at_end"] = load_average();
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

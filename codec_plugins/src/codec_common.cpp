@@ -55,7 +55,7 @@ const char* builtin_error_text(int code) noexcept {
 void load_floats(const std::uint8_t* source, DType dtype, std::size_t count, float* destination) noexcept {
   switch (dtype) {
     case DType::kFloat32:
-      std::memcpy(destination, source, count * 4);
+      copy_bytes(destination, source, count * 4);
       return;
     case DType::kFloat16:
       for (std::size_t i = 0; i < count; ++i) {
@@ -77,7 +77,7 @@ void load_floats(const std::uint8_t* source, DType dtype, std::size_t count, flo
 void store_floats(const float* source, DType dtype, std::size_t count, std::uint8_t* destination) noexcept {
   switch (dtype) {
     case DType::kFloat32:
-      std::memcpy(destination, source, count * 4);
+      copy_bytes(destination, source, count * 4);
       return;
     case DType::kFloat16:
       for (std::size_t i = 0; i < count; ++i) {

@@ -62,6 +62,11 @@ void min_max(const float* values, std::size_t count, float& min_value, float& ma
 // Max of |x| over `count` floats.
 [[nodiscard]] float abs_max(const float* values, std::size_t count) noexcept;
 
+// memcpy that accepts empty ranges with null pointers (empty tensors have no storage).
+inline void copy_bytes(void* destination, const void* source, std::size_t count) noexcept {
+  if (count != 0) std::memcpy(destination, source, count);
+}
+
 inline void put_u16(std::uint8_t* out, std::uint16_t value) noexcept { std::memcpy(out, &value, 2); }
 inline std::uint16_t get_u16(const std::uint8_t* in) noexcept {
   std::uint16_t value;

@@ -48,7 +48,7 @@ float max_code(QuantKind kind) { return kind == QuantKind::kInt4 ? 15.0F : 255.0
 
 void pack_codes(QuantKind kind, const std::uint8_t* codes, std::size_t count, std::uint8_t* out) {
   if (kind != QuantKind::kInt4) {
-    std::memcpy(out, codes, count);
+    detail::copy_bytes(out, codes, count);
     return;
   }
   const std::size_t pairs = count / 2;
@@ -284,8 +284,8 @@ int quant_encode(const kvrelay_codec_layout* layout, const void* params, std::si
       const std::uint8_t* source = in + tensor * plan.shape.tensor_bytes;
       const std::size_t sink_bytes = plan.split.sink * row_bytes;
       const std::size_t recent_bytes = plan.split.recent * row_bytes;
-      std::memcpy(out, source, sink_bytes);
-      std::memcpy(out + sink_bytes, source + (plan.shape.tokens - plan.split.recent) * row_bytes, recent_bytes);
+      detail::copy_bytes(out, source, sink_bytes);
+      detail::copy_bytes(out + sink_bytes, source + (plan.shape.tokens - plan.split.recent) * row_bytes, recent_bytes);
       out += sink_bytes + recent_bytes;
       const QuantSection& section = is_value ? plan.value_section : plan.key_section;
       const std::uint8_t* middle = source + sink_bytes;
@@ -321,8 +321,8 @@ int quant_decode(const kvrelay_codec_layout* layout, const void* params, std::si
       std::uint8_t* destination = out + tensor * plan.shape.tensor_bytes;
       const std::size_t sink_bytes = plan.split.sink * row_bytes;
       const std::size_t recent_bytes = plan.split.recent * row_bytes;
-      std::memcpy(destination, in, sink_bytes);
-      std::memcpy(destination + (plan.shape.tokens - plan.split.recent) * row_bytes, in + sink_bytes, recent_bytes);
+      detail::copy_bytes(destination, in, sink_bytes);
+      detail::copy_bytes(destination + (plan.shape.tokens - plan.split.recent) * row_bytes, in + sink_bytes, recent_bytes);
       in += sink_bytes + recent_bytes;
       const QuantSection& section = is_value ? plan.value_section : plan.key_section;
       std::uint8_t* middle = destination + sink_bytes;

@@ -51,6 +51,10 @@ int make_plan(const kvrelay_codec_layout* layout, const void* params, std::size_
   return KVRELAY_CODEC_OK;
 }
 
+bool kept_bit(const std::uint8_t* bitmap, std::size_t t) {
+  return ((static_cast<unsigned>(bitmap[t / 8]) >> (t % 8)) & 1U) != 0;
+}
+
 std::uint64_t sparse_max_size(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size) {
   Plan plan;
   return make_plan(layout, params, params_size, plan) == KVRELAY_CODEC_OK ? plan.total : 0;
@@ -60,16 +64,16 @@ std::uint64_t sparse_max_size(const kvrelay_codec_layout* layout, const void* pa
 std::size_t put_exact(const Plan& plan, const std::uint8_t* tensor, std::uint8_t* out) {
   const std::size_t sink_bytes = plan.split.sink * plan.shape.row_bytes;
   const std::size_t recent_bytes = plan.split.recent * plan.shape.row_bytes;
-  std::memcpy(out, tensor, sink_bytes);
-  std::memcpy(out + sink_bytes, tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, recent_bytes);
+  detail::copy_bytes(out, tensor, sink_bytes);
+  detail::copy_bytes(out + sink_bytes, tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, recent_bytes);
   return sink_bytes + recent_bytes;
 }
 
 std::size_t get_exact(const Plan& plan, const std::uint8_t* in, std::uint8_t* tensor) {
   const std::size_t sink_bytes = plan.split.sink * plan.shape.row_bytes;
   const std::size_t recent_bytes = plan.split.recent * plan.shape.row_bytes;
-  std::memcpy(tensor, in, sink_bytes);
-  std::memcpy(tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, in + sink_bytes, recent_bytes);
+  detail::copy_bytes(tensor, in, sink_bytes);
+  detail::copy_bytes(tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, in + sink_bytes, recent_bytes);
   return sink_bytes + recent_bytes;
 }
 
@@ -114,7 +118,7 @@ int sparse_encode(const kvrelay_codec_layout* layout, const void* params, std::s
         std::uint8_t* value_rows = key_rows + plan.kept * plan.head_row_bytes;
         std::size_t written = 0;
         for (std::size_t t = 0; t < middle; ++t) {
-          if ((bitmap[t / 8] >> (t % 8) & 1U) == 0) continue;
+          if (!kept_bit(bitmap, t)) continue;
           const std::size_t offset = t * plan.shape.row_bytes + h * plan.head_row_bytes;
           std::memcpy(key_rows + written * plan.head_row_bytes, key_middle + offset, plan.head_row_bytes);
           std::memcpy(value_rows + written * plan.head_row_bytes, value_middle + offset, plan.head_row_bytes);
@@ -154,7 +158,7 @@ int sparse_decode(const kvrelay_codec_layout* layout, const void* params, std::s
       }
     }
     auto* out = static_cast<std::uint8_t*>(output);
-    std::memset(out, 0, output_size);
+    if (output_size != 0) std::memset(out, 0, output_size);
     for (std::uint32_t layer = 0; layer < plan.shape.layout.layers; ++layer) {
       std::uint8_t* keys = out + 2 * static_cast<std::size_t>(layer) * plan.shape.tensor_bytes;
       std::uint8_t* values = keys + plan.shape.tensor_bytes;
@@ -168,7 +172,7 @@ int sparse_decode(const kvrelay_codec_layout* layout, const void* params, std::s
         const std::uint8_t* value_rows = key_rows + plan.kept * plan.head_row_bytes;
         std::size_t read = 0;
         for (std::size_t t = 0; t < plan.split.middle; ++t) {
-          if ((bitmap[t / 8] >> (t % 8) & 1U) == 0) continue;
+          if (!kept_bit(bitmap, t)) continue;
           const std::size_t offset = t * plan.shape.row_bytes + h * plan.head_row_bytes;
           std::memcpy(key_middle + offset, key_rows + read * plan.head_row_bytes, plan.head_row_bytes);
           std::memcpy(value_middle + offset, value_rows + read * plan.head_row_bytes, plan.head_row_bytes);
@@ -213,7 +217,7 @@ Result<std::vector<std::uint8_t>> sparse_kept_mask(const KvLayout& layout, std::
       std::uint8_t* row = mask.data() + (layer * heads + h) * plan.shape.tokens;
       for (std::size_t t = 0; t < plan.split.sink; ++t) row[t] = 1;
       for (std::size_t t = plan.shape.tokens - plan.split.recent; t < plan.shape.tokens; ++t) row[t] = 1;
-      for (std::size_t t = 0; t < plan.split.middle; ++t) row[plan.split.sink + t] = (bitmap[t / 8] >> (t % 8)) & 1U;
+      for (std::size_t t = 0; t < plan.split.middle; ++t) row[plan.split.sink + t] = kept_bit(bitmap, t) ? 1 : 0;
     }
   }
   return mask;

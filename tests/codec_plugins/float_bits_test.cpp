@@ -38,7 +38,7 @@ TEST_CASE("e4m3 decode table matches the format's definition", "[codec][float]")
   CHECK(e4m3_to_float(0xBE) == -1.75F);  // sign, exponent 7 (bias 7), mantissa 6/8
 }
 
-TEST_CASE("float_to_e4m3 rounds to the nearest code, ties to even, saturating", "[codec][float]") {
+TEST_CASE("float_to_e4m3 rounds to the nearest code with ties to even and saturates", "[codec][float]") {
   std::mt19937 random(7);
   std::uniform_real_distribution<float> exponent(-14.0F, 10.0F);
   for (int i = 0; i < 20000; ++i) {

@@ -51,6 +51,7 @@ std::vector<std::uint8_t> round_trip(const CodecRegistry& registry, const CodecS
 void require_rows_exact(const KvLayout& layout, const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b,
                         std::size_t first, std::size_t last) {
   const std::size_t row = layout.kv_heads * layout.head_dim * dtype_size(layout.dtype);
+  if (last == first) return;
   for (std::uint32_t layer = 0; layer < layout.layers; ++layer) {
     for (bool value : {false, true}) {
       const std::size_t offset = layout.tensor_offset(layer, value).value();
@@ -77,7 +78,7 @@ Extent extent(const KvLayout& layout, const std::vector<std::uint8_t>& kv) {
 
 }  // namespace
 
-TEST_CASE("lossless codecs are bit-exact for every dtype and shape, even on random bit patterns", "[codec][roundtrip]") {
+TEST_CASE("lossless codecs are bit-exact for every dtype and shape even on random bit patterns", "[codec][roundtrip]") {
   const auto registry = CodecRegistry::with_builtins();
   std::mt19937 random(3);
   for (const char* name : {"raw", "lossless", "raw+zstd", "lossless+zstd"}) {
@@ -155,7 +156,7 @@ TEST_CASE("lossy codecs keep sinks and the recent window exact and stay within b
   }
 }
 
-TEST_CASE("int4 with larger groups has larger error, int8 beats int4", "[codec][roundtrip]") {
+TEST_CASE("int4 with larger groups has larger error and int8 beats int4", "[codec][roundtrip]") {
   const auto registry = CodecRegistry::with_builtins();
   const KvLayout layout{2, 2, 64, DType::kFloat16, 600};
   const auto kv = synthetic_kv(layout, 31).value();
