@@ -1,6 +1,7 @@
 // Fuzzes the HTTP request path as the daemon configures it: Beast's parser with our header and
 // body limits, then the admin router. Any input must parse, be rejected, or need more bytes —
 // never crash — and every parsed request must get a response with a valid status.
+#include <boost/asio/buffer.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   kvrelay::cli::add_check_config_command(app, exit_code);
   kvrelay::cli::add_decision_command(app, exit_code);
   kvrelay::cli::add_peer_command(app, exit_code);
+  kvrelay::cli::add_codec_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

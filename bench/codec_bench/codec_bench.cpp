@@ -1,0 +1,171 @@
+// codec_bench: single-core encode/decode throughput and quality of every codec, next to memcpy
+// measured on the same buffer sizes in the same run. Prints one JSON object.
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/codec_plugins/metrics.h"
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/codec_plugins/tensor_file.h"
+
+using namespace kvrelay;
+using namespace kvrelay::codec;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <class Body>
+double best_seconds(int repeats, Body&& body) {
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    body();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+// Other load on the machine skews every figure; the run records it.
+std::string load_average() {
+  std::ifstream loadavg("/proc/loadavg");
+  std::string line;
+  std::getline(loadavg, line);
+  return line;
+}
+
+double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+struct Sample {
+  std::string name;
+  KvLayout layout;
+  std::vector<std::uint8_t> kv;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"codec_bench: one-core codec throughput and quality (JSON)"};
+  std::uint64_t tokens = 2048;
+  std::string shape = "8,8,128";
+  int repeats = 3;
+  std::string codecs = "raw,lossless,fp8,int8,int4,int4+zstd,sparse";
+  std::string kv_file;
+  std::string kv_layout;
+  std::uint64_t kv_tokens = 0;
+  app.add_option("--tokens", tokens, "Tokens of the synthetic samples");
+  app.add_option("--shape", shape, "Synthetic sample L,H,D");
+  app.add_option("--repeats", repeats, "Timed repetitions (best is kept)");
+  app.add_option("--codecs", codecs, "Comma-separated codecs");
+  app.add_option("--kv", kv_file, "Extra sample: raw KV file (e.g. from the reference worker)");
+  app.add_option("--kv-layout", kv_layout, "Its layout L,H,D,DTYPE");
+  app.add_option("--kv-tokens", kv_tokens, "Its token count");
+  CLI11_PARSE(app, argc, argv);
+
+  // One core, as the goals are stated per core.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(static_cast<unsigned>(sched_getcpu()), &one);
+  sched_setaffinity(0, sizeof one, &one);
+
+  std::vector<Sample> samples;
+  for (const char* dtype : {"fp32", "fp16", "bf16"}) {
+    auto layout = parse_layout_spec(shape + "," + dtype, tokens);
+    if (!layout) {
+      std::fprintf(stderr, "%s\n", layout.error().to_string().c_str());
+      return 2;
+    }
+    samples.push_back({std::string("synthetic-outliers-") + dtype, layout.value(), synthetic_kv(layout.value(), 42).value()});
+  }
+  if (!kv_file.empty()) {
+    auto layout = parse_layout_spec(kv_layout, kv_tokens);
+    auto kv = read_binary_file(kv_file, std::uint64_t{16} << 30);
+    if (!layout || !kv || kv.value().size() != layout.value().total_bytes().value()) {
+      std::fprintf(stderr, "bad --kv sample\n");
+      return 2;
+    }
+    samples.push_back({kv_file, layout.value(), std::move(kv.value())});
+  }
+
+  const auto registry = CodecRegistry::with_builtins();
+  nlohmann::json out;
+  out["machine"] = {{"cpu", cpu_model()},
+                    {"cores_used", 1},
+                    {"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
+                    {"loadavg_at_start", load_average()}};
+  out["samples"] = nlohmann::json::array();
+  out["codecs"] = nlohmann::json::array();
+  double memcpy_best = 0;
+  for (const auto& sample : samples) {
+    const std::size_t bytes = sample.kv.size();
+    std::vector<std::uint8_t> copy(bytes);
+    std::memcpy(copy.data(), sample.kv.data(), bytes);  // fault the pages in before timing
+    const double seconds = best_seconds(repeats + 2, [&] { std::memcpy(copy.data(), sample.kv.data(), bytes); });
+    const double memcpy_gbps = gbps(bytes, seconds);
+    memcpy_best = std::max(memcpy_best, memcpy_gbps);
+    out["samples"].push_back({{"name", sample.name}, {"layout", sample.layout.describe()}, {"bytes", bytes},
+                              {"memcpy_gbps", memcpy_gbps}});
+    const auto queries = sample_queries(sample.layout, sample.kv, 4, sample.layout.kv_heads, 7).value();
+    std::size_t start = 0;
+    while (start <= codecs.size()) {
+      const std::size_t comma = std::min(codecs.find(',', start), codecs.size());
+      const std::string name = codecs.substr(start, comma - start);
+      start = comma + 1;
+      auto spec = resolve_codec(registry, name);
+      if (!spec) {
+        std::fprintf(stderr, "%s\n", spec.error().to_string().c_str());
+        return 2;
+      }
+      EncodeOptions options;
+      options.zstd_stage = spec.value().zstd_stage;
+      // Buffers are reused across repetitions, as the daemon reuses its arenas.
+      std::vector<std::uint8_t> frame(max_frame_size(*spec.value().codec, sample.layout, options).value());
+      std::size_t frame_size = 0;
+      const double encode_s = best_seconds(repeats, [&] {
+        frame_size = encode_frame_into(*spec.value().codec, sample.layout, sample.kv, options, frame).value();
+      });
+      frame.resize(frame_size);
+      const double decode_s = best_seconds(repeats, [&] {
+        if (!decode_frame(registry, frame, copy)) std::abort();
+      });
+      const auto quality = evaluate(registry, spec.value(), sample.layout, sample.kv, queries).value();
+      out["codecs"].push_back({{"name", name},
+                               {"sample", sample.name},
+                               {"dtype", dtype_name(sample.layout.dtype)},
+                               {"tokens", sample.layout.tokens},
+                               {"encode_gbps", gbps(bytes, encode_s)},
+                               {"decode_gbps", gbps(bytes, decode_s)},
+                               {"encode_vs_memcpy", gbps(bytes, encode_s) / memcpy_gbps},
+                               {"decode_vs_memcpy", gbps(bytes, decode_s) / memcpy_gbps},
+                               {"ratio", static_cast<double>(bytes) / static_cast<double>(frame.size())},
+                               {"rel_l2_k", quality.keys.rel_l2},
+                               {"rel_l2_v", quality.values.rel_l2},
+                               {"attn_rel_err", quality.attn_rel_err}});
+    }
+  }
+  out["memcpy_gbps"] = memcpy_best;
+  out["machine"]["loadavg_at_end"] = load_average();
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}

@@ -1,0 +1,68 @@
+#pragma once
+
+// The self-describing frame every encoded KV payload travels in; byte layout in
+// docs/wire-format.md ("KV frames"). Decoding validates every field, the lengths and the xxh3
+// checksum before it writes a byte of output.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/kv_layout.h"
+#include "kvrelay/core/result.h"
+
+namespace kvrelay::codec {
+
+inline constexpr std::uint32_t kFrameMagic = 0x4652564BU;  // "KVRF" in file order
+inline constexpr std::uint16_t kFrameVersion = 1;
+inline constexpr std::size_t kFrameHeaderSize = 52;
+inline constexpr std::size_t kFrameTrailerSize = 8;
+inline constexpr std::size_t kMaxFrameParamsSize = 1024;
+inline constexpr std::uint8_t kFrameFlagZstdStage = 0x1;
+
+struct FrameHeader {
+  std::uint16_t version = kFrameVersion;
+  std::uint8_t flags = 0;
+  std::uint32_t codec_id = 0;
+  KvLayout layout;
+  std::vector<std::uint8_t> params;
+  std::uint64_t inner_length = 0;    // codec payload bytes (before the zstd stage, if any)
+  std::uint64_t payload_length = 0;  // bytes stored in the frame
+  std::uint64_t checksum = 0;
+};
+
+struct EncodeOptions {
+  bool zstd_stage = false;
+  int zstd_level = 3;
+  std::vector<std::uint8_t> params;  // empty: the codec's defaults
+};
+
+[[nodiscard]] Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayout& layout,
+                                                             std::span<const std::uint8_t> kv,
+                                                             const EncodeOptions& options = {});
+
+// Largest frame encode_frame_into may write for this codec, layout and options.
+[[nodiscard]] Result<std::uint64_t> max_frame_size(const Codec& codec, const KvLayout& layout,
+                                                   const EncodeOptions& options = {});
+// Encodes into a caller-owned buffer of at least max_frame_size() bytes (reuse it: fresh large
+// buffers cost page faults); returns the frame's size.
+[[nodiscard]] Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout,
+                                                    std::span<const std::uint8_t> kv, const EncodeOptions& options,
+                                                    std::span<std::uint8_t> frame);
+
+// Parses and checks the header, the lengths and the checksum (not the codec payload).
+[[nodiscard]] Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame);
+
+// Decodes into `output`, whose size must be the frame layout's total size. On failure the
+// output's contents are unspecified but no byte outside it is touched.
+[[nodiscard]] Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                                  std::span<std::uint8_t> output);
+
+// Allocating variant; refuses layouts above `max_output_bytes` (hostile frames can claim terabytes).
+[[nodiscard]] Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry,
+                                                             std::span<const std::uint8_t> frame,
+                                                             std::uint64_t max_output_bytes);
+
+}  // namespace kvrelay::codec

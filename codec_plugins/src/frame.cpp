@@ -1,0 +1,259 @@
+#include "kvrelay/codec_plugins/frame.h"
+
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace kvrelay::codec {
+namespace {
+
+// Field offsets; docs/wire-format.md "KV frames" is the normative description.
+constexpr std::size_t kOffMagic = 0;
+constexpr std::size_t kOffVersion = 4;
+constexpr std::size_t kOffFlags = 6;
+constexpr std::size_t kOffDtype = 7;
+constexpr std::size_t kOffCodec = 8;
+constexpr std::size_t kOffLayers = 12;
+constexpr std::size_t kOffHeads = 16;
+constexpr std::size_t kOffHeadDim = 20;
+constexpr std::size_t kOffTokens = 24;
+constexpr std::size_t kOffParamsLength = 32;
+constexpr std::size_t kOffInnerLength = 36;
+constexpr std::size_t kOffPayloadLength = 44;
+static_assert(kOffPayloadLength + 8 == kFrameHeaderSize);
+
+template <class Int>
+void put(std::uint8_t* out, std::size_t offset, Int value) {
+  std::memcpy(out + offset, &value, sizeof(Int));
+}
+
+template <class Int>
+Int get(const std::uint8_t* in, std::size_t offset) {
+  Int value;
+  std::memcpy(&value, in + offset, sizeof(Int));
+  return value;
+}
+
+kvrelay_codec_layout to_c(const KvLayout& layout) {
+  return {layout.layers, layout.kv_heads, layout.head_dim, static_cast<std::uint32_t>(layout.dtype), layout.tokens};
+}
+
+Error codec_error(const Codec& codec, int code, const char* action) {
+  const char* text = codec.plugin().error_text(code);
+  auto error_code = static_cast<ErrorCode>(code);
+  if (code <= 0 || code > static_cast<int>(ErrorCode::kInternal)) error_code = ErrorCode::kInternal;
+  return Error{error_code, fmt::format("codec '{}' {} failed: {}", codec.name(), action, text ? text : "?")};
+}
+
+}  // namespace
+
+namespace {
+
+struct EncodePlan {
+  std::vector<std::uint8_t> params;
+  std::uint64_t bound = 0;     // codec output bound
+  std::uint64_t capacity = 0;  // whole frame bound
+};
+
+Result<EncodePlan> plan_encode(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
+  KVRELAY_TRY(auto total, layout.total_bytes());
+  EncodePlan plan;
+  plan.params = options.params.empty() ? codec.default_params() : options.params;
+  if (plan.params.size() > kMaxFrameParamsSize) return fail(ErrorCode::kInvalidArgument, "codec params above 1024 bytes");
+  const kvrelay_codec_layout c_layout = to_c(layout);
+  plan.bound = codec.plugin().max_encoded_size(&c_layout, plan.params.data(), plan.params.size());
+  if (plan.bound == 0 && total != 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("codec '{}' rejects layout {} or its params", codec.name(), layout.describe()));
+  }
+  const std::uint64_t payload = options.zstd_stage ? ZSTD_compressBound(plan.bound) : plan.bound;
+  KVRELAY_TRY(plan.capacity, checked_add(kFrameHeaderSize + plan.params.size() + kFrameTrailerSize, payload));
+  return plan;
+}
+
+}  // namespace
+
+Result<std::uint64_t> max_frame_size(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
+  KVRELAY_TRY(auto plan, plan_encode(codec, layout, options));
+  return plan.capacity;
+}
+
+Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout, std::span<const std::uint8_t> kv,
+                                      const EncodeOptions& options, std::span<std::uint8_t> frame) {
+  KVRELAY_TRY(auto total, layout.total_bytes());
+  if (kv.size() != total) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size(), layout.describe(), total));
+  }
+  KVRELAY_TRY(auto plan, plan_encode(codec, layout, options));
+  if (frame.size() < plan.capacity) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("frame buffer of {} bytes, encoding may need {}", frame.size(), plan.capacity));
+  }
+  const kvrelay_codec_layout c_layout = to_c(layout);
+  const auto& params = plan.params;
+  const std::size_t prefix = kFrameHeaderSize + params.size();
+  std::size_t inner_size = 0;
+  std::size_t payload_size = 0;
+  if (options.zstd_stage) {
+    // Reused per thread: fresh multi-megabyte buffers cost more in page faults than the codec.
+    thread_local std::vector<std::uint8_t> inner;
+    if (inner.size() < plan.bound) inner.resize(plan.bound);
+    const int code = codec.plugin().encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(), inner.data(),
+                                           plan.bound, &inner_size);
+    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
+    if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
+    const std::size_t compressed = ZSTD_compress(frame.data() + prefix, plan.capacity - prefix - kFrameTrailerSize,
+                                                 inner.data(), inner_size, options.zstd_level);
+    if (ZSTD_isError(compressed)) {
+      return fail(ErrorCode::kInternal, fmt::format("zstd stage: {}", ZSTD_getErrorName(compressed)));
+    }
+    payload_size = compressed;
+  } else {
+    const int code = codec.plugin().encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(),
+                                           frame.data() + prefix, plan.bound, &inner_size);
+    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
+    if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
+    payload_size = inner_size;
+  }
+  std::uint8_t* out = frame.data();
+  put<std::uint32_t>(out, kOffMagic, kFrameMagic);
+  put<std::uint16_t>(out, kOffVersion, kFrameVersion);
+  put<std::uint8_t>(out, kOffFlags, options.zstd_stage ? kFrameFlagZstdStage : 0);
+  put<std::uint8_t>(out, kOffDtype, static_cast<std::uint8_t>(layout.dtype));
+  put<std::uint32_t>(out, kOffCodec, codec.id());
+  put<std::uint32_t>(out, kOffLayers, layout.layers);
+  put<std::uint32_t>(out, kOffHeads, layout.kv_heads);
+  put<std::uint32_t>(out, kOffHeadDim, layout.head_dim);
+  put<std::uint64_t>(out, kOffTokens, layout.tokens);
+  put<std::uint32_t>(out, kOffParamsLength, static_cast<std::uint32_t>(params.size()));
+  put<std::uint64_t>(out, kOffInnerLength, inner_size);
+  put<std::uint64_t>(out, kOffPayloadLength, payload_size);
+  if (!params.empty()) std::memcpy(out + kFrameHeaderSize, params.data(), params.size());
+  const std::size_t body = prefix + payload_size;
+  put<std::uint64_t>(out, body, XXH3_64bits(out, body));
+  return body + kFrameTrailerSize;
+}
+
+Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayout& layout,
+                                               std::span<const std::uint8_t> kv, const EncodeOptions& options) {
+  KVRELAY_TRY(auto capacity, max_frame_size(codec, layout, options));
+  std::vector<std::uint8_t> frame(capacity);
+  KVRELAY_TRY(auto size, encode_frame_into(codec, layout, kv, options, frame));
+  frame.resize(size);
+  return frame;
+}
+
+Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
+  if (frame.size() < kFrameHeaderSize + kFrameTrailerSize) {
+    return fail(ErrorCode::kTruncated, fmt::format("frame of {} bytes is shorter than the {}-byte minimum", frame.size(),
+                                                   kFrameHeaderSize + kFrameTrailerSize));
+  }
+  const std::uint8_t* in = frame.data();
+  if (get<std::uint32_t>(in, kOffMagic) != kFrameMagic) return fail(ErrorCode::kBadMagic, "not a KV frame (bad magic)");
+  FrameHeader header;
+  header.version = get<std::uint16_t>(in, kOffVersion);
+  if (header.version != kFrameVersion) {
+    return fail(ErrorCode::kBadVersion, fmt::format("frame format version {} (supported: {})", header.version, kFrameVersion));
+  }
+  header.flags = get<std::uint8_t>(in, kOffFlags);
+  if ((header.flags & ~kFrameFlagZstdStage) != 0) {
+    return fail(ErrorCode::kCorrupt, fmt::format("unknown frame flags 0x{:02x}", header.flags));
+  }
+  const auto params_length = get<std::uint32_t>(in, kOffParamsLength);
+  header.inner_length = get<std::uint64_t>(in, kOffInnerLength);
+  header.payload_length = get<std::uint64_t>(in, kOffPayloadLength);
+  if (params_length > kMaxFrameParamsSize) {
+    return fail(ErrorCode::kCorrupt, fmt::format("frame params length {} above {}", params_length, kMaxFrameParamsSize));
+  }
+  KVRELAY_TRY(auto body, checked_add(kFrameHeaderSize + params_length, header.payload_length));
+  KVRELAY_TRY(auto expected, checked_add(body, kFrameTrailerSize));
+  if (frame.size() < expected) {
+    return fail(ErrorCode::kTruncated, fmt::format("frame has {} bytes, its header announces {}", frame.size(), expected));
+  }
+  if (frame.size() > expected) {
+    return fail(ErrorCode::kCorrupt,
+                fmt::format("frame has {} trailing bytes after the announced {}", frame.size() - expected, expected));
+  }
+  header.checksum = get<std::uint64_t>(in, body);
+  const std::uint64_t actual = XXH3_64bits(in, body);
+  if (actual != header.checksum) {
+    return fail(ErrorCode::kChecksumMismatch,
+                fmt::format("frame checksum 0x{:016x} != computed 0x{:016x}", header.checksum, actual));
+  }
+  const auto dtype = dtype_from_wire(get<std::uint8_t>(in, kOffDtype));
+  if (!dtype) {
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("frame dtype {} unknown", get<std::uint8_t>(in, kOffDtype)));
+  }
+  header.layout = KvLayout{get<std::uint32_t>(in, kOffLayers), get<std::uint32_t>(in, kOffHeads),
+                           get<std::uint32_t>(in, kOffHeadDim), *dtype, get<std::uint64_t>(in, kOffTokens)};
+  if (auto valid = header.layout.validate(); !valid) {
+    return fail(ErrorCode::kLayoutMismatch, "frame layout: " + valid.error().message);
+  }
+  KVRELAY_TRY(header.layout.total_bytes());  // kOverflow when the sizes do not fit 64 bits
+  if (header.flags == 0 && header.inner_length != header.payload_length) {
+    return fail(ErrorCode::kCorrupt, "frame inner length differs from payload length without a zstd stage");
+  }
+  header.codec_id = get<std::uint32_t>(in, kOffCodec);
+  header.params.assign(in + kFrameHeaderSize, in + kFrameHeaderSize + params_length);
+  return header;
+}
+
+Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame, std::span<std::uint8_t> output) {
+  KVRELAY_TRY(auto header, inspect_frame(frame));
+  const Codec* codec = registry.find(header.codec_id);
+  if (codec == nullptr) return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
+  KVRELAY_TRY(auto total, header.layout.total_bytes());
+  if (output.size() != total) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("output has {} bytes, frame layout {} needs {}", output.size(), header.layout.describe(), total));
+  }
+  const kvrelay_codec_layout c_layout = to_c(header.layout);
+  const std::uint64_t bound = codec->plugin().max_encoded_size(&c_layout, header.params.data(), header.params.size());
+  if (bound == 0 && total != 0) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("codec '{}' rejects frame layout {} or params", codec->name(), header.layout.describe()));
+  }
+  if (header.inner_length > bound) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("frame payload {} bytes exceeds codec bound {} for its layout", header.inner_length, bound));
+  }
+  const std::uint8_t* payload = frame.data() + kFrameHeaderSize + header.params.size();
+  if ((header.flags & kFrameFlagZstdStage) != 0) {
+    const unsigned long long content = ZSTD_getFrameContentSize(payload, header.payload_length);
+    if (content != header.inner_length) return fail(ErrorCode::kCorrupt, "zstd stage: content size disagrees with header");
+    thread_local std::vector<std::uint8_t> inner;  // reused: see encode_frame_into
+    if (inner.size() < header.inner_length) inner.resize(header.inner_length);
+    const std::size_t got = ZSTD_decompress(inner.data(), header.inner_length, payload, header.payload_length);
+    if (ZSTD_isError(got) || got != header.inner_length) {
+      return fail(ErrorCode::kCorrupt, fmt::format("zstd stage: {}", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short"));
+    }
+    payload = inner.data();
+  }
+  const int code = codec->plugin().decode(&c_layout, header.params.data(), header.params.size(), payload,
+                                          header.inner_length, output.data(), output.size());
+  if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(*codec, code, "decode"));
+  return ok();
+}
+
+Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                                               std::uint64_t max_output_bytes) {
+  KVRELAY_TRY(auto header, inspect_frame(frame));
+  KVRELAY_TRY(auto total, header.layout.total_bytes());
+  if (total > max_output_bytes) {
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("frame layout {} needs {} bytes, above the {} allowed", header.layout.describe(), total,
+                            max_output_bytes));
+  }
+  if (registry.find(header.codec_id) == nullptr) {
+    return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
+  }
+  std::vector<std::uint8_t> output(total);
+  KVRELAY_TRY(decode_frame(registry, frame, output));
+  return output;
+}
+
+}  // namespace kvrelay::codec

@@ -1,0 +1,113 @@
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "kvrelay/codec_plugins/metrics.h"
+#include "support/child_process.h"
+#include "support/test_paths.h"
+
+using namespace kvrelay;
+using namespace kvrelay::test;
+
+namespace {
+
+std::string as_string(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+CommandResult kvrelay_cli(const TempDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), kvrelay_binary().string());
+  return run_command(args, dir.path());
+}
+
+}  // namespace
+
+TEST_CASE("kvrelay codec list shows built-ins and plugins with their origin", "[codec][cli]") {
+  TempDir dir;
+  const auto result = kvrelay_cli(dir, {"codec", "--plugin-dir", std::string(KVRELAY_TEST_PLUGIN_DIR) + "/good", "list"});
+  INFO(result.err);
+  REQUIRE(result.exit_status == 0);
+  CHECK(result.out.find("lossless") != std::string::npos);
+  CHECK(result.out.find("built-in") != std::string::npos);
+  CHECK(result.out.find("position-sparse") != std::string::npos);
+  CHECK(result.out.find("xor_plugin.so") != std::string::npos);
+}
+
+TEST_CASE("kvrelay codec encode then decode restores a KV file", "[codec][cli]") {
+  TempDir dir;
+  const KvLayout layout{2, 2, 16, DType::kBFloat16, 40};
+  const auto kv = codec::synthetic_kv(layout, 3).value();
+  write_file(dir / "kv.bin", as_string(kv));
+  for (const char* name : {"lossless", "int4+zstd"}) {
+    INFO(name);
+    auto encoded = kvrelay_cli(dir, {"codec", "encode", "--codec", name, "--layout", "2,2,16,bf16", "--tokens", "40",
+                                     "--recent", "8", (dir / "kv.bin").string(), (dir / "kv.kvf").string()});
+    INFO(encoded.err);
+    REQUIRE(encoded.exit_status == 0);
+    auto decoded = kvrelay_cli(dir, {"codec", "decode", (dir / "kv.kvf").string(), (dir / "out.bin").string()});
+    INFO(decoded.err);
+    REQUIRE(decoded.exit_status == 0);
+    const auto restored = read_file(dir / "out.bin");
+    REQUIRE(restored.size() == kv.size());
+    if (std::string(name) == "lossless") CHECK(restored == as_string(kv));
+  }
+}
+
+TEST_CASE("kvrelay codec decode of a bad frame exits non-zero naming the error", "[codec][cli]") {
+  TempDir dir;
+  const KvLayout layout{1, 2, 8, DType::kFloat16, 10};
+  write_file(dir / "kv.bin", as_string(codec::synthetic_kv(layout, 3).value()));
+  REQUIRE(kvrelay_cli(dir, {"codec", "encode", "--codec", "int8", "--layout", "1,2,8,fp16", "--tokens", "10",
+                            (dir / "kv.bin").string(), (dir / "good.kvf").string()})
+              .exit_status == 0);
+  const std::string good = read_file(dir / "good.kvf");
+  struct Bad {
+    std::string bytes;
+    const char* error;
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] = static_cast<char>(flipped[good.size() / 2] ^ 0x10);
+  std::string magic = good;
+  magic[1] = 'X';
+  const Bad cases[] = {{flipped, "checksum_mismatch"},
+                       {good.substr(0, good.size() - 3), "truncated"},
+                       {magic, "bad_magic"},
+                       {"", "truncated"},
+                       {good + "x", "corrupt"}};
+  for (const auto& bad : cases) {
+    write_file(dir / "bad.kvf", bad.bytes);
+    const auto result = kvrelay_cli(dir, {"codec", "decode", (dir / "bad.kvf").string(), (dir / "out.bin").string()});
+    INFO(bad.error << ": " << result.err);
+    CHECK(result.exit_status == 2);  // an exit, not a signal (those read as 128 + n)
+    CHECK(result.err.find(bad.error) != std::string::npos);
+  }
+  const auto missing = kvrelay_cli(dir, {"codec", "decode", (dir / "absent.kvf").string(), (dir / "out.bin").string()});
+  CHECK(missing.exit_status == 2);
+  CHECK(missing.err.find("io") != std::string::npos);
+}
+
+TEST_CASE("kvrelay codec eval prints per-layer quality as JSON", "[codec][cli]") {
+  TempDir dir;
+  const KvLayout layout{2, 2, 32, DType::kFloat16, 300};
+  write_file(dir / "kv.bin", as_string(codec::synthetic_kv(layout, 5).value()));
+  const auto result = kvrelay_cli(dir, {"codec", "eval", "--codec", "raw,int8,int4", "--layout", "2,2,32,fp16",
+                                        "--tokens", "300", "--query-heads", "4", (dir / "kv.bin").string()});
+  INFO(result.err);
+  REQUIRE(result.exit_status == 0);
+  const auto json = nlohmann::json::parse(result.out);
+  REQUIRE(json.size() == 3);
+  CHECK(json[0]["codec"] == "raw");
+  CHECK(json[0]["attn_rel_err"] == 0.0);
+  CHECK(json[0]["k"]["snr_db"] == "inf");
+  CHECK(json[1]["layers"].size() == 2);
+  CHECK(json[1]["attn_rel_err"].get<double>() > 0);
+  CHECK(json[1]["attn_rel_err"].get<double>() < json[2]["attn_rel_err"].get<double>());
+  CHECK(json[2]["ratio"].get<double>() > json[1]["ratio"].get<double>());
+  CHECK(json[2]["query_heads"] == 4);
+
+  const auto bad = kvrelay_cli(dir, {"codec", "eval", "--codec", "int8", "--layout", "2,2,32,fp16", "--tokens", "301",
+                                     (dir / "kv.bin").string()});
+  CHECK(bad.exit_status == 2);
+  CHECK(bad.err.find("layout_mismatch") != std::string::npos);
+}

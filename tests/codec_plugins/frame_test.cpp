@@ -1,0 +1,200 @@
+#include <catch2/catch.hpp>
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/codec_plugins/metrics.h"
+#include "kvrelay/codec_plugins/registry.h"
+
+using namespace kvrelay;
+using namespace kvrelay::codec;
+
+namespace {
+
+// Recomputes the trailing checksum so a test can reach the checks behind it.
+void reseal(std::vector<std::uint8_t>& frame) {
+  const std::size_t body = frame.size() - kFrameTrailerSize;
+  const std::uint64_t checksum = XXH3_64bits(frame.data(), body);
+  std::memcpy(frame.data() + body, &checksum, 8);
+}
+
+template <class Int>
+void poke(std::vector<std::uint8_t>& frame, std::size_t offset, Int value) {
+  std::memcpy(frame.data() + offset, &value, sizeof(Int));
+}
+
+ErrorCode decode_error(const CodecRegistry& registry, const std::vector<std::uint8_t>& frame, std::size_t output_size) {
+  std::vector<std::uint8_t> output(output_size, 0xEE);
+  auto result = decode_frame(registry, frame, output);
+  return result ? ErrorCode::kOk : result.error().code;
+}
+
+struct Sample {
+  CodecRegistry registry = CodecRegistry::with_builtins();
+  KvLayout layout{1, 2, 4, DType::kFloat16, 3};
+  std::vector<std::uint8_t> kv = synthetic_kv(layout, 5).value();
+  std::size_t size() const { return kv.size(); }
+};
+
+}  // namespace
+
+TEST_CASE("frame header carries every field at its documented offset", "[codec][frame]") {
+  Sample s;
+  const auto frame = encode_frame(*s.registry.find("raw"), s.layout, s.kv).value();
+  REQUIRE(frame.size() == kFrameHeaderSize + s.size() + kFrameTrailerSize);
+  CHECK(std::memcmp(frame.data(), "KVRF", 4) == 0);
+  CHECK(frame[4] == 1);
+  CHECK(frame[5] == 0);
+  CHECK(frame[6] == 0);
+  CHECK(frame[7] == 2);  // fp16
+  CHECK(frame[8] == 1);  // raw codec id
+  CHECK(frame[12] == 1);
+  CHECK(frame[16] == 2);
+  CHECK(frame[20] == 4);
+  CHECK(frame[24] == 3);
+  CHECK(frame[32] == 0);  // raw: no params
+  CHECK(frame[36] == s.size());
+  CHECK(frame[44] == s.size());
+  CHECK(std::memcmp(frame.data() + kFrameHeaderSize, s.kv.data(), s.size()) == 0);
+  auto header = inspect_frame(frame);
+  REQUIRE(header);
+  CHECK(header.value().layout == s.layout);
+}
+
+TEST_CASE("flipping any single bit of a valid frame is always detected", "[codec][frame]") {
+  Sample s;
+  for (const char* name : {"raw", "int4", "lossless"}) {
+    const auto frame = encode_frame(*s.registry.find(name), s.layout, s.kv).value();
+    for (std::size_t bit = 0; bit < frame.size() * 8; ++bit) {
+      auto corrupted = frame;
+      corrupted[bit / 8] ^= static_cast<std::uint8_t>(1U << (bit % 8));
+      INFO(name << " bit " << bit);
+      REQUIRE(decode_error(s.registry, corrupted, s.size()) != ErrorCode::kOk);
+    }
+  }
+}
+
+TEST_CASE("every malformed field maps to its own error code", "[codec][frame]") {
+  Sample s;
+  const auto good = encode_frame(*s.registry.find("int8"), s.layout, s.kv).value();
+  REQUIRE(decode_error(s.registry, good, s.size()) == ErrorCode::kOk);
+
+  SECTION("truncated anywhere") {
+    for (std::size_t length = 0; length < good.size(); ++length) {
+      const std::vector<std::uint8_t> cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length));
+      INFO("length " << length);
+      REQUIRE(decode_error(s.registry, cut, s.size()) == ErrorCode::kTruncated);
+    }
+  }
+  SECTION("bad magic") {
+    auto frame = good;
+    frame[0] = 'X';
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kBadMagic);
+  }
+  SECTION("bad version") {
+    auto frame = good;
+    poke<std::uint16_t>(frame, 4, 2);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kBadVersion);
+  }
+  SECTION("checksum") {
+    auto frame = good;
+    frame[kFrameHeaderSize + 30] ^= 1;
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kChecksumMismatch);
+  }
+  SECTION("unknown codec") {
+    auto frame = good;
+    poke<std::uint32_t>(frame, 8, 999);
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kUnknownCodec);
+  }
+  SECTION("layout sizes that overflow") {
+    auto frame = good;
+    poke<std::uint32_t>(frame, 12, 1024);
+    poke<std::uint32_t>(frame, 16, 1024);
+    poke<std::uint32_t>(frame, 20, 4096);
+    poke<std::uint64_t>(frame, 24, std::uint64_t{1} << 40);
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kOverflow);
+  }
+  SECTION("layout that disagrees with the payload length") {
+    auto frame = good;
+    poke<std::uint64_t>(frame, 24, 300);  // more tokens than the payload holds
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kLayoutMismatch);
+  }
+  SECTION("output buffer that disagrees with the layout") {
+    CHECK(decode_error(s.registry, good, s.size() + 2) == ErrorCode::kLayoutMismatch);
+  }
+  SECTION("invalid layout fields") {
+    auto frame = good;
+    frame[7] = 9;  // dtype
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kLayoutMismatch);
+    frame = good;
+    poke<std::uint32_t>(frame, 16, 0);  // kv_heads
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kLayoutMismatch);
+  }
+  SECTION("trailing bytes and unknown flags are corrupt") {
+    auto frame = good;
+    frame.push_back(0);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kCorrupt);
+    frame = good;
+    frame[6] = 0x80;
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kCorrupt);
+  }
+  SECTION("codec payload shorter than its layout needs") {
+    // A consistent, sealed frame whose int8 payload lacks its last byte.
+    auto frame = good;
+    frame.erase(frame.end() - static_cast<std::ptrdiff_t>(kFrameTrailerSize) - 1);
+    const std::uint64_t payload = frame.size() - kFrameHeaderSize - 20 - kFrameTrailerSize;
+    poke<std::uint64_t>(frame, 36, payload);
+    poke<std::uint64_t>(frame, 44, payload);
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kTruncated);
+  }
+  SECTION("bad codec params") {
+    auto frame = good;
+    poke<std::uint32_t>(frame, kFrameHeaderSize + 8, 3);  // odd group size
+    reseal(frame);
+    CHECK(decode_error(s.registry, frame, s.size()) == ErrorCode::kLayoutMismatch);
+  }
+}
+
+TEST_CASE("decode writes nothing outside its output and allocating decode caps the size", "[codec][frame]") {
+  Sample s;
+  const auto frame = encode_frame(*s.registry.find("raw"), s.layout, s.kv).value();
+  auto decoded = decode_frame(s.registry, frame, s.size());
+  REQUIRE(decoded);
+  CHECK(decoded.value() == s.kv);
+  auto refused = decode_frame(s.registry, frame, s.size() - 1);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == ErrorCode::kResourceExhausted);
+}
+
+TEST_CASE("zstd stage frames round-trip and reject a lying inner length", "[codec][frame]") {
+  Sample s;
+  s.layout = KvLayout{2, 2, 16, DType::kBFloat16, 200};
+  s.kv = synthetic_kv(s.layout, 9).value();
+  EncodeOptions options;
+  options.zstd_stage = true;
+  const auto frame = encode_frame(*s.registry.find("int4"), s.layout, s.kv, options).value();
+  const auto plain = encode_frame(*s.registry.find("int4"), s.layout, s.kv).value();
+  CHECK(frame[6] == kFrameFlagZstdStage);
+  std::vector<std::uint8_t> staged(s.size());
+  std::vector<std::uint8_t> direct(s.size());
+  REQUIRE(decode_frame(s.registry, frame, staged));
+  REQUIRE(decode_frame(s.registry, plain, direct));
+  CHECK(staged == direct);
+
+  auto lying = frame;
+  std::uint64_t inner;
+  std::memcpy(&inner, lying.data() + 36, 8);
+  poke<std::uint64_t>(lying, 36, inner - 1);
+  reseal(lying);
+  CHECK(decode_error(s.registry, lying, s.size()) == ErrorCode::kCorrupt);
+}
