@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The README's main command: installs dependencies, builds kvrelay and runs the main job.
+# The README's main command: installs dependencies, builds kvrelay and the reference worker, and
+# runs the demo (two reference workers behind one kvrelay sidecar; see scripts/demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target kvrelay
-exec bash scripts/demo-healthz.sh build/default/proxy/kvrelay
+cmake --build --preset default -j "$(nproc)" --target kvrelay kvrelay-refworker
+exec python3 scripts/demo.py build/default
