@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "kvrelay/refworker/completion_server.h"
 #include "kvrelay/refworker/kv_connector.h"
+#include "kvrelay/refworker/sidecar_kv_connector.h"
 
 namespace kvrelay::refworker::cli {
 
@@ -28,6 +29,7 @@ struct ServeOptions {
   std::string model_name;
   std::uint32_t max_waiting = 256;
   int blas_threads = 1;
+  std::string kvrelay_socket;  // the local sidecar's data plane; empty: no KV connector
 };
 
 Status write_ready_file(const std::string& path, const nlohmann::json& body) {
@@ -58,7 +60,13 @@ int run_serve(const ServeOptions& options) {
                model.value().fingerprint().id());
 
   WorkerMetrics metrics;
-  NoKvConnector connector;
+  NoKvConnector no_connector;
+  std::unique_ptr<SidecarKvConnector> sidecar_connector;
+  if (!options.kvrelay_socket.empty()) {
+    sidecar_connector = std::make_unique<SidecarKvConnector>(options.kvrelay_socket, model.value().fingerprint().id());
+    spdlog::info("KV connector: kvrelay sidecar at {}", options.kvrelay_socket);
+  }
+  KvConnector& connector = sidecar_connector ? static_cast<KvConnector&>(*sidecar_connector) : no_connector;
   ModelWorker worker(model.value(), connector, metrics, options.max_waiting);
   ServerContext context;
   context.model = &model.value();
@@ -107,6 +115,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   command->add_option("--max-waiting", options->max_waiting, "Requests that may wait for the model thread")
       ->check(CLI::Range(1U, 1U << 20));
   add_blas_threads_option(*command, options->blas_threads);
+  command->add_option("--kvrelay-socket", options->kvrelay_socket,
+                      "Local kvrelay sidecar's data-plane socket: look up KV before prefill, publish it after");
   command->callback([options, &exit_code] { exit_code = run_serve(*options); });
 }
 

@@ -1,0 +1,48 @@
+#pragma once
+
+// The reference worker's KV connector over the local kvrelay sidecar's shared-memory data plane
+// (the client library in shm_transport/), doing what a vLLM KV connector does:
+// - lookup: the prompt's chained block hashes name its possible prefixes; the longest prefix the
+//   sidecar holds (short of the whole prompt, so at least one token is prefilled for logits) is
+//   mapped read-only and imported;
+// - publish: the KV of the full blocks of prompt + generated tokens is committed under the hash
+//   of its last block, so any later prompt that extends this context finds it.
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kvrelay/core/block_hash.h"
+#include "kvrelay/refworker/kv_connector.h"
+#include "kvrelay/shm_transport/client.h"
+
+namespace kvrelay::refworker {
+
+class SidecarKvConnector final : public KvConnector {
+ public:
+  // Connects lazily (and again after a failure), so a worker can start before its sidecar.
+  SidecarKvConnector(std::string socket_path, std::uint64_t fingerprint_id,
+                     std::uint32_t block_tokens = kDefaultBlockTokens);
+
+  Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t> tokens, const nlohmann::json& params) override;
+  Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout, std::span<const float> kv,
+                 const nlohmann::json& params) override;
+  void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens,
+                      double seconds) override;
+
+ private:
+  Result<shm::ShmClient*> client();
+  [[nodiscard]] std::vector<BlockHash> block_hashes(std::span<const std::int32_t> tokens) const;
+
+  std::string socket_path_;
+  std::uint64_t fingerprint_id_;
+  std::uint32_t block_tokens_;
+  std::mutex mutex_;  // the model thread is the only caller today; the client is not thread-safe
+  std::optional<shm::ShmClient> client_;
+};
+
+// Copies the first `tokens` tokens of every layer's K and V out of a cache in KvLayout order.
+[[nodiscard]] std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float> kv,
+                                                 std::uint64_t tokens);
+
+}  // namespace kvrelay::refworker

@@ -1,0 +1,92 @@
+#include "kvrelay/refworker/sidecar_kv_connector.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+namespace kvrelay::refworker {
+
+SidecarKvConnector::SidecarKvConnector(std::string socket_path, std::uint64_t fingerprint_id,
+                                       std::uint32_t block_tokens)
+    : socket_path_(std::move(socket_path)), fingerprint_id_(fingerprint_id), block_tokens_(block_tokens) {}
+
+Result<shm::ShmClient*> SidecarKvConnector::client() {
+  if (!client_) {
+    auto connected = shm::ShmClient::connect(socket_path_);
+    if (!connected) return connected.error();
+    client_.emplace(std::move(connected).value());
+  }
+  return &*client_;
+}
+
+std::vector<BlockHash> SidecarKvConnector::block_hashes(std::span<const std::int32_t> tokens) const {
+  std::vector<TokenId> ids(tokens.begin(), tokens.end());  // ids are validated non-negative upstream
+  return hash_blocks(fingerprint_id_, ids, block_tokens_);
+}
+
+std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float> kv, std::uint64_t tokens) {
+  const std::uint64_t row = static_cast<std::uint64_t>(layout.kv_heads) * layout.head_dim;
+  std::vector<float> prefix(static_cast<std::size_t>(layout.layers) * 2 * tokens * row);
+  for (std::uint64_t tensor = 0; tensor < 2ULL * layout.layers; ++tensor) {
+    std::memcpy(prefix.data() + tensor * tokens * row, kv.data() + tensor * layout.tokens * row,
+                tokens * row * sizeof(float));
+  }
+  return prefix;
+}
+
+Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::int32_t> tokens,
+                                                           const nlohmann::json& /*params*/) {
+  const std::lock_guard lock(mutex_);
+  const auto hashes = block_hashes(tokens);
+  KVRELAY_TRY(auto* sidecar, client());
+  // Longest prefix first; a prefix equal to the whole prompt would leave nothing to prefill.
+  for (std::size_t blocks = hashes.size(); blocks > 0; --blocks) {
+    const std::uint64_t prefix_tokens = blocks * block_tokens_;
+    if (prefix_tokens >= tokens.size()) continue;
+    auto entry = sidecar->lookup({fingerprint_id_, hashes[blocks - 1]});
+    if (!entry) {
+      if (entry.error().code == ErrorCode::kNotFound) continue;
+      client_.reset();  // the connection is in an unknown state: reconnect next time
+      return entry.error();
+    }
+    const auto& info = entry.value().info;
+    if (info.layout.tokens != prefix_tokens || info.layout.dtype != DType::kFloat32 ||
+        info.bytes != entry.value().bytes().size()) {
+      return fail(ErrorCode::kLayoutMismatch,
+                  fmt::format("sidecar entry for {} tokens has layout {}", prefix_tokens, info.layout.describe()));
+    }
+    KvPrefix prefix;
+    prefix.layout = info.layout;
+    prefix.kv.resize(info.bytes / sizeof(float));
+    std::memcpy(prefix.kv.data(), entry.value().bytes().data(), info.bytes);
+    return std::optional<KvPrefix>(std::move(prefix));
+  }
+  return std::optional<KvPrefix>{};
+}
+
+Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
+                                   std::span<const float> kv, const nlohmann::json& /*params*/) {
+  const std::lock_guard lock(mutex_);
+  const auto hashes = block_hashes(tokens);
+  if (hashes.empty()) return ok();  // shorter than one block: nothing shareable
+  const std::uint64_t full_tokens = hashes.size() * block_tokens_;
+  KVRELAY_TRY(auto* sidecar, client());
+  const auto prefix = full_tokens == layout.tokens ? std::vector<float>(kv.begin(), kv.end())
+                                                   : slice_kv_prefix(layout, kv, full_tokens);
+  const auto bytes = std::as_bytes(std::span<const float>(prefix));
+  auto published = sidecar->publish({fingerprint_id_, hashes.back()}, layout.with_tokens(full_tokens), bytes);
+  if (!published && published.error().code != ErrorCode::kAlreadyExists) {
+    client_.reset();
+    return published.error();
+  }
+  return ok();
+}
+
+void SidecarKvConnector::report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens,
+                                        double seconds) {
+  spdlog::debug("prefill of {} tokens (context {}) took {:.3f} ms", computed_tokens.size(), context_tokens,
+                seconds * 1000.0);
+}
+
+}  // namespace kvrelay::refworker
