@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/core/file_io.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/proxy/admin_endpoints.h"
@@ -46,16 +47,7 @@ Status write_ready_file(const std::string& path, std::uint16_t http_port, std::u
   nlohmann::json body{{"pid", ::getpid()}, {"http", http_port}, {"admin", admin_port}};
   if (peer_port != 0) body["peer"] = peer_port;
   if (!unix_socket.empty()) body["unix_socket"] = unix_socket;
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::trunc);
-    file << body.dump() << '\n';
-    if (!file) return fail(ErrorCode::kIo, fmt::format("cannot write ready file {}", temporary));
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) return fail(ErrorCode::kIo, fmt::format("cannot rename {} to {}: {}", temporary, path, ec.message()));
-  return ok();
+  return write_file_atomically(path, body.dump() + "\n");
 }
 
 }  // namespace

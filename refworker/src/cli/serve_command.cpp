@@ -13,6 +13,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "kvrelay/core/file_io.h"
 #include "kvrelay/refworker/completion_server.h"
 #include "kvrelay/refworker/kv_connector.h"
 #include "kvrelay/refworker/sidecar_kv_connector.h"
@@ -33,16 +34,7 @@ struct ServeOptions {
 };
 
 Status write_ready_file(const std::string& path, const nlohmann::json& body) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::trunc);
-    file << body.dump() << '\n';
-    if (!file) return fail(ErrorCode::kIo, fmt::format("cannot write ready file {}", temporary));
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) return fail(ErrorCode::kIo, fmt::format("cannot rename {} to {}: {}", temporary, path, ec.message()));
-  return ok();
+  return write_file_atomically(path, body.dump() + "\n");
 }
 
 std::string default_model_name(const ModelSource& source) {
