@@ -105,7 +105,7 @@ int main() {
     const std::string conf =
         "worker_processes 1;\npid " + (dir / "nginx.pid").string() + ";\nerror_log " + (dir / "nginx.err").string() +
         " warn;\nevents { worker_connections 1024; }\nhttp {\n  access_log off;\n"
-        "  client_body_temp_path " +
+        "  keepalive_requests 1000000;\n  client_body_temp_path " +
         dir.path().string() + ";\n  proxy_temp_path " + dir.path().string() +
         ";\n  server {\n    listen 127.0.0.1:" + std::to_string(nginx_port) +
         ";\n    location /agents/a/ {\n      proxy_pass http://127.0.0.1:" + std::to_string(upstream_port) +
