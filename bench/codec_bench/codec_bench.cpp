@@ -4,6 +4,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,9 +14,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
@@ -55,7 +55,9 @@ std::string load_average() {
   return line;
 }
 
-double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+double gbps(std::size_t bytes, double seconds) {
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
 
 struct Sample {
   std::string name;
@@ -96,7 +98,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", layout.error().to_string().c_str());
       return 2;
     }
-    samples.push_back({std::string("synthetic-outliers-") + dtype, layout.value(), synthetic_kv(layout.value(), 42).value()});
+    samples.push_back(
+        {std::string("synthetic-outliers-") + dtype, layout.value(), synthetic_kv(layout.value(), 42).value()});
   }
   if (!kv_file.empty()) {
     auto layout = parse_layout_spec(kv_layout, kv_tokens);
@@ -124,8 +127,8 @@ int main(int argc, char** argv) {
     const double seconds = best_seconds(repeats + 2, [&] { std::memcpy(copy.data(), sample.kv.data(), bytes); });
     const double memcpy_gbps = gbps(bytes, seconds);
     memcpy_best = std::max(memcpy_best, memcpy_gbps);
-    out["samples"].push_back({{"name", sample.name}, {"layout", sample.layout.describe()}, {"bytes", bytes},
-                              {"memcpy_gbps", memcpy_gbps}});
+    out["samples"].push_back(
+        {{"name", sample.name}, {"layout", sample.layout.describe()}, {"bytes", bytes}, {"memcpy_gbps", memcpy_gbps}});
     const auto queries = sample_queries(sample.layout, sample.kv, 4, sample.layout.kv_heads, 7).value();
     std::size_t start = 0;
     while (start <= codecs.size()) {

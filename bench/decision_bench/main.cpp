@@ -5,6 +5,8 @@
 //
 //   decision_bench [--agents N] [--routes N] [--decisions N]
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -15,8 +17,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kvrelay/decision/decision_engine.h"
 
@@ -75,8 +75,8 @@ int main(int argc, char** argv) {
   std::vector<LinkId> links;
   for (std::size_t n = 0; n < kNodes; ++n) {
     const bool shm = n == 0;
-    links.push_back(engine.add_link(LinkParams{"node" + std::to_string(n), shm, shm ? 10e9 : 1.25e9, shm ? 2e-5 : 2e-4})
-                        .value());
+    links.push_back(
+        engine.add_link(LinkParams{"node" + std::to_string(n), shm, shm ? 10e9 : 1.25e9, shm ? 2e-5 : 2e-4}).value());
   }
   std::uniform_int_distribution<std::size_t> any_agent(0, agent_count - 1);
   for (std::size_t a = 0; a < agent_count; ++a) {
@@ -170,8 +170,10 @@ int main(int argc, char** argv) {
   const double mean_ns = total_ns / static_cast<double>(decisions);
   nlohmann::json out = {
       {"bench", "decision_bench"},
-      {"machine", {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()},
-                     {"load_average_1m", load_average()}}},
+      {"machine",
+       {{"cpu", cpu_model()},
+        {"hardware_threads", std::thread::hardware_concurrency()},
+        {"load_average_1m", load_average()}}},
       {"agents", agent_count},
       {"routes", route_count},
       {"links", kNodes},

@@ -5,6 +5,8 @@
 //   decision_sim [--transfers N] [--seed S] [--check]
 // --check: exit status 1 when a goal is missed (used by ctest).
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -14,8 +16,6 @@
 #include <numeric>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "policies.h"
 #include "trace.h"
@@ -151,8 +151,9 @@ int main(int argc, char** argv) {
   }
   nlohmann::json out;
   out["bench"] = "decision_sim";
-  out["machine"] = {{"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()},
-                     {"load_average_1m", load_average()}};
+  out["machine"] = {{"cpu", cpu_model()},
+                    {"hardware_threads", std::thread::hardware_concurrency()},
+                    {"load_average_1m", load_average()}};
   out["seed"] = seed;
   out["physical_limit"] = "oracle: per-transfer argmin of the true costs (zero regret by definition)";
   bool all_goals = true;

@@ -202,9 +202,9 @@ PolicyRun run_engine(const Workload& w) {
       engine.observe_prefill(receiver, missing, x.cached, x.prefill_s * o.noise);
     } else if (missing > 0) {
       const MediumSpec& truth = w.true_media[m];
-      const double raw = static_cast<double>(missing) *
-                         kModels[static_cast<std::size_t>(w.agents[static_cast<std::size_t>(r.from)].model)]
-                             .kv_bytes_per_token;
+      const double raw =
+          static_cast<double>(missing) *
+          kModels[static_cast<std::size_t>(w.agents[static_cast<std::size_t>(r.from)].model)].kv_bytes_per_token;
       const double wire = raw * truth.profile.ratio[1];
       engine.observe_link(link, wire, wire / o.link_bytes_per_s);
       if (truth.profile.encode_bytes_per_s > 0) {

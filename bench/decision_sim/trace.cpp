@@ -18,8 +18,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-MediumSpec medium(const char* name, decision::MediumKind kind, double ratio, double enc, double dec,
-                  double fidelity, double extra) {
+MediumSpec medium(const char* name, decision::MediumKind kind, double ratio, double enc, double dec, double fidelity,
+                  double extra) {
   MediumSpec spec;
   spec.name = name;
   spec.kind = kind;
@@ -101,9 +101,9 @@ struct World {
     return static_cast<int>(w.links.size()) - 1;
   }
   int add_route(int from, int to, int link, double floor = 0.0) {
-    w.routes.push_back(SimRoute{w.agents[static_cast<std::size_t>(from)].id + "->" +
-                                    w.agents[static_cast<std::size_t>(to)].id,
-                                from, to, link, floor});
+    w.routes.push_back(
+        SimRoute{w.agents[static_cast<std::size_t>(from)].id + "->" + w.agents[static_cast<std::size_t>(to)].id, from,
+                 to, link, floor});
     return static_cast<int>(w.routes.size()) - 1;
   }
 
@@ -160,9 +160,9 @@ struct World {
       o.link_bytes_per_s = x.bytes_per_s * lognormal(0.08);
       o.rtt_s = link.rtt_s * lognormal(0.1);
       o.suffix_tokens = log_uniform_tokens(16, 1024);
-      o.suffix_prefill_s = receiver_model.prefill.predict(static_cast<double>(o.suffix_tokens),
-                                                         static_cast<double>(x.tokens)) *
-                           load_now * lognormal(0.08);
+      o.suffix_prefill_s =
+          receiver_model.prefill.predict(static_cast<double>(o.suffix_tokens), static_cast<double>(x.tokens)) *
+          load_now * lognormal(0.08);
       o.noise = lognormal(0.08);
     }
     for (double t = 0.0; t < horizon_s; t += probe_interval_s) {

@@ -8,8 +8,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -34,8 +34,12 @@ using namespace kvrelay;
 constexpr std::size_t kMiB = 1U << 20;
 constexpr int kRepeats = 3;
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-double gbps(std::size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+double gbps(std::size_t bytes, double seconds) {
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
 
 std::vector<std::byte> make_payload(std::size_t size) {
   std::vector<std::byte> bytes(size);
@@ -196,8 +200,8 @@ nlohmann::json machine() {
       break;
     }
   }
-  return {{"host", name.nodename}, {"kernel", name.release}, {"cpu", cpu},
-          {"cores", std::thread::hardware_concurrency()}};
+  return {
+      {"host", name.nodename}, {"kernel", name.release}, {"cpu", cpu}, {"cores", std::thread::hardware_concurrency()}};
 }
 
 }  // namespace
@@ -246,7 +250,8 @@ int main() {
   result["raw_tcp_gbps"] = raw;
   result["tcp_transfer_gbps"] = tcp;
   result["tcp_vs_raw_tcp"] = ratio;
-  result["goals"] = {{"shm_publish_vs_memcpy", ">= 0.8"}, {"tcp_vs_raw_tcp", ">= 0.8"}, {"shm_small_msg_p50_us", "< 20"}};
+  result["goals"] = {
+      {"shm_publish_vs_memcpy", ">= 0.8"}, {"tcp_vs_raw_tcp", ">= 0.8"}, {"shm_small_msg_p50_us", "< 20"}};
   std::printf("%s\n", result.dump(2).c_str());
   return 0;
 }

@@ -1,8 +1,8 @@
 #include "kvrelay/codec_plugins/builtin_params.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 namespace kvrelay::codec {
 
@@ -18,7 +18,8 @@ std::array<std::uint8_t, BuiltinParams::kWireSize> BuiltinParams::serialize() co
 
 Result<BuiltinParams> BuiltinParams::parse(const void* data, std::size_t size) {
   if (size != kWireSize || data == nullptr) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("built-in codec params are {} bytes, got {}", kWireSize, size));
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("built-in codec params are {} bytes, got {}", kWireSize, size));
   }
   BuiltinParams params;
   const auto* bytes = static_cast<const std::uint8_t*>(data);
@@ -28,10 +29,12 @@ Result<BuiltinParams> BuiltinParams::parse(const void* data, std::size_t size) {
   std::memcpy(&params.keep_permille, bytes + 12, 4);
   std::memcpy(&params.zstd_level, bytes + 16, 4);
   if (params.group_size < 2 || params.group_size > kMaxGroupSize || params.group_size % 2 != 0) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("group size {} not even in 2..{}", params.group_size, kMaxGroupSize));
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("group size {} not even in 2..{}", params.group_size, kMaxGroupSize));
   }
   if (params.keep_permille > 1000) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("keep fraction {} per mille above 1000", params.keep_permille));
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("keep fraction {} per mille above 1000", params.keep_permille));
   }
   if (params.zstd_level < -7 || params.zstd_level > 19) {
     return fail(ErrorCode::kInvalidArgument, fmt::format("zstd level {} outside -7..19", params.zstd_level));

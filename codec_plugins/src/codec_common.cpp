@@ -40,15 +40,24 @@ int parse_params(const void* data, std::size_t size, BuiltinParams& params) noex
 
 const char* builtin_error_text(int code) noexcept {
   switch (code) {
-    case KVRELAY_CODEC_OK: return "ok";
-    case KVRELAY_CODEC_E_INVALID_ARGUMENT: return "invalid argument (layout, params or buffer size)";
-    case KVRELAY_CODEC_E_OVERFLOW: return "size overflows";
-    case KVRELAY_CODEC_E_TRUNCATED: return "payload truncated";
-    case KVRELAY_CODEC_E_LAYOUT_MISMATCH: return "payload size disagrees with the layout";
-    case KVRELAY_CODEC_E_CORRUPT: return "payload corrupt";
-    case KVRELAY_CODEC_E_RESOURCE_EXHAUSTED: return "out of memory";
-    case KVRELAY_CODEC_E_UNSUPPORTED: return "unsupported";
-    default: return "internal error";
+    case KVRELAY_CODEC_OK:
+      return "ok";
+    case KVRELAY_CODEC_E_INVALID_ARGUMENT:
+      return "invalid argument (layout, params or buffer size)";
+    case KVRELAY_CODEC_E_OVERFLOW:
+      return "size overflows";
+    case KVRELAY_CODEC_E_TRUNCATED:
+      return "payload truncated";
+    case KVRELAY_CODEC_E_LAYOUT_MISMATCH:
+      return "payload size disagrees with the layout";
+    case KVRELAY_CODEC_E_CORRUPT:
+      return "payload corrupt";
+    case KVRELAY_CODEC_E_RESOURCE_EXHAUSTED:
+      return "out of memory";
+    case KVRELAY_CODEC_E_UNSUPPORTED:
+      return "unsupported";
+    default:
+      return "internal error";
   }
 }
 
@@ -144,7 +153,8 @@ float abs_max(const float* values, std::size_t count) noexcept {
     lane_max[0] = v > lane_max[0] ? v : lane_max[0];
   }
   float hi = lane_max[0];
-  for (std::size_t j = 1; j < kLanes; ++j) hi = lane_max[j] > hi ? lane_max[j] : hi;
+  for (std::size_t j = 1; j < kLanes; ++j)
+    hi = lane_max[j] > hi ? lane_max[j] : hi;
   return hi;
 }
 

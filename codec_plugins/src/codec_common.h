@@ -67,7 +67,9 @@ inline void copy_bytes(void* destination, const void* source, std::size_t count)
   if (count != 0) std::memcpy(destination, source, count);
 }
 
-inline void put_u16(std::uint8_t* out, std::uint16_t value) noexcept { std::memcpy(out, &value, 2); }
+inline void put_u16(std::uint8_t* out, std::uint16_t value) noexcept {
+  std::memcpy(out, &value, 2);
+}
 inline std::uint16_t get_u16(const std::uint8_t* in) noexcept {
   std::uint16_t value;
   std::memcpy(&value, in, 2);

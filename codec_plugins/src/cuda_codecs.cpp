@@ -1,8 +1,8 @@
 #include "kvrelay/codec_plugins/cuda_codecs.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "cuda/kernel_api.h"
 #include "quant_layout.h"
@@ -12,9 +12,12 @@ namespace {
 
 detail::QuantKind kind_of(Quantizer quantizer) {
   switch (quantizer) {
-    case Quantizer::kFp8: return detail::QuantKind::kFp8;
-    case Quantizer::kInt8: return detail::QuantKind::kInt8;
-    case Quantizer::kInt4: return detail::QuantKind::kInt4;
+    case Quantizer::kFp8:
+      return detail::QuantKind::kFp8;
+    case Quantizer::kInt8:
+      return detail::QuantKind::kInt8;
+    case Quantizer::kInt4:
+      return detail::QuantKind::kInt4;
   }
   return detail::QuantKind::kInt8;
 }
@@ -45,7 +48,9 @@ Status check(int code, const char* what) {
 
 }  // namespace
 
-int device_count() noexcept { return kernel_device_count(); }
+int device_count() noexcept {
+  return kernel_device_count();
+}
 
 Result<std::size_t> quant_payload_size(Quantizer quantizer, const KvLayout& layout, const BuiltinParams& params) {
   KVRELAY_TRY(auto plan, make_plan(quantizer, layout, params));
@@ -61,13 +66,14 @@ Status quant_encode(Quantizer quantizer, const KvLayout& layout, const BuiltinPa
   return check(kernel_quant(plan, true, device_kv, device_payload), "quant encode");
 }
 
-Status quant_decode(Quantizer quantizer, const KvLayout& layout, const BuiltinParams& params, const void* device_payload,
-                    void* device_kv) {
+Status quant_decode(Quantizer quantizer, const KvLayout& layout, const BuiltinParams& params,
+                    const void* device_payload, void* device_kv) {
   KVRELAY_TRY(auto plan, make_plan(quantizer, layout, params));
   return check(kernel_quant(plan, false, device_payload, device_kv), "quant decode");
 }
 
-Status split_byte_planes(const void* device_source, std::size_t elements, std::size_t element_size, void* device_planes) {
+Status split_byte_planes(const void* device_source, std::size_t elements, std::size_t element_size,
+                         void* device_planes) {
   if (element_size != 2 && element_size != 4) return fail(ErrorCode::kInvalidArgument, "element size must be 2 or 4");
   return check(kernel_byte_planes(true, device_source, elements, element_size, device_planes), "byte planes");
 }

@@ -3,9 +3,9 @@
 #include <xxhash.h>
 #include <zstd.h>
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 namespace kvrelay::codec {
 namespace {
@@ -62,7 +62,8 @@ Result<EncodePlan> plan_encode(const Codec& codec, const KvLayout& layout, const
   KVRELAY_TRY(auto total, layout.total_bytes());
   EncodePlan plan;
   plan.params = options.params.empty() ? codec.default_params() : options.params;
-  if (plan.params.size() > kMaxFrameParamsSize) return fail(ErrorCode::kInvalidArgument, "codec params above 1024 bytes");
+  if (plan.params.size() > kMaxFrameParamsSize)
+    return fail(ErrorCode::kInvalidArgument, "codec params above 1024 bytes");
   const kvrelay_codec_layout c_layout = to_c(layout);
   plan.bound = codec.plugin().max_encoded_size(&c_layout, plan.params.data(), plan.params.size());
   if (plan.bound == 0 && total != 0) {
@@ -149,15 +150,16 @@ Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayou
 
 Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
   if (frame.size() < kFrameHeaderSize + kFrameTrailerSize) {
-    return fail(ErrorCode::kTruncated, fmt::format("frame of {} bytes is shorter than the {}-byte minimum", frame.size(),
-                                                   kFrameHeaderSize + kFrameTrailerSize));
+    return fail(ErrorCode::kTruncated, fmt::format("frame of {} bytes is shorter than the {}-byte minimum",
+                                                   frame.size(), kFrameHeaderSize + kFrameTrailerSize));
   }
   const std::uint8_t* in = frame.data();
   if (get<std::uint32_t>(in, kOffMagic) != kFrameMagic) return fail(ErrorCode::kBadMagic, "not a KV frame (bad magic)");
   FrameHeader header;
   header.version = get<std::uint16_t>(in, kOffVersion);
   if (header.version != kFrameVersion) {
-    return fail(ErrorCode::kBadVersion, fmt::format("frame format version {} (supported: {})", header.version, kFrameVersion));
+    return fail(ErrorCode::kBadVersion,
+                fmt::format("frame format version {} (supported: {})", header.version, kFrameVersion));
   }
   header.flags = get<std::uint8_t>(in, kOffFlags);
   if ((header.flags & ~kFrameFlagZstdStage) != 0) {
@@ -167,12 +169,14 @@ Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
   header.inner_length = get<std::uint64_t>(in, kOffInnerLength);
   header.payload_length = get<std::uint64_t>(in, kOffPayloadLength);
   if (params_length > kMaxFrameParamsSize) {
-    return fail(ErrorCode::kCorrupt, fmt::format("frame params length {} above {}", params_length, kMaxFrameParamsSize));
+    return fail(ErrorCode::kCorrupt,
+                fmt::format("frame params length {} above {}", params_length, kMaxFrameParamsSize));
   }
   KVRELAY_TRY(auto body, checked_add(kFrameHeaderSize + params_length, header.payload_length));
   KVRELAY_TRY(auto expected, checked_add(body, kFrameTrailerSize));
   if (frame.size() < expected) {
-    return fail(ErrorCode::kTruncated, fmt::format("frame has {} bytes, its header announces {}", frame.size(), expected));
+    return fail(ErrorCode::kTruncated,
+                fmt::format("frame has {} bytes, its header announces {}", frame.size(), expected));
   }
   if (frame.size() > expected) {
     return fail(ErrorCode::kCorrupt,
@@ -202,14 +206,16 @@ Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
   return header;
 }
 
-Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame, std::span<std::uint8_t> output) {
+Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                    std::span<std::uint8_t> output) {
   KVRELAY_TRY(auto header, inspect_frame(frame));
   const Codec* codec = registry.find(header.codec_id);
-  if (codec == nullptr) return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
+  if (codec == nullptr)
+    return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
   KVRELAY_TRY(auto total, header.layout.total_bytes());
   if (output.size() != total) {
-    return fail(ErrorCode::kLayoutMismatch,
-                fmt::format("output has {} bytes, frame layout {} needs {}", output.size(), header.layout.describe(), total));
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("output has {} bytes, frame layout {} needs {}", output.size(),
+                                                        header.layout.describe(), total));
   }
   const kvrelay_codec_layout c_layout = to_c(header.layout);
   const std::uint64_t bound = codec->plugin().max_encoded_size(&c_layout, header.params.data(), header.params.size());
@@ -218,18 +224,20 @@ Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t>
                 fmt::format("codec '{}' rejects frame layout {} or params", codec->name(), header.layout.describe()));
   }
   if (header.inner_length > bound) {
-    return fail(ErrorCode::kLayoutMismatch,
-                fmt::format("frame payload {} bytes exceeds codec bound {} for its layout", header.inner_length, bound));
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("frame payload {} bytes exceeds codec bound {} for its layout",
+                                                        header.inner_length, bound));
   }
   const std::uint8_t* payload = frame.data() + kFrameHeaderSize + header.params.size();
   if ((header.flags & kFrameFlagZstdStage) != 0) {
     const unsigned long long content = ZSTD_getFrameContentSize(payload, header.payload_length);
-    if (content != header.inner_length) return fail(ErrorCode::kCorrupt, "zstd stage: content size disagrees with header");
+    if (content != header.inner_length)
+      return fail(ErrorCode::kCorrupt, "zstd stage: content size disagrees with header");
     thread_local std::vector<std::uint8_t> inner;  // reused: see encode_frame_into
     if (inner.size() < header.inner_length) inner.resize(header.inner_length);
     const std::size_t got = ZSTD_decompress(inner.data(), header.inner_length, payload, header.payload_length);
     if (ZSTD_isError(got) || got != header.inner_length) {
-      return fail(ErrorCode::kCorrupt, fmt::format("zstd stage: {}", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short"));
+      return fail(ErrorCode::kCorrupt,
+                  fmt::format("zstd stage: {}", ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short"));
     }
     payload = inner.data();
   }
@@ -244,9 +252,8 @@ Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry, st
   KVRELAY_TRY(auto header, inspect_frame(frame));
   KVRELAY_TRY(auto total, header.layout.total_bytes());
   if (total > max_output_bytes) {
-    return fail(ErrorCode::kResourceExhausted,
-                fmt::format("frame layout {} needs {} bytes, above the {} allowed", header.layout.describe(), total,
-                            max_output_bytes));
+    return fail(ErrorCode::kResourceExhausted, fmt::format("frame layout {} needs {} bytes, above the {} allowed",
+                                                           header.layout.describe(), total, max_output_bytes));
   }
   if (registry.find(header.codec_id) == nullptr) {
     return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));

@@ -13,9 +13,10 @@
 #include <memory>
 #include <vector>
 
-#include "codec_common.h"
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 #include "kvrelay/codec_plugins/byte_planes.h"
+
+#include "codec_common.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -49,9 +50,8 @@ std::uint64_t lossless_max_size(const kvrelay_codec_layout* layout, const void* 
   return full_chunks * per_full + per_tail;
 }
 
-int lossless_encode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size,
-                    const void* input, std::size_t input_size, void* output, std::size_t output_capacity,
-                    std::size_t* output_size) {
+int lossless_encode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, const void* input,
+                    std::size_t input_size, void* output, std::size_t output_capacity, std::size_t* output_size) {
   return detail::guarded([&] {
     Shape shape;
     BuiltinParams parsed;
@@ -84,8 +84,8 @@ int lossless_encode(const kvrelay_codec_layout* layout, const void* params, std:
   });
 }
 
-int lossless_decode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size,
-                    const void* input, std::size_t input_size, void* output, std::size_t output_size) {
+int lossless_decode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, const void* input,
+                    std::size_t input_size, void* output, std::size_t output_size) {
   return detail::guarded([&] {
     Shape shape;
     BuiltinParams parsed;
@@ -124,14 +124,22 @@ int lossless_decode(const kvrelay_codec_layout* layout, const void* params, std:
 const BuiltinParams kDefaults{};
 const auto kDefaultWire = kDefaults.serialize();
 
-const kvrelay_codec_plugin kLossless = {
-    KVRELAY_CODEC_ABI_VERSION, sizeof(kvrelay_codec_plugin), "lossless", kLosslessCodecId,
-    KVRELAY_CODEC_FLAG_LOSSLESS | KVRELAY_CODEC_FLAG_HOST_MEMORY, kDefaultWire.data(),
-    static_cast<std::uint32_t>(kDefaultWire.size()), lossless_max_size, lossless_encode, lossless_decode,
-    detail::builtin_error_text};
+const kvrelay_codec_plugin kLossless = {KVRELAY_CODEC_ABI_VERSION,
+                                        sizeof(kvrelay_codec_plugin),
+                                        "lossless",
+                                        kLosslessCodecId,
+                                        KVRELAY_CODEC_FLAG_LOSSLESS | KVRELAY_CODEC_FLAG_HOST_MEMORY,
+                                        kDefaultWire.data(),
+                                        static_cast<std::uint32_t>(kDefaultWire.size()),
+                                        lossless_max_size,
+                                        lossless_encode,
+                                        lossless_decode,
+                                        detail::builtin_error_text};
 
 }  // namespace
 
-const kvrelay_codec_plugin* lossless_codec() noexcept { return &kLossless; }
+const kvrelay_codec_plugin* lossless_codec() noexcept {
+  return &kLossless;
+}
 
 }  // namespace kvrelay::codec

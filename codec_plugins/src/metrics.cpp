@@ -1,15 +1,16 @@
 #include "kvrelay/codec_plugins/metrics.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 
-#include <fmt/format.h>
-
-#include "codec_common.h"
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 #include "kvrelay/codec_plugins/sparse.h"
+
+#include "codec_common.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -73,7 +74,8 @@ void attend(const float* query, const std::vector<float>& keys, const std::vecto
     }
     const float* key = keys.data() + t * row + head_offset;
     double dot = 0;
-    for (std::size_t d = 0; d < dim; ++d) dot += static_cast<double>(query[d]) * key[d];
+    for (std::size_t d = 0; d < dim; ++d)
+      dot += static_cast<double>(query[d]) * key[d];
     scores[t] = dot * scale;
     best = std::max(best, scores[t]);
   }
@@ -85,9 +87,11 @@ void attend(const float* query, const std::vector<float>& keys, const std::vecto
     total += weight;
     if (weight == 0) continue;
     const float* value = values.data() + t * row + head_offset;
-    for (std::size_t d = 0; d < dim; ++d) out[d] += weight * value[d];
+    for (std::size_t d = 0; d < dim; ++d)
+      out[d] += weight * value[d];
   }
-  for (double& v : out) v /= total;
+  for (double& v : out)
+    v /= total;
 }
 
 }  // namespace
@@ -144,8 +148,8 @@ Result<QualityReport> compare_kv(const KvLayout& layout, std::span<const std::ui
     for (std::size_t n = 0; n < queries.count; ++n) {
       for (std::size_t qh = 0; qh < queries.query_heads; ++qh) {
         const std::size_t kv_head = qh / group;
-        const float* query =
-            queries.data.data() + ((static_cast<std::size_t>(layer) * queries.count + n) * queries.query_heads + qh) * dim;
+        const float* query = queries.data.data() +
+                             ((static_cast<std::size_t>(layer) * queries.count + n) * queries.query_heads + qh) * dim;
         const std::uint8_t* mask = kept.empty() ? nullptr : kept.data() + (layer * heads + kv_head) * tokens;
         attend(query, k_ref, v_ref, tokens, row, kv_head * dim, dim, nullptr, scores, out_ref);
         attend(query, k_test, v_test, tokens, row, kv_head * dim, dim, mask, scores, out_test);
@@ -215,7 +219,8 @@ Result<QuerySet> sample_queries(const KvLayout& layout, std::span<const std::uin
     for (std::size_t h = 0; h < heads; ++h) {
       double sum_sq = 0;
       for (std::size_t t = 0; t < layout.tokens; ++t) {
-        for (std::size_t d = 0; d < dim; ++d) sum_sq += keys[t * row + h * dim + d] * keys[t * row + h * dim + d];
+        for (std::size_t d = 0; d < dim; ++d)
+          sum_sq += keys[t * row + h * dim + d] * keys[t * row + h * dim + d];
       }
       spread[h] = static_cast<float>(std::sqrt(sum_sq / static_cast<double>(layout.tokens * dim)));
     }
@@ -224,15 +229,16 @@ Result<QuerySet> sample_queries(const KvLayout& layout, std::span<const std::uin
         const std::size_t h = qh / group;
         const auto t = static_cast<std::size_t>(pick(random));
         float* query = queries.data.data() + ((layer * queries.count + n) * query_heads + qh) * dim;
-        for (std::size_t d = 0; d < dim; ++d) query[d] = keys[t * row + h * dim + d] + 0.5F * spread[h] * noise(random);
+        for (std::size_t d = 0; d < dim; ++d)
+          query[d] = keys[t * row + h * dim + d] + 0.5F * spread[h] * noise(random);
       }
     }
   }
   return queries;
 }
 
-Result<std::vector<std::uint8_t>> synthetic_kv(const KvLayout& layout, std::uint64_t seed, std::uint32_t outlier_channels,
-                                               float outlier_scale) {
+Result<std::vector<std::uint8_t>> synthetic_kv(const KvLayout& layout, std::uint64_t seed,
+                                               std::uint32_t outlier_channels, float outlier_scale) {
   KVRELAY_TRY(auto total, layout.total_bytes());
   const std::size_t elements = total / dtype_size(layout.dtype);
   std::vector<float> values(elements);
@@ -256,8 +262,10 @@ Result<std::vector<std::uint8_t>> synthetic_kv(const KvLayout& layout, std::uint
     float* keys = values.data() + 2 * static_cast<std::size_t>(layer) * tensor;
     float* vals = keys + tensor;
     for (std::size_t t = 0; t < layout.tokens; ++t) {
-      for (std::size_t c = 0; c < row; ++c) keys[t * row + c] = normal(random) * gain[c] + bias[c];
-      for (std::size_t c = 0; c < row; ++c) vals[t * row + c] = normal(random);
+      for (std::size_t c = 0; c < row; ++c)
+        keys[t * row + c] = normal(random) * gain[c] + bias[c];
+      for (std::size_t c = 0; c < row; ++c)
+        vals[t * row + c] = normal(random);
     }
   }
   std::vector<std::uint8_t> bytes(total);

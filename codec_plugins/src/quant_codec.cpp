@@ -6,8 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "codec_common.h"
 #include "kvrelay/codec_plugins/builtin_codecs.h"
+
+#include "codec_common.h"
 #include "quant_layout.h"
 
 namespace kvrelay::codec {
@@ -44,7 +45,9 @@ int make_plan(QuantKind kind, const kvrelay_codec_layout* layout, const void* pa
   return KVRELAY_CODEC_OK;
 }
 
-float max_code(QuantKind kind) { return kind == QuantKind::kInt4 ? 15.0F : 255.0F; }
+float max_code(QuantKind kind) {
+  return kind == QuantKind::kInt4 ? 15.0F : 255.0F;
+}
 
 void pack_codes(QuantKind kind, const std::uint8_t* codes, std::size_t count, std::uint8_t* out) {
   if (kind != QuantKind::kInt4) {
@@ -95,25 +98,27 @@ void encode_fp8(const Plan& plan, const std::uint8_t* rows, std::uint8_t* meta, 
       const float inv = 1.0F / scale;
       std::memcpy(meta + (t * heads + h) * 4, &scale, 4);
       std::uint8_t* out = codes + t * row + h * dim;
-      for (std::size_t d = 0; d < dim; ++d) out[d] = float_to_e4m3(x[d] * inv);
+      for (std::size_t d = 0; d < dim; ++d)
+        out[d] = float_to_e4m3(x[d] * inv);
     }
   }
 }
 
-void decode_fp8(const Plan& plan, const std::uint8_t* meta, const std::uint8_t* codes, std::uint8_t* rows,
-                Scratch& s) {
+void decode_fp8(const Plan& plan, const std::uint8_t* meta, const std::uint8_t* codes, std::uint8_t* rows, Scratch& s) {
   const std::size_t heads = plan.shape.layout.kv_heads;
   const std::size_t dim = plan.shape.layout.head_dim;
   const std::size_t row = plan.shape.row_elements;
   float table[256];
-  for (unsigned c = 0; c < 256; ++c) table[c] = e4m3_to_float(static_cast<std::uint8_t>(c));
+  for (unsigned c = 0; c < 256; ++c)
+    table[c] = e4m3_to_float(static_cast<std::uint8_t>(c));
   for (std::size_t t = 0; t < plan.split.middle; ++t) {
     for (std::size_t h = 0; h < heads; ++h) {
       float scale;
       std::memcpy(&scale, meta + (t * heads + h) * 4, 4);
       const std::uint8_t* in = codes + t * row + h * dim;
       float* x = s.values.data() + h * dim;
-      for (std::size_t d = 0; d < dim; ++d) x[d] = table[in[d]] * scale;
+      for (std::size_t d = 0; d < dim; ++d)
+        x[d] = table[in[d]] * scale;
     }
     detail::store_floats(s.values.data(), plan.shape.layout.dtype, row, rows + t * plan.shape.row_bytes);
   }
@@ -180,7 +185,8 @@ void decode_int_keys(QuantKind kind, const Plan& plan, const std::uint8_t* meta,
     for (std::size_t t = 0; t < count; ++t) {
       unpack_codes(kind, codes + (start + t) * row_code_bytes, row, s.codes.data());
       float* __restrict x = s.values.data();
-      for (std::size_t c = 0; c < row; ++c) x[c] = dequantize_step(code[c], zero[c], scale[c]);
+      for (std::size_t c = 0; c < row; ++c)
+        x[c] = dequantize_step(code[c], zero[c], scale[c]);
       detail::store_floats(x, plan.shape.layout.dtype, row, rows + (start + t) * plan.shape.row_bytes);
     }
   }
@@ -238,7 +244,8 @@ void decode_int_values(QuantKind kind, const Plan& plan, const std::uint8_t* met
         meta_in += 4;
         float* __restrict x = s.values.data() + first;
         const std::uint8_t* __restrict code = s.codes.data() + first;
-        for (std::size_t i = 0; i < count; ++i) x[i] = dequantize_step(code[i], zero, scale);
+        for (std::size_t i = 0; i < count; ++i)
+          x[i] = dequantize_step(code[i], zero, scale);
       }
     }
     detail::store_floats(s.values.data(), plan.shape.layout.dtype, row, rows + t * plan.shape.row_bytes);
@@ -247,8 +254,8 @@ void decode_int_values(QuantKind kind, const Plan& plan, const std::uint8_t* met
 
 Scratch make_scratch(const Plan& plan) {
   const std::size_t row = plan.shape.row_elements;
-  const std::size_t rows_at_once = std::max<std::size_t>(1, std::min<std::size_t>(plan.params.group_size,
-                                                                                    plan.split.middle));
+  const std::size_t rows_at_once =
+      std::max<std::size_t>(1, std::min<std::size_t>(plan.params.group_size, plan.split.middle));
   Scratch s;
   s.values.resize(row * rows_at_once);
   s.lo.resize(row);
@@ -322,7 +329,8 @@ int quant_decode(const kvrelay_codec_layout* layout, const void* params, std::si
       const std::size_t sink_bytes = plan.split.sink * row_bytes;
       const std::size_t recent_bytes = plan.split.recent * row_bytes;
       detail::copy_bytes(destination, in, sink_bytes);
-      detail::copy_bytes(destination + (plan.shape.tokens - plan.split.recent) * row_bytes, in + sink_bytes, recent_bytes);
+      detail::copy_bytes(destination + (plan.shape.tokens - plan.split.recent) * row_bytes, in + sink_bytes,
+                         recent_bytes);
       in += sink_bytes + recent_bytes;
       const QuantSection& section = is_value ? plan.value_section : plan.key_section;
       std::uint8_t* middle = destination + sink_bytes;
@@ -347,23 +355,50 @@ const auto kInt4Wire = kInt4Defaults.serialize();
 
 constexpr std::uint32_t kLossyFlags = KVRELAY_CODEC_FLAG_HOST_MEMORY;
 
-const kvrelay_codec_plugin kFp8 = {KVRELAY_CODEC_ABI_VERSION, sizeof(kvrelay_codec_plugin), "fp8", kFp8CodecId,
-                                   kLossyFlags, kFp8Wire.data(), static_cast<std::uint32_t>(kFp8Wire.size()),
-                                   quant_max_size<QuantKind::kFp8>, quant_encode<QuantKind::kFp8>,
-                                   quant_decode<QuantKind::kFp8>, detail::builtin_error_text};
-const kvrelay_codec_plugin kInt8 = {KVRELAY_CODEC_ABI_VERSION, sizeof(kvrelay_codec_plugin), "int8", kInt8CodecId,
-                                    kLossyFlags, kInt8Wire.data(), static_cast<std::uint32_t>(kInt8Wire.size()),
-                                    quant_max_size<QuantKind::kInt8>, quant_encode<QuantKind::kInt8>,
-                                    quant_decode<QuantKind::kInt8>, detail::builtin_error_text};
-const kvrelay_codec_plugin kInt4 = {KVRELAY_CODEC_ABI_VERSION, sizeof(kvrelay_codec_plugin), "int4", kInt4CodecId,
-                                    kLossyFlags, kInt4Wire.data(), static_cast<std::uint32_t>(kInt4Wire.size()),
-                                    quant_max_size<QuantKind::kInt4>, quant_encode<QuantKind::kInt4>,
-                                    quant_decode<QuantKind::kInt4>, detail::builtin_error_text};
+const kvrelay_codec_plugin kFp8 = {KVRELAY_CODEC_ABI_VERSION,
+                                   sizeof(kvrelay_codec_plugin),
+                                   "fp8",
+                                   kFp8CodecId,
+                                   kLossyFlags,
+                                   kFp8Wire.data(),
+                                   static_cast<std::uint32_t>(kFp8Wire.size()),
+                                   quant_max_size<QuantKind::kFp8>,
+                                   quant_encode<QuantKind::kFp8>,
+                                   quant_decode<QuantKind::kFp8>,
+                                   detail::builtin_error_text};
+const kvrelay_codec_plugin kInt8 = {KVRELAY_CODEC_ABI_VERSION,
+                                    sizeof(kvrelay_codec_plugin),
+                                    "int8",
+                                    kInt8CodecId,
+                                    kLossyFlags,
+                                    kInt8Wire.data(),
+                                    static_cast<std::uint32_t>(kInt8Wire.size()),
+                                    quant_max_size<QuantKind::kInt8>,
+                                    quant_encode<QuantKind::kInt8>,
+                                    quant_decode<QuantKind::kInt8>,
+                                    detail::builtin_error_text};
+const kvrelay_codec_plugin kInt4 = {KVRELAY_CODEC_ABI_VERSION,
+                                    sizeof(kvrelay_codec_plugin),
+                                    "int4",
+                                    kInt4CodecId,
+                                    kLossyFlags,
+                                    kInt4Wire.data(),
+                                    static_cast<std::uint32_t>(kInt4Wire.size()),
+                                    quant_max_size<QuantKind::kInt4>,
+                                    quant_encode<QuantKind::kInt4>,
+                                    quant_decode<QuantKind::kInt4>,
+                                    detail::builtin_error_text};
 
 }  // namespace
 
-const kvrelay_codec_plugin* fp8_codec() noexcept { return &kFp8; }
-const kvrelay_codec_plugin* int8_codec() noexcept { return &kInt8; }
-const kvrelay_codec_plugin* int4_codec() noexcept { return &kInt4; }
+const kvrelay_codec_plugin* fp8_codec() noexcept {
+  return &kFp8;
+}
+const kvrelay_codec_plugin* int8_codec() noexcept {
+  return &kInt8;
+}
+const kvrelay_codec_plugin* int4_codec() noexcept {
+  return &kInt4;
+}
 
 }  // namespace kvrelay::codec

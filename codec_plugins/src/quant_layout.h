@@ -27,7 +27,9 @@ struct QuantSection {
   [[nodiscard]] std::size_t total() const { return meta_bytes + code_bytes; }
 };
 
-inline std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
+inline std::size_t ceil_div(std::size_t value, std::size_t divisor) {
+  return (value + divisor - 1) / divisor;
+}
 
 inline QuantSection quant_section(QuantKind kind, bool is_value, std::size_t middle, std::size_t kv_heads,
                                   std::size_t head_dim, std::size_t group) {

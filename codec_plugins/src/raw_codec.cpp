@@ -2,8 +2,9 @@
 
 #include <cstring>
 
-#include "codec_common.h"
 #include "kvrelay/codec_plugins/builtin_codecs.h"
+
+#include "codec_common.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -39,13 +40,22 @@ int raw_decode(const kvrelay_codec_layout* layout, const void* /*params*/, std::
   return KVRELAY_CODEC_OK;
 }
 
-const kvrelay_codec_plugin kRaw = {
-    KVRELAY_CODEC_ABI_VERSION, sizeof(kvrelay_codec_plugin), "raw", kRawCodecId,
-    KVRELAY_CODEC_FLAG_LOSSLESS | KVRELAY_CODEC_FLAG_HOST_MEMORY, nullptr, 0, raw_max_size, raw_encode, raw_decode,
-    detail::builtin_error_text};
+const kvrelay_codec_plugin kRaw = {KVRELAY_CODEC_ABI_VERSION,
+                                   sizeof(kvrelay_codec_plugin),
+                                   "raw",
+                                   kRawCodecId,
+                                   KVRELAY_CODEC_FLAG_LOSSLESS | KVRELAY_CODEC_FLAG_HOST_MEMORY,
+                                   nullptr,
+                                   0,
+                                   raw_max_size,
+                                   raw_encode,
+                                   raw_decode,
+                                   detail::builtin_error_text};
 
 }  // namespace
 
-const kvrelay_codec_plugin* raw_codec() noexcept { return &kRaw; }
+const kvrelay_codec_plugin* raw_codec() noexcept {
+  return &kRaw;
+}
 
 }  // namespace kvrelay::codec

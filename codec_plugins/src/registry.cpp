@@ -2,11 +2,11 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
-#include <cstring>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 
@@ -21,9 +21,8 @@ bool valid_name(const char* name) {
   if (name == nullptr) return false;
   const std::size_t length = strnlen(name, kMaxNameLength + 1);
   if (length == 0 || length > kMaxNameLength) return false;
-  return std::all_of(name, name + length, [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  });
+  return std::all_of(name, name + length,
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; });
 }
 
 }  // namespace
@@ -74,7 +73,8 @@ Status CodecRegistry::add(const kvrelay_codec_plugin* plugin, std::string origin
   }
   if (plugin->max_encoded_size == nullptr || plugin->encode == nullptr || plugin->decode == nullptr ||
       plugin->error_text == nullptr) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("{}: codec '{}' lacks a function pointer", origin, plugin->name));
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("{}: codec '{}' lacks a function pointer", origin, plugin->name));
   }
   if (plugin->default_params_size > 0 && plugin->default_params == nullptr) {
     return fail(ErrorCode::kInvalidArgument, fmt::format("{}: codec '{}' default params NULL", origin, plugin->name));
@@ -82,8 +82,8 @@ Status CodecRegistry::add(const kvrelay_codec_plugin* plugin, std::string origin
   if (!library && plugin->codec_id >= KVRELAY_CODEC_FIRST_PLUGIN_ID) {
     // Built-ins only below the plugin range; the check below covers the opposite direction.
   } else if (library && plugin->codec_id < KVRELAY_CODEC_FIRST_PLUGIN_ID) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("{}: plugin codec id {} is in the built-in range (< {})", origin,
-                                                         plugin->codec_id, KVRELAY_CODEC_FIRST_PLUGIN_ID));
+    return fail(ErrorCode::kInvalidArgument, fmt::format("{}: plugin codec id {} is in the built-in range (< {})",
+                                                         origin, plugin->codec_id, KVRELAY_CODEC_FIRST_PLUGIN_ID));
   }
   if (const Codec* existing = find(std::string_view(plugin->name))) {
     return fail(ErrorCode::kAlreadyExists,

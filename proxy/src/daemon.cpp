@@ -11,8 +11,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 #include <vector>
 

@@ -116,20 +116,10 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
 
   HttpRequest upstream_request{request.method(), agent->upstream.base_path + target->upstream_path, 11};
   for (const auto& field : request) {
-    switch (field.name()) {
-      case http::field::connection:
-      case http::field::keep_alive:
-      case http::field::proxy_connection:
-      case http::field::te:
-      case http::field::trailer:
-      case http::field::transfer_encoding:
-      case http::field::upgrade:
-      case http::field::host:
-      case http::field::content_length:
-        break;
-      default:
-        upstream_request.insert(field.name_string(), field.value());
-    }
+    // Host and Content-Length are set for the upstream request below.
+    const auto name = field.name();
+    if (is_hop_by_hop(name) || name == http::field::host || name == http::field::content_length) continue;
+    upstream_request.insert(field.name_string(), field.value());
   }
   upstream_request.set(http::field::host, fmt::format("{}:{}", agent->upstream.host, agent->upstream.port));
   upstream_request.set("X-Request-Id", request_id);

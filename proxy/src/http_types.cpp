@@ -4,6 +4,23 @@
 
 namespace kvrelay::proxy {
 
+bool is_hop_by_hop(http::field field) noexcept {
+  switch (field) {
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::proxy_authenticate:
+    case http::field::proxy_authorization:
+    case http::field::proxy_connection:
+    case http::field::te:
+    case http::field::trailer:
+    case http::field::transfer_encoding:
+    case http::field::upgrade:
+      return true;
+    default:
+      return false;
+  }
+}
+
 HttpResponse make_json_error(http::status status, std::string_view type, std::string_view message, unsigned version,
                              bool keep_alive) {
   nlohmann::json body;

@@ -25,23 +25,6 @@ namespace {
 
 constexpr std::size_t kRelayChunkBytes = 16 * 1024;
 
-bool is_hop_by_hop(http::field field) {
-  switch (field) {
-    case http::field::connection:
-    case http::field::keep_alive:
-    case http::field::proxy_authenticate:
-    case http::field::proxy_authorization:
-    case http::field::proxy_connection:
-    case http::field::te:
-    case http::field::trailer:
-    case http::field::transfer_encoding:
-    case http::field::upgrade:
-      return true;
-    default:
-      return false;
-  }
-}
-
 class UpstreamRelay final : public StreamingResponder, public std::enable_shared_from_this<UpstreamRelay> {
  public:
   UpstreamRelay(std::shared_ptr<UpstreamPool> pool, HttpUrl upstream, HttpRequest request, bool client_keep_alive,

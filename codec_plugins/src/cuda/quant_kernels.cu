@@ -5,9 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include "kvrelay/codec_plugins/float_bits.h"
+
 #include "../quant_layout.h"
 #include "kernel_api.h"
-#include "kvrelay/codec_plugins/float_bits.h"
 
 namespace kvrelay::codec::cuda {
 namespace {
@@ -17,7 +18,9 @@ using detail::QuantSection;
 
 constexpr int kThreads = 256;
 
-unsigned blocks_for(std::size_t work) { return static_cast<unsigned>((work + kThreads - 1) / kThreads); }
+unsigned blocks_for(std::size_t work) {
+  return static_cast<unsigned>((work + kThreads - 1) / kThreads);
+}
 
 __device__ float load_value(const std::uint8_t* base, std::uint32_t dtype, std::size_t index) {
   if (dtype == 1) {
@@ -39,7 +42,9 @@ __device__ void store_value(std::uint8_t* base, std::uint32_t dtype, std::size_t
   memcpy(base + index * 2, &bits, 2);
 }
 
-__device__ void put_half(std::uint8_t* out, std::uint16_t value) { memcpy(out, &value, 2); }
+__device__ void put_half(std::uint8_t* out, std::uint16_t value) {
+  memcpy(out, &value, 2);
+}
 __device__ std::uint16_t get_half(const std::uint8_t* in) {
   std::uint16_t value;
   memcpy(&value, in, 2);
@@ -71,7 +76,8 @@ __global__ void fp8_encode_kernel(Dims d, const std::uint8_t* rows, std::uint8_t
   const float scale = amax > 0.0F && amax < __int_as_float(0x7F800000) ? __fdiv_rn(amax, kFp8E4m3Max) : 1.0F;
   const float inv = __fdiv_rn(1.0F, scale);
   memcpy(meta + id * 4, &scale, 4);
-  for (std::size_t i = 0; i < d.dim; ++i) codes[first + i] = float_to_e4m3(__fmul_rn(load_value(rows, d.dtype, first + i), inv));
+  for (std::size_t i = 0; i < d.dim; ++i)
+    codes[first + i] = float_to_e4m3(__fmul_rn(load_value(rows, d.dtype, first + i), inv));
 }
 
 // fp8 decode: one thread per element.
@@ -106,8 +112,8 @@ __global__ void int_keys_encode_kernel(Dims d, const std::uint8_t* rows, std::ui
   put_half(scales + 2 * c, q.scale_half);
   put_half(scales + d.row * 2 + 2 * c, q.zero_half);
   for (std::size_t t = start; t < end; ++t) {
-    codes[t * d.row + c] =
-        static_cast<std::uint8_t>(quantize_step(load_value(rows, d.dtype, t * d.row + c), q.zero, q.inv_scale, d.max_code));
+    codes[t * d.row + c] = static_cast<std::uint8_t>(
+        quantize_step(load_value(rows, d.dtype, t * d.row + c), q.zero, q.inv_scale, d.max_code));
   }
 }
 
@@ -161,7 +167,8 @@ __global__ void unpack_int4_kernel(std::size_t middle, std::size_t row, const st
 }
 
 // Dequantize: one thread per element.
-__global__ void int_keys_decode_kernel(Dims d, const std::uint8_t* meta, const std::uint8_t* codes, std::uint8_t* rows) {
+__global__ void int_keys_decode_kernel(Dims d, const std::uint8_t* meta, const std::uint8_t* codes,
+                                       std::uint8_t* rows) {
   const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (id >= d.middle * d.row) return;
   const std::size_t t = id / d.row;
@@ -172,7 +179,8 @@ __global__ void int_keys_decode_kernel(Dims d, const std::uint8_t* meta, const s
   store_value(rows, d.dtype, id, dequantize_step(codes[id], zero, scale));
 }
 
-__global__ void int_values_decode_kernel(Dims d, const std::uint8_t* meta, const std::uint8_t* codes, std::uint8_t* rows) {
+__global__ void int_values_decode_kernel(Dims d, const std::uint8_t* meta, const std::uint8_t* codes,
+                                         std::uint8_t* rows) {
   const std::size_t group = d.group < d.dim ? d.group : d.dim;
   const std::size_t per_head = (d.dim + group - 1) / group;
   const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
@@ -181,7 +189,8 @@ __global__ void int_values_decode_kernel(Dims d, const std::uint8_t* meta, const
   const std::size_t h = (id % d.row) / d.dim;
   const std::size_t g = (id % d.dim) / group;
   const std::uint8_t* pair = meta + ((t * d.heads + h) * per_head + g) * 4;
-  store_value(rows, d.dtype, id, dequantize_step(codes[id], half_to_float(get_half(pair + 2)), half_to_float(get_half(pair))));
+  store_value(rows, d.dtype, id,
+              dequantize_step(codes[id], half_to_float(get_half(pair + 2)), half_to_float(get_half(pair))));
 }
 
 // Scratch for unpacked int4 codes, freed on scope exit.
@@ -200,11 +209,18 @@ int kernel_device_count() {
   return count;
 }
 
-const char* kernel_error_text(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+const char* kernel_error_text(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
 
 int kernel_quant(const KernelPlan& plan, bool encode, const void* device_in, void* device_out) {
   const auto kind = static_cast<QuantKind>(plan.kind);
-  const Dims dims{plan.middle, plan.heads, plan.dim, plan.heads * plan.dim, plan.group, plan.dtype,
+  const Dims dims{plan.middle,
+                  plan.heads,
+                  plan.dim,
+                  plan.heads * plan.dim,
+                  plan.group,
+                  plan.dtype,
                   kind == QuantKind::kInt4 ? 15.0F : 255.0F};
   const QuantSection keys = detail::quant_section(kind, false, plan.middle, plan.heads, plan.dim, plan.group);
   const QuantSection values = detail::quant_section(kind, true, plan.middle, plan.heads, plan.dim, plan.group);
@@ -249,8 +265,8 @@ int kernel_quant(const KernelPlan& plan, bool encode, const void* device_in, voi
           int_keys_encode_kernel<<<blocks_for(work), kThreads>>>(dims, middle, meta, target);
         }
         if (kind == QuantKind::kInt4) {
-          pack_int4_kernel<<<blocks_for(plan.middle * section.code_row_bytes), kThreads>>>(plan.middle, dims.row, target,
-                                                                                            codes);
+          pack_int4_kernel<<<blocks_for(plan.middle * section.code_row_bytes), kThreads>>>(plan.middle, dims.row,
+                                                                                           target, codes);
         }
         error = cudaGetLastError();
       }

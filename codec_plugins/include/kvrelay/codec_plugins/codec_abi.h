@@ -27,9 +27,9 @@ extern "C" {
 #define KVRELAY_CODEC_ENTRY_SYMBOL "kvrelay_codec_plugin_entry"
 
 /* Flags. */
-#define KVRELAY_CODEC_FLAG_LOSSLESS 0x1u    /* decode(encode(x)) == x bit for bit */
-#define KVRELAY_CODEC_FLAG_HOST_MEMORY 0x2u /* buffers may be host memory */
-#define KVRELAY_CODEC_FLAG_CUDA_DEVICE 0x4u /* buffers may be CUDA device memory */
+#define KVRELAY_CODEC_FLAG_LOSSLESS 0x1u        /* decode(encode(x)) == x bit for bit */
+#define KVRELAY_CODEC_FLAG_HOST_MEMORY 0x2u     /* buffers may be host memory */
+#define KVRELAY_CODEC_FLAG_CUDA_DEVICE 0x4u     /* buffers may be CUDA device memory */
 #define KVRELAY_CODEC_FLAG_POSITION_SPARSE 0x8u /* drops positions; receiver must opt in */
 
 /* Element types: same values as the frame format's dtype byte. */

@@ -44,8 +44,8 @@ struct QualityReport {
   std::uint64_t encoded_bytes = 0;  // whole frame
   double ratio = 0;                 // raw / encoded
   std::vector<LayerQuality> layers;
-  TensorError keys;    // over all layers
-  TensorError values;  // over all layers
+  TensorError keys;         // over all layers
+  TensorError values;       // over all layers
   double attn_rel_err = 0;  // |O' - O| / |O| over all layers, queries and heads
 };
 
