@@ -4,9 +4,11 @@
 #include <memory>
 #include <vector>
 
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/proxy/admin_router.h"
 #include "kvrelay/proxy/runtime_policy.h"
+#include "kvrelay/proxy/upstream_prober.h"
 
 namespace kvrelay::proxy {
 
@@ -14,6 +16,9 @@ struct AdminContext {
   std::shared_ptr<RuntimePolicy> policy;
   std::shared_ptr<metrics::Registry> registry;
   std::function<bool()> is_ready;  // listening and not draining
+  std::shared_ptr<const codec::CodecRegistry> codecs;
+  std::vector<codec::PluginLoadFailure> codec_load_failures;  // plugins refused at start-up
+  std::shared_ptr<const UpstreamProber> upstream_prober;
 };
 
 // The daemon's health, metrics and admin endpoints, declared in one table (see docs/operations.md).
