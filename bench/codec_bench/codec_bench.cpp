@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kvrelay/codec_plugins/cpu_path.h"
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
   std::string kv_file;
   std::string kv_layout;
   std::uint64_t kv_tokens = 0;
+  std::string kv_name;
+  std::vector<std::string> kv_convert;
+  std::string cpu_path = "auto";
   app.add_option("--tokens", tokens, "Tokens of the synthetic samples");
   app.add_option("--shape", shape, "Synthetic sample L,H,D");
   app.add_option("--repeats", repeats, "Timed repetitions (best is kept)");
@@ -83,7 +87,19 @@ int main(int argc, char** argv) {
   app.add_option("--kv", kv_file, "Extra sample: raw KV file (e.g. from the reference worker)");
   app.add_option("--kv-layout", kv_layout, "Its layout L,H,D,DTYPE");
   app.add_option("--kv-tokens", kv_tokens, "Its token count");
+  app.add_option("--kv-name", kv_name, "Its name in the output (default: the file path)");
+  app.add_option("--kv-convert", kv_convert, "fp32 --kv only: also run it converted to these dtypes (fp16, bf16)")
+      ->delimiter(',');
+  app.add_option("--cpu-path", cpu_path, "Codec loops: auto (fastest this CPU runs), baseline (SSE2) or avx2");
   CLI11_PARSE(app, argc, argv);
+
+  if (cpu_path != "auto") {
+    const auto path = parse_cpu_path(cpu_path);
+    if (!path || !force_cpu_path(*path)) {
+      std::fprintf(stderr, "cpu path '%s' unknown or not supported here\n", cpu_path.c_str());
+      return 2;
+    }
+  }
 
   // One core, as the goals are stated per core.
   cpu_set_t one;
@@ -108,7 +124,20 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bad --kv sample\n");
       return 2;
     }
-    samples.push_back({kv_file, layout.value(), std::move(kv.value())});
+    const std::string name = kv_name.empty() ? kv_file : kv_name;
+    for (const auto& dtype_text : kv_convert) {
+      const auto dtype = parse_layout_spec("1,1,1," + dtype_text, 1);
+      if (!dtype || layout.value().dtype != DType::kFloat32) {
+        std::fprintf(stderr, "--kv-convert needs an fp32 --kv and fp16 or bf16, got '%s'\n", dtype_text.c_str());
+        return 2;
+      }
+      std::vector<float> values(kv.value().size() / 4);
+      std::memcpy(values.data(), kv.value().data(), kv.value().size());
+      KvLayout converted = layout.value();
+      converted.dtype = dtype.value().dtype;
+      samples.push_back({name + "-" + dtype_text, converted, convert_from_f32(values, converted.dtype)});
+    }
+    samples.push_back({name + (kv_convert.empty() ? "" : "-fp32"), layout.value(), std::move(kv.value())});
   }
 
   const auto registry = CodecRegistry::with_builtins();
@@ -116,6 +145,7 @@ int main(int argc, char** argv) {
   out["machine"] = {{"cpu", cpu_model()},
                     {"cores_used", 1},
                     {"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
+                    {"cpu_path", cpu_path_name(active_cpu_path())},
                     {"loadavg_at_start", load_average()}};
   out["samples"] = nlohmann::json::array();
   out["codecs"] = nlohmann::json::array();
