@@ -11,7 +11,9 @@
 // short matches cost match-finding time and break up the literals that zstd's Huffman stage
 // codes well, so these settings are both faster (about 2x) and tighter (exponent plane of the
 // trained model's bf16 KV: 3.0x instead of 2.8x) than zstd's level 1 (measurements in
-// docs/codecs.md). The frames are ordinary zstd frames: decoding is unchanged.
+// docs/codecs.md). Planes that sample as near-random bytes skip zstd's attempt and are written
+// as a zstd frame of raw blocks (stored_plane.h). All are ordinary zstd frames: decoding is
+// unchanged.
 
 #include <zstd.h>
 
@@ -24,6 +26,7 @@
 #include "kvrelay/codec_plugins/byte_planes.h"
 
 #include "codec_common.h"
+#include "stored_plane.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -106,9 +109,13 @@ int lossless_encode(const kvrelay_codec_layout* layout, const void* params, std:
       const std::size_t plane_bytes = chunk / planes;
       split_byte_planes(source + offset, chunk / planes, planes, plane_buffer.data());
       for (std::size_t plane = 0; plane < planes; ++plane) {
-        const std::size_t result = ZSTD_compress2(context, out + written + 4, output_capacity - written - 4,
-                                                  plane_buffer.data() + plane * plane_bytes, plane_bytes);
-        if (ZSTD_isError(result)) return KVRELAY_CODEC_E_INTERNAL;
+        const std::uint8_t* bytes = plane_buffer.data() + plane * plane_bytes;
+        std::uint8_t* target = out + written + 4;
+        const std::size_t room = output_capacity - written - 4;
+        const std::size_t result = detail::looks_incompressible(bytes, plane_bytes)
+                                       ? detail::write_stored_zstd_frame(bytes, plane_bytes, target, room)
+                                       : ZSTD_compress2(context, target, room, bytes, plane_bytes);
+        if (result == 0 || ZSTD_isError(result)) return KVRELAY_CODEC_E_INTERNAL;
         const auto length = static_cast<std::uint32_t>(result);
         std::memcpy(out + written, &length, 4);
         written += 4 + result;
