@@ -5,6 +5,15 @@
 // Payload: the tensor bytes are cut into chunks of kChunkBytes (the last may be shorter); each
 // chunk is element_size planes, plane 0 holding the most significant byte of every element.
 // Each plane is stored as u32 compressed length + one zstd frame.
+//
+// Speed: at the default level (1, and below) the planes are compressed with a 256-entry hash
+// table and 7-byte minimum matches. Exponent planes are low-entropy bytes with few long repeats:
+// short matches cost match-finding time and break up the literals that zstd's Huffman stage
+// codes well, so these settings are both faster (about 2x) and tighter (exponent plane of the
+// trained model's bf16 KV: 3.0x instead of 2.8x) than zstd's level 1 (measurements in
+// docs/codecs.md). Planes that sample as near-random bytes skip zstd's attempt and are written
+// as a zstd frame of raw blocks (stored_plane.h). All are ordinary zstd frames: decoding is
+// unchanged.
 
 #include <zstd.h>
 
@@ -17,6 +26,7 @@
 #include "kvrelay/codec_plugins/byte_planes.h"
 
 #include "codec_common.h"
+#include "stored_plane.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -24,6 +34,8 @@ namespace {
 using detail::Shape;
 
 constexpr std::size_t kChunkBytes = std::size_t{1} << 20;
+constexpr int kFastHashLog = 8;
+constexpr int kFastMinMatch = 7;
 
 struct CctxDeleter {
   void operator()(ZSTD_CCtx* context) const { ZSTD_freeCCtx(context); }
@@ -31,6 +43,32 @@ struct CctxDeleter {
 struct DctxDeleter {
   void operator()(ZSTD_DCtx* context) const { ZSTD_freeDCtx(context); }
 };
+
+// zstd contexts are reused per thread: creating one, and its first use, allocates and clears
+// tables that cost more than compressing a small KV.
+ZSTD_CCtx* thread_compressor() {
+  thread_local std::unique_ptr<ZSTD_CCtx, CctxDeleter> context(ZSTD_createCCtx());
+  return context.get();
+}
+ZSTD_DCtx* thread_decompressor() {
+  thread_local std::unique_ptr<ZSTD_DCtx, DctxDeleter> context(ZSTD_createDCtx());
+  return context.get();
+}
+
+// One chunk's planes; kept per thread, as a fresh megabyte costs page faults on every call.
+std::vector<std::uint8_t>& thread_plane_buffer(std::size_t size) {
+  thread_local std::vector<std::uint8_t> buffer;
+  if (buffer.size() < size) buffer.resize(size);
+  return buffer;
+}
+
+bool configure(ZSTD_CCtx* context, int level) {
+  ZSTD_CCtx_reset(context, ZSTD_reset_session_and_parameters);
+  if (ZSTD_isError(ZSTD_CCtx_setParameter(context, ZSTD_c_compressionLevel, level))) return false;
+  if (level > 1) return true;
+  return !ZSTD_isError(ZSTD_CCtx_setParameter(context, ZSTD_c_hashLog, kFastHashLog)) &&
+         !ZSTD_isError(ZSTD_CCtx_setParameter(context, ZSTD_c_minMatch, kFastMinMatch));
+}
 
 int check(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, Shape& shape,
           BuiltinParams& parsed) {
@@ -58,10 +96,11 @@ int lossless_encode(const kvrelay_codec_layout* layout, const void* params, std:
     if (const int code = check(layout, params, params_size, shape, parsed); code != KVRELAY_CODEC_OK) return code;
     if (input_size != shape.total_bytes || output_size == nullptr) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
     if (output_capacity < lossless_max_size(layout, params, params_size)) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
-    std::unique_ptr<ZSTD_CCtx, CctxDeleter> context(ZSTD_createCCtx());
-    if (!context) return KVRELAY_CODEC_E_RESOURCE_EXHAUSTED;
+    ZSTD_CCtx* context = thread_compressor();
+    if (context == nullptr) return KVRELAY_CODEC_E_RESOURCE_EXHAUSTED;
+    if (!configure(context, parsed.zstd_level)) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
     const std::size_t planes = shape.element_size;
-    std::vector<std::uint8_t> plane_buffer(std::min(kChunkBytes, shape.total_bytes));
+    std::vector<std::uint8_t>& plane_buffer = thread_plane_buffer(std::min(kChunkBytes, shape.total_bytes));
     const auto* source = static_cast<const std::uint8_t*>(input);
     auto* out = static_cast<std::uint8_t*>(output);
     std::size_t written = 0;
@@ -70,10 +109,13 @@ int lossless_encode(const kvrelay_codec_layout* layout, const void* params, std:
       const std::size_t plane_bytes = chunk / planes;
       split_byte_planes(source + offset, chunk / planes, planes, plane_buffer.data());
       for (std::size_t plane = 0; plane < planes; ++plane) {
-        const std::size_t result =
-            ZSTD_compressCCtx(context.get(), out + written + 4, output_capacity - written - 4,
-                              plane_buffer.data() + plane * plane_bytes, plane_bytes, parsed.zstd_level);
-        if (ZSTD_isError(result)) return KVRELAY_CODEC_E_INTERNAL;
+        const std::uint8_t* bytes = plane_buffer.data() + plane * plane_bytes;
+        std::uint8_t* target = out + written + 4;
+        const std::size_t room = output_capacity - written - 4;
+        const std::size_t result = detail::looks_incompressible(bytes, plane_bytes)
+                                       ? detail::write_stored_zstd_frame(bytes, plane_bytes, target, room)
+                                       : ZSTD_compress2(context, target, room, bytes, plane_bytes);
+        if (result == 0 || ZSTD_isError(result)) return KVRELAY_CODEC_E_INTERNAL;
         const auto length = static_cast<std::uint32_t>(result);
         std::memcpy(out + written, &length, 4);
         written += 4 + result;
@@ -91,10 +133,10 @@ int lossless_decode(const kvrelay_codec_layout* layout, const void* params, std:
     BuiltinParams parsed;
     if (const int code = check(layout, params, params_size, shape, parsed); code != KVRELAY_CODEC_OK) return code;
     if (output_size != shape.total_bytes) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
-    std::unique_ptr<ZSTD_DCtx, DctxDeleter> context(ZSTD_createDCtx());
-    if (!context) return KVRELAY_CODEC_E_RESOURCE_EXHAUSTED;
+    ZSTD_DCtx* context = thread_decompressor();
+    if (context == nullptr) return KVRELAY_CODEC_E_RESOURCE_EXHAUSTED;
     const std::size_t planes = shape.element_size;
-    std::vector<std::uint8_t> plane_buffer(std::min(kChunkBytes, shape.total_bytes));
+    std::vector<std::uint8_t>& plane_buffer = thread_plane_buffer(std::min(kChunkBytes, shape.total_bytes));
     const auto* in = static_cast<const std::uint8_t*>(input);
     auto* destination = static_cast<std::uint8_t*>(output);
     std::size_t read = 0;
@@ -109,8 +151,8 @@ int lossless_decode(const kvrelay_codec_layout* layout, const void* params, std:
         if (input_size - read < length) return KVRELAY_CODEC_E_TRUNCATED;
         const unsigned long long content = ZSTD_getFrameContentSize(in + read, length);
         if (content != plane_bytes) return KVRELAY_CODEC_E_CORRUPT;
-        const std::size_t result = ZSTD_decompressDCtx(context.get(), plane_buffer.data() + plane * plane_bytes,
-                                                       plane_bytes, in + read, length);
+        const std::size_t result =
+            ZSTD_decompressDCtx(context, plane_buffer.data() + plane * plane_bytes, plane_bytes, in + read, length);
         if (ZSTD_isError(result) || result != plane_bytes) return KVRELAY_CODEC_E_CORRUPT;
         read += length;
       }

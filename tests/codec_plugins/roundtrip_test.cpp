@@ -246,3 +246,23 @@ TEST_CASE("codec parameters outside their ranges are refused at encode", "[codec
   const std::vector<std::uint8_t> short_kv(kv.begin(), kv.end() - 1);
   CHECK(encode_frame(*registry.find("raw"), layout, short_kv).error().code == ErrorCode::kLayoutMismatch);
 }
+
+TEST_CASE("lossless stores near-random planes as raw zstd blocks and restores them exactly", "[codec][roundtrip]") {
+  const auto registry = CodecRegistry::with_builtins();
+  const auto spec = resolve_codec(registry, "lossless").value();
+  std::mt19937 random(41);
+  // Plane sizes around zstd's 128 KiB block limit: one block short, exactly one, one byte over,
+  // several, and chunks of 1 MiB (the last one partial).
+  for (const std::uint64_t tokens : {1023U, 1024U, 1025U, 2500U, 9000U}) {
+    const KvLayout layout{1, 1, 64, DType::kBFloat16, tokens};
+    std::vector<std::uint8_t> noise(layout.total_bytes().value());
+    for (auto& byte : noise) byte = static_cast<std::uint8_t>(random());
+    INFO(layout.describe());
+    CHECK(round_trip(registry, spec, layout, noise, {}) == noise);
+    const auto frame = encode_frame(*spec.codec, layout, noise).value();
+    // Stored planes cost their bytes plus a 9-byte frame header, 3 bytes per 128 KiB block and
+    // the 4-byte length, per plane, plus the 72-byte frame header and trailer.
+    const std::size_t planes = 2 * ((noise.size() + (1U << 20) - 1) >> 20);
+    CHECK(frame.size() <= noise.size() + planes * (9 + 4 + 3 * 5) + 72 + 20);
+  }
+}

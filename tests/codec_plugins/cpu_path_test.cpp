@@ -1,0 +1,146 @@
+#include "kvrelay/codec_plugins/cpu_path.h"
+
+#include <xxhash.h>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvrelay/codec_plugins/builtin_codecs.h"
+#include "kvrelay/codec_plugins/builtin_params.h"
+#include "kvrelay/codec_plugins/metrics.h"
+
+using namespace kvrelay;
+using namespace kvrelay::codec;
+
+namespace {
+
+const kvrelay_codec_plugin* quantizer(int index) {
+  return index == 0 ? fp8_codec() : index == 1 ? int8_codec() : int4_codec();
+}
+
+kvrelay_codec_layout to_c(const KvLayout& layout) {
+  return {layout.layers, layout.kv_heads, layout.head_dim, static_cast<std::uint32_t>(layout.dtype), layout.tokens};
+}
+
+std::vector<std::uint8_t> encode_payload(const kvrelay_codec_plugin& codec, const KvLayout& layout,
+                                         const std::vector<std::uint8_t>& kv, const std::vector<std::uint8_t>& params) {
+  const kvrelay_codec_layout c_layout = to_c(layout);
+  std::vector<std::uint8_t> out(codec.max_encoded_size(&c_layout, params.data(), params.size()));
+  std::size_t size = 0;
+  REQUIRE(codec.encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(), out.data(), out.size(), &size) ==
+          KVRELAY_CODEC_OK);
+  out.resize(size);
+  return out;
+}
+
+std::vector<std::uint8_t> decode_payload(const kvrelay_codec_plugin& codec, const KvLayout& layout,
+                                         const std::vector<std::uint8_t>& payload,
+                                         const std::vector<std::uint8_t>& params, std::size_t size) {
+  const kvrelay_codec_layout c_layout = to_c(layout);
+  std::vector<std::uint8_t> out(size, 0xEE);
+  REQUIRE(codec.decode(&c_layout, params.data(), params.size(), payload.data(), payload.size(), out.data(),
+                       out.size()) == KVRELAY_CODEC_OK);
+  return out;
+}
+
+std::vector<std::uint8_t> params_with(std::uint32_t group) {
+  BuiltinParams params;
+  params.group_size = group;
+  params.recent_tokens = 16;
+  const auto wire = params.serialize();
+  return {wire.begin(), wire.end()};
+}
+
+// Restores the fastest path when a test ends, whatever it forced.
+struct PathGuard {
+  ~PathGuard() { reset_cpu_path(); }
+};
+
+}  // namespace
+
+TEST_CASE("the portable and the AVX2 quantizer loops write the same bytes", "[codec][cpu_path]") {
+  if (!cpu_path_supported(CpuPath::kAvx2)) {
+    WARN("CPU without AVX2+F16C: only the portable path exists here");
+    return;
+  }
+  PathGuard guard;
+  // Odd shapes: one token, tokens off the group, head_dim off the lane width and the group,
+  // odd rows (int4 pairs), a single head; random bytes bring NaN, infinities and subnormals.
+  const std::vector<KvLayout> shapes = {{2, 3, 8, DType::kFloat32, 1},    {1, 1, 64, DType::kFloat32, 200},
+                                        {3, 2, 36, DType::kFloat32, 170}, {1, 1, 7, DType::kFloat32, 151},
+                                        {1, 3, 5, DType::kFloat32, 201},  {2, 8, 128, DType::kFloat32, 190}};
+  std::mt19937 random(11);
+  int compared = 0;
+  for (auto layout : shapes) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      layout.dtype = dtype;
+      auto kv = synthetic_kv(layout, 5).value();
+      std::vector<std::uint8_t> noise(kv.size());
+      for (auto& byte : noise)
+        byte = static_cast<std::uint8_t>(random());
+      for (const auto* input : {&kv, &noise}) {
+        for (int index = 0; index < 3; ++index) {
+          for (std::uint32_t group : {2U, 6U, 32U, 64U}) {
+            const auto& codec = *quantizer(index);
+            INFO(codec.name << " group " << group << " " << layout.describe() << (input == &noise ? " noise" : ""));
+            const auto params = params_with(group);
+            REQUIRE(force_cpu_path(CpuPath::kBaseline));
+            const auto portable = encode_payload(codec, layout, *input, params);
+            const auto portable_back = decode_payload(codec, layout, portable, params, input->size());
+            REQUIRE(force_cpu_path(CpuPath::kAvx2));
+            const auto avx2 = encode_payload(codec, layout, *input, params);
+            CHECK(avx2 == portable);
+            CHECK(decode_payload(codec, layout, portable, params, input->size()) == portable_back);
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  CHECK(compared == 6 * 3 * 2 * 3 * 4);
+}
+
+TEST_CASE("quantizer payloads keep the bytes of the reference implementation the CUDA kernels match",
+          "[codec][cpu_path]") {
+  // xxh3 of payloads written by the scalar implementation that the CUDA parity test checked on
+  // a GPU; both CPU paths must still produce them (the kernels are unchanged).
+  struct Golden {
+    const char* codec;
+    DType dtype;
+    std::uint64_t hash;
+  };
+  const Golden goldens[] = {
+      {"fp8", DType::kFloat32, 0xb2670e765c258826ULL},   {"int8", DType::kFloat32, 0x7e1c8ef1d3dcd4ccULL},
+      {"int4", DType::kFloat32, 0xf89be2e9fe02cb4fULL},  {"fp8", DType::kFloat16, 0x585cbb713e6a46a9ULL},
+      {"int8", DType::kFloat16, 0x753ea2ba8cf2c661ULL},  {"int4", DType::kFloat16, 0xeab2dcbe05addab1ULL},
+      {"fp8", DType::kBFloat16, 0x631a6eaf34fd2dc5ULL},  {"int8", DType::kBFloat16, 0xde07d0e873565a12ULL},
+      {"int4", DType::kBFloat16, 0xcaa3024b9b10cb9cULL},
+  };
+  PathGuard guard;
+  for (CpuPath path : {CpuPath::kBaseline, CpuPath::kAvx2}) {
+    if (!force_cpu_path(path)) continue;
+    for (const auto& golden : goldens) {
+      const KvLayout layout{2, 3, 36, golden.dtype, 170};
+      const auto kv = synthetic_kv(layout, 29).value();
+      const std::string name = golden.codec;
+      const auto& codec = *quantizer(name == "fp8" ? 0 : name == "int8" ? 1 : 2);
+      const auto payload = encode_payload(codec, layout, kv, params_with(32));
+      INFO(name << " " << layout.describe() << " on " << cpu_path_name(path));
+      CHECK(XXH3_64bits(payload.data(), payload.size()) == golden.hash);
+    }
+  }
+}
+
+TEST_CASE("cpu path names parse and an unsupported path is refused", "[codec][cpu_path]") {
+  CHECK(parse_cpu_path("baseline") == CpuPath::kBaseline);
+  CHECK(parse_cpu_path("avx2") == CpuPath::kAvx2);
+  CHECK_FALSE(parse_cpu_path("avx512"));
+  PathGuard guard;
+  CHECK(force_cpu_path(CpuPath::kBaseline));
+  CHECK(active_cpu_path() == CpuPath::kBaseline);
+  reset_cpu_path();
+  CHECK(active_cpu_path() == (cpu_path_supported(CpuPath::kAvx2) ? CpuPath::kAvx2 : CpuPath::kBaseline));
+}
