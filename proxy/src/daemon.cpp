@@ -72,9 +72,10 @@ int run_daemon(const DaemonOptions& options) {
 
   auto registry = std::make_shared<metrics::Registry>();
   auto runtime_policy = std::make_shared<RuntimePolicy>(options.config_path, initial_policy, *registry);
-  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry);
+  auto online_audit = std::make_shared<OnlineAudit>();
+  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit);
   auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(
-      {runtime_policy, registry, [state] { return state->ready.load() && !state->draining.load(); }}));
+      {runtime_policy, registry, [state] { return state->ready.load() && !state->draining.load(); }, online_audit}));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
   };

@@ -6,6 +6,7 @@
 
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/proxy/admin_router.h"
+#include "kvrelay/proxy/online_audit.h"
 #include "kvrelay/proxy/runtime_policy.h"
 
 namespace kvrelay::proxy {
@@ -14,6 +15,7 @@ struct AdminContext {
   std::shared_ptr<RuntimePolicy> policy;
   std::shared_ptr<metrics::Registry> registry;
   std::function<bool()> is_ready;  // listening and not draining
+  std::shared_ptr<OnlineAudit> audit;  // online audit trials; the report endpoint is empty without it
 };
 
 // The daemon's health, metrics and admin endpoints, declared in one table (see docs/operations.md).
