@@ -132,6 +132,8 @@ struct PendingOutcome {
   double ttft_ms = 0.0;
   std::optional<double> e2e_ms;
   std::optional<std::uint64_t> status;
+  std::optional<std::uint64_t> prompt_tokens;
+  std::optional<std::uint64_t> cached_tokens;
 };
 
 }  // namespace
@@ -229,6 +231,8 @@ Result<TrialSet> parse_trials(std::string_view text, std::string_view source) {
       reader.number("ttft_ms", outcome.ttft_ms, true);
       reader.number("e2e_ms", outcome.e2e_ms);
       reader.count("status", outcome.status);
+      reader.count("prompt_tokens", outcome.prompt_tokens);
+      reader.count("cached_tokens", outcome.cached_tokens);
       if (reader.error()) return *reader.error();
       outcomes[request_id] = outcome;
     } else {
@@ -251,6 +255,9 @@ Result<TrialSet> parse_trials(std::string_view text, std::string_view source) {
     trial.ttft_ms = outcome.ttft_ms;
     trial.e2e_ms = outcome.e2e_ms;
     trial.status = outcome.status;
+    if (outcome.cached_tokens) trial.cached_tokens = outcome.cached_tokens;
+    // A text prompt's length is known only from the worker's answer.
+    if (trial.context_tokens == 0 && outcome.prompt_tokens) trial.context_tokens = *outcome.prompt_tokens;
     set.trials.push_back(std::move(trial));
   }
   return set;

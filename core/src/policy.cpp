@@ -339,7 +339,15 @@ void read_route(const json& value, const std::string& pointer, RoutePolicy& out,
   } else {
     out.audit.fraction = out.audit_fraction;
   }
-  if (out.audit.treatments.empty()) out.audit.treatments = default_audit_treatments();
+  if (out.audit.treatments.empty()) {
+    // The shorthand's T0..T3 keep only what the route allows (T0, tokens, is always allowed).
+    for (auto& treatment : default_audit_treatments()) {
+      if (treatment.medium == "tokens" || out.allowed_media.empty() ||
+          std::find(out.allowed_media.begin(), out.allowed_media.end(), treatment.medium) != out.allowed_media.end()) {
+        out.audit.treatments.push_back(std::move(treatment));
+      }
+    }
+  }
   reader.read_double("hysteresis", out.hysteresis_threshold, 0.0, 10.0);
   reader.read_double("quality_floor", out.quality_floor, 0.0, 1.0);
   reader.read_bool("push", out.push);
