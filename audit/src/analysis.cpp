@@ -58,8 +58,10 @@ Arms arms_of(const std::vector<const Trial*>& treatment, const std::vector<const
       return arms;
     }
   }
-  for (const Trial* t : treatment) arms.treatment.push_back(t->ttft_ms);
-  for (const Trial* t : baseline) arms.baseline.push_back(t->ttft_ms);
+  for (const Trial* t : treatment)
+    arms.treatment.push_back(t->ttft_ms);
+  for (const Trial* t : baseline)
+    arms.baseline.push_back(t->ttft_ms);
   return arms;
 }
 
@@ -74,7 +76,8 @@ Effect effect_of(const std::string& treatment, const std::string& baseline, cons
   effect.n = arms.paired ? arms.treatment.size() : arms.treatment.size() + arms.baseline.size();
   effect.mean_treatment_ms = mean(arms.treatment);
   effect.mean_baseline_ms = mean(arms.baseline);
-  effect.t_test = arms.paired ? paired_t_test(arms.treatment, arms.baseline) : welch_t_test(arms.treatment, arms.baseline);
+  effect.t_test =
+      arms.paired ? paired_t_test(arms.treatment, arms.baseline) : welch_t_test(arms.treatment, arms.baseline);
   const double difference = effect.mean_treatment_ms - effect.mean_baseline_ms;
   effect.pct_change = percent_change(difference, effect.mean_baseline_ms);
   effect.median_diff_ms = median(arms.treatment) - median(arms.baseline);
@@ -94,7 +97,8 @@ void apply_holm(std::vector<Effect>& effects) {
     tested.push_back(&effect);
   }
   const auto adjusted = holm_adjust(p_values);
-  for (std::size_t i = 0; i < tested.size(); ++i) tested[i]->p_holm = adjusted[i];
+  for (std::size_t i = 0; i < tested.size(); ++i)
+    tested[i]->p_holm = adjusted[i];
 }
 
 struct StratumData {
@@ -245,7 +249,8 @@ Result<AuditReport> analyze(const TrialSet& trials, const AnalysisOptions& optio
   report.treatments.assign(treatments.begin(), treatments.end());
 
   std::vector<std::pair<std::pair<std::string, std::size_t>, StratumData*>> ordered;
-  for (auto& [key, stratum] : strata) ordered.emplace_back(key, &stratum);
+  for (auto& [key, stratum] : strata)
+    ordered.emplace_back(key, &stratum);
   std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
     const auto pair_a = a.first.first.substr(0, a.first.first.find('\n'));
     const auto pair_b = b.first.first.substr(0, b.first.first.find('\n'));
@@ -268,7 +273,8 @@ Result<AuditReport> analyze(const TrialSet& trials, const AnalysisOptions& optio
     report.overall.push_back(overall_effect(treatment, options.baseline, computed, options.bootstrap));
   }
   apply_holm(report.overall);
-  for (auto& stratum : computed) report.strata.push_back(std::move(stratum.report));
+  for (auto& stratum : computed)
+    report.strata.push_back(std::move(stratum.report));
 
   for (const auto& [pair, arms] : by_model_pair) {
     const auto baseline = arms.find(options.baseline);

@@ -37,7 +37,8 @@ std::optional<LineFit> fit_arm(const std::vector<const Trial*>& arm) {
 std::vector<const Trial*> resample(const std::vector<const Trial*>& arm, std::mt19937_64& generator) {
   std::uniform_int_distribution<std::size_t> pick(0, arm.size() - 1);
   std::vector<const Trial*> drawn(arm.size());
-  for (auto& trial : drawn) trial = arm[pick(generator)];
+  for (auto& trial : drawn)
+    trial = arm[pick(generator)];
   return drawn;
 }
 
@@ -45,10 +46,14 @@ std::vector<const Trial*> resample(const std::vector<const Trial*>& arm, std::mt
 
 std::string_view crossing_kind_name(CrossingKind kind) noexcept {
   switch (kind) {
-    case CrossingKind::kFasterAbove: return "faster_above";
-    case CrossingKind::kFasterBelow: return "faster_below";
-    case CrossingKind::kAlwaysFaster: return "always_faster";
-    case CrossingKind::kNeverFaster: return "never_faster";
+    case CrossingKind::kFasterAbove:
+      return "faster_above";
+    case CrossingKind::kFasterBelow:
+      return "faster_below";
+    case CrossingKind::kAlwaysFaster:
+      return "always_faster";
+    case CrossingKind::kNeverFaster:
+      return "never_faster";
   }
   return "never_faster";
 }

@@ -17,7 +17,8 @@ using nlohmann::json;
 namespace {
 
 bool is_baseline(const Trial& trial, const CalibrationOptions& options) {
-  return trial.treatment == options.baseline || (trial.medium == "tokens" && (trial.span.empty() || trial.span == "none"));
+  return trial.treatment == options.baseline ||
+         (trial.medium == "tokens" && (trial.span.empty() || trial.span == "none"));
 }
 
 }  // namespace
@@ -111,7 +112,8 @@ json calibrate(const TrialSet& trials, const CalibrationOptions& options) {
       entry["fidelity"] = std::clamp(mean(agreement), 1e-6, 1.0);
       medium_evidence["top1_trials"] = agreement.size();
     }
-    if (output.size() >= options.min_trials && baseline_output.size() >= options.min_trials && mean(baseline_output) > 0) {
+    if (output.size() >= options.min_trials && baseline_output.size() >= options.min_trials &&
+        mean(baseline_output) > 0) {
       entry["extra_decode_fraction"] = std::max(0.0, mean(output) / mean(baseline_output) - 1.0);
       medium_evidence["output_trials"] = output.size();
     }

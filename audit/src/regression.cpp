@@ -22,11 +22,13 @@ std::optional<std::array<double, 3>> solve_subset(std::span<const double> x, std
     const double u = x[i] / scale;
     const std::array<double, 3> features{1.0, u, u * u};
     for (std::size_t r = 0; r < count; ++r) {
-      for (std::size_t c = 0; c < count; ++c) system[r][c] += features[terms[r]] * features[terms[c]];
+      for (std::size_t c = 0; c < count; ++c)
+        system[r][c] += features[terms[r]] * features[terms[c]];
       system[r][3] += features[terms[r]] * y[i];
     }
   }
-  for (std::size_t r = 0; r < count; ++r) system[r][count] = system[r][3];
+  for (std::size_t r = 0; r < count; ++r)
+    system[r][count] = system[r][3];
   for (std::size_t column = 0; column < count; ++column) {
     std::size_t pivot = column;
     for (std::size_t r = column + 1; r < count; ++r) {
@@ -37,7 +39,8 @@ std::optional<std::array<double, 3>> solve_subset(std::span<const double> x, std
     for (std::size_t r = 0; r < count; ++r) {
       if (r == column) continue;
       const double factor = system[r][column] / system[column][column];
-      for (std::size_t c = column; c <= count; ++c) system[r][c] -= factor * system[column][c];
+      for (std::size_t c = column; c <= count; ++c)
+        system[r][c] -= factor * system[column][c];
     }
   }
   std::array<double, 3> coefficients{};
@@ -74,7 +77,8 @@ std::optional<LineFit> fit_line(std::span<const double> x, std::span<const doubl
 std::optional<QuadraticFit> fit_non_negative_quadratic(std::span<const double> x, std::span<const double> y) {
   if (x.size() != y.size() || x.empty()) return std::nullopt;
   double scale = 0.0;
-  for (const double value : x) scale = std::max(scale, std::fabs(value));
+  for (const double value : x)
+    scale = std::max(scale, std::fabs(value));
   if (!(scale > 0.0)) scale = 1.0;
   std::optional<QuadraticFit> best;
   double best_error = std::numeric_limits<double>::infinity();
@@ -83,7 +87,8 @@ std::optional<QuadraticFit> fit_non_negative_quadratic(std::span<const double> x
     if (!solved || (*solved)[0] < 0.0 || (*solved)[1] < 0.0 || (*solved)[2] < 0.0) continue;
     const QuadraticFit fit{(*solved)[0], (*solved)[1], (*solved)[2]};
     double error = 0.0;
-    for (std::size_t i = 0; i < x.size(); ++i) error += (fit.at(x[i]) - y[i]) * (fit.at(x[i]) - y[i]);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      error += (fit.at(x[i]) - y[i]) * (fit.at(x[i]) - y[i]);
     if (error < best_error) {
       best_error = error;
       best = fit;

@@ -10,9 +10,13 @@ using nlohmann::json;
 
 namespace {
 
-json number(double value) { return std::isfinite(value) ? json(value) : json(); }
+json number(double value) {
+  return std::isfinite(value) ? json(value) : json();
+}
 
-json interval(const Interval& value) { return json::array({number(value.low), number(value.high)}); }
+json interval(const Interval& value) {
+  return json::array({number(value.low), number(value.high)});
+}
 
 json break_even_to_json(const BreakEven& estimate) {
   return {{"model_pair", estimate.model_pair},
@@ -22,10 +26,13 @@ json break_even_to_json(const BreakEven& estimate) {
           {"break_even_tokens", estimate.break_even_tokens ? number(*estimate.break_even_tokens) : json()},
           {"ci95", estimate.ci95 ? interval(*estimate.ci95) : json()},
           {"bootstrap_agreement", estimate.bootstrap_agreement},
-          {"fit_ms", {{"treatment", {{"intercept", number(estimate.treatment_fit.intercept)},
-                                     {"per_token", number(estimate.treatment_fit.slope)}}},
-                      {"baseline", {{"intercept", number(estimate.baseline_fit.intercept)},
-                                    {"per_token", number(estimate.baseline_fit.slope)}}}}},
+          {"fit_ms",
+           {{"treatment",
+             {{"intercept", number(estimate.treatment_fit.intercept)},
+              {"per_token", number(estimate.treatment_fit.slope)}}},
+            {"baseline",
+             {{"intercept", number(estimate.baseline_fit.intercept)},
+              {"per_token", number(estimate.baseline_fit.slope)}}}}},
           {"n_treatment", estimate.n_treatment},
           {"n_baseline", estimate.n_baseline}};
 }
@@ -80,9 +87,11 @@ json report_to_json(const AuditReport& report) {
                       {"effects", std::move(effects)}});
   }
   json overall = json::array();
-  for (const auto& effect : report.overall) overall.push_back(effect_to_json(effect));
+  for (const auto& effect : report.overall)
+    overall.push_back(effect_to_json(effect));
   json break_even = json::array();
-  for (const auto& estimate : report.break_even) break_even.push_back(break_even_to_json(estimate));
+  for (const auto& estimate : report.break_even)
+    break_even.push_back(break_even_to_json(estimate));
   return {{"baseline", report.baseline},
           {"routes", report.routes},
           {"treatments", report.treatments},

@@ -17,7 +17,9 @@ std::string p_value(double value) {
   return value < 1e-4 ? fmt::format("{:.1e}", value) : fmt::format("{:.4f}", value);
 }
 
-std::string interval(const Interval& value) { return fmt::format("[{}, {}]", figure(value.low), figure(value.high)); }
+std::string interval(const Interval& value) {
+  return fmt::format("[{}, {}]", figure(value.low), figure(value.high));
+}
 
 // Table cells are escaped so a treatment or model name cannot break the table.
 std::string cell(const std::string& text) {
@@ -35,8 +37,9 @@ std::string cell(const std::string& text) {
 }
 
 void effects_table(std::string& out, const std::vector<Effect>& effects) {
-  out += "| treatment | n | design | mean diff ms | 95% CI | change | p | p (Holm) | median diff ms | bootstrap CI | "
-         "p Wilcoxon |\n";
+  out +=
+      "| treatment | n | design | mean diff ms | 95% CI | change | p | p (Holm) | median diff ms | bootstrap CI | "
+      "p Wilcoxon |\n";
   out += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& effect : effects) {
     const auto& t = effect.t_test;

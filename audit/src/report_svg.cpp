@@ -22,11 +22,21 @@ std::string escape_xml(const std::string& text) {
   std::string out;
   for (const char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         // Control characters are not allowed in XML 1.0 text.
         if (static_cast<unsigned char>(c) >= 0x20 || c == '\t') out += c;
@@ -47,7 +57,8 @@ struct Scale {
   }
 };
 
-// Mean and t-free normal 95% band per distinct length (the plot's band; the report's CIs are exact).
+// Mean and a normal-approximation 95% band per distinct length: a visual guide; the report's
+// intervals are the t and bootstrap ones.
 struct LengthSummary {
   double tokens = 0.0;
   double mean = 0.0;
@@ -56,7 +67,8 @@ struct LengthSummary {
 
 std::vector<LengthSummary> summarize_by_length(const std::vector<const Trial*>& trials) {
   std::map<std::uint64_t, std::vector<double>> by_length;
-  for (const Trial* trial : trials) by_length[trial->context_tokens].push_back(trial->ttft_ms);
+  for (const Trial* trial : trials)
+    by_length[trial->context_tokens].push_back(trial->ttft_ms);
   std::vector<LengthSummary> out;
   for (const auto& [tokens, values] : by_length) {
     const double center = mean(values);
@@ -105,9 +117,10 @@ std::string render_svg(const AuditReport& report, const TrialSet& trials, const 
     }
     scale.x_max *= 1.05;
     scale.y_max *= 1.1;
-    out += fmt::format("<g class=\"panel\"><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"14\">Time to first token vs "
-                       "context length, {}</text>\n",
-                       kMarginLeft, top + 24.0, escape_xml(pair));
+    out += fmt::format(
+        "<g class=\"panel\"><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"14\">Time to first token vs "
+        "context length, {}</text>\n",
+        kMarginLeft, top + 24.0, escape_xml(pair));
     const double x0 = scale.x(0.0);
     const double y0 = scale.y(0.0);
     out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"black\"/>\n", x0, y0,
@@ -119,14 +132,15 @@ std::string render_svg(const AuditReport& report, const TrialSet& trials, const 
       const double ms = scale.y_max * tick / 4.0;
       out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", scale.x(tokens),
                          y0 + 16.0, nice_number(tokens));
-      out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", x0 - 6.0,
-                         scale.y(ms) + 4.0, nice_number(ms));
+      out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", x0 - 6.0, scale.y(ms) + 4.0,
+                         nice_number(ms));
     }
     out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">context tokens</text>\n",
                        (x0 + scale.x(scale.x_max)) / 2.0, y0 + 34.0);
-    out += fmt::format("<text x=\"16\" y=\"{:.1f}\" transform=\"rotate(-90 16 {:.1f})\" text-anchor=\"middle\">TTFT "
-                       "ms</text>\n",
-                       (y0 + scale.y(scale.y_max)) / 2.0, (y0 + scale.y(scale.y_max)) / 2.0);
+    out += fmt::format(
+        "<text x=\"16\" y=\"{:.1f}\" transform=\"rotate(-90 16 {:.1f})\" text-anchor=\"middle\">TTFT "
+        "ms</text>\n",
+        (y0 + scale.y(scale.y_max)) / 2.0, (y0 + scale.y(scale.y_max)) / 2.0);
     double legend_y = top + kMarginTop + 10.0;
     for (const auto& [treatment, arm] : arms) {
       const std::string color = color_of.contains(treatment) ? color_of[treatment] : "#333333";
@@ -139,12 +153,14 @@ std::string render_svg(const AuditReport& report, const TrialSet& trials, const 
         line += fmt::format("{:.1f},{:.1f} ", scale.x(point.tokens), scale.y(point.mean));
       }
       for (auto it = summary.rbegin(); it != summary.rend(); ++it) {
-        band_lower += fmt::format("{:.1f},{:.1f} ", scale.x(it->tokens), scale.y(std::max(0.0, it->mean - it->half_width)));
+        band_lower +=
+            fmt::format("{:.1f},{:.1f} ", scale.x(it->tokens), scale.y(std::max(0.0, it->mean - it->half_width)));
       }
       out += fmt::format("<g class=\"treatment\" data-treatment=\"{}\">\n", escape_xml(treatment));
-      out += fmt::format("<polygon class=\"ci-band\" points=\"{}{}\" fill=\"{}\" fill-opacity=\"0.18\" "
-                         "stroke=\"none\"/>\n",
-                         band_upper, band_lower, color);
+      out += fmt::format(
+          "<polygon class=\"ci-band\" points=\"{}{}\" fill=\"{}\" fill-opacity=\"0.18\" "
+          "stroke=\"none\"/>\n",
+          band_upper, band_lower, color);
       out += fmt::format("<polyline class=\"mean\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n",
                          line, color);
       for (const Trial* trial : arm) {
@@ -152,10 +168,11 @@ std::string render_svg(const AuditReport& report, const TrialSet& trials, const 
                            scale.x(static_cast<double>(trial->context_tokens)), scale.y(trial->ttft_ms), color);
       }
       out += "</g>\n";
-      out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1f}\" "
-                         "y=\"{:.1f}\">{}</text>\n",
-                         kPanelWidth - kMarginRight + 16.0, legend_y - 10.0, color, kPanelWidth - kMarginRight + 34.0,
-                         legend_y, escape_xml(treatment));
+      out += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{:.1f}\" "
+          "y=\"{:.1f}\">{}</text>\n",
+          kPanelWidth - kMarginRight + 16.0, legend_y - 10.0, color, kPanelWidth - kMarginRight + 34.0, legend_y,
+          escape_xml(treatment));
       legend_y += 18.0;
     }
     for (const auto& estimate : report.break_even) {
@@ -166,16 +183,18 @@ std::string render_svg(const AuditReport& report, const TrialSet& trials, const 
       if (estimate.ci95) {
         const double low = std::clamp(estimate.ci95->low, 0.0, scale.x_max);
         const double high = std::clamp(estimate.ci95->high, 0.0, scale.x_max);
-        out += fmt::format("<rect class=\"break-even-ci\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
-                           "fill=\"{}\" fill-opacity=\"0.08\"/>\n",
-                           scale.x(low), scale.y(scale.y_max), std::max(0.0, scale.x(high) - scale.x(low)),
-                           y0 - scale.y(scale.y_max), color);
+        out += fmt::format(
+            "<rect class=\"break-even-ci\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+            "fill=\"{}\" fill-opacity=\"0.08\"/>\n",
+            scale.x(low), scale.y(scale.y_max), std::max(0.0, scale.x(high) - scale.x(low)), y0 - scale.y(scale.y_max),
+            color);
       }
-      out += fmt::format("<line class=\"break-even\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
-                         "stroke=\"{3}\" stroke-dasharray=\"6,4\"/>\n"
-                         "<text x=\"{4:.1f}\" y=\"{5:.1f}\" fill=\"{3}\">{6} = {7} at {8:.0f} tokens</text>\n",
-                         scale.x(tokens), y0, scale.y(scale.y_max), color, scale.x(tokens) + 4.0, legend_y + 10.0,
-                         escape_xml(estimate.treatment), escape_xml(estimate.baseline), tokens);
+      out += fmt::format(
+          "<line class=\"break-even\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+          "stroke=\"{3}\" stroke-dasharray=\"6,4\"/>\n"
+          "<text x=\"{4:.1f}\" y=\"{5:.1f}\" fill=\"{3}\">{6} = {7} at {8:.0f} tokens</text>\n",
+          scale.x(tokens), y0, scale.y(scale.y_max), color, scale.x(tokens) + 4.0, legend_y + 10.0,
+          escape_xml(estimate.treatment), escape_xml(estimate.baseline), tokens);
       legend_y += 16.0;
     }
     out += "</g>\n";

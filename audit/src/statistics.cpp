@@ -80,7 +80,8 @@ double sample_variance(std::span<const double> values) {
   if (values.size() < 2) return 0.0;
   const double center = mean(values);
   double sum = 0.0;
-  for (const double value : values) sum += (value - center) * (value - center);
+  for (const double value : values)
+    sum += (value - center) * (value - center);
   return sum / static_cast<double>(values.size() - 1);
 }
 
@@ -90,7 +91,9 @@ double quantile(std::span<const double> values, double probability) {
   return sorted_quantile(sorted, probability);
 }
 
-double median(std::span<const double> values) { return quantile(values, 0.5); }
+double median(std::span<const double> values) {
+  return quantile(values, 0.5);
+}
 
 TTestResult t_test_from(double difference, double standard_error, double degrees_of_freedom) {
   TTestResult result;
@@ -119,15 +122,17 @@ std::optional<TTestResult> welch_t_test(std::span<const double> treatment, std::
   const double share_treatment = sample_variance(treatment) / n_treatment;
   const double share_baseline = sample_variance(baseline) / n_baseline;
   const double variance = share_treatment + share_baseline;
-  const double df = variance * variance / (share_treatment * share_treatment / (n_treatment - 1.0) +
-                                            share_baseline * share_baseline / (n_baseline - 1.0));
+  const double df =
+      variance * variance /
+      (share_treatment * share_treatment / (n_treatment - 1.0) + share_baseline * share_baseline / (n_baseline - 1.0));
   return t_test_from(mean(treatment) - mean(baseline), std::sqrt(variance), df);
 }
 
 std::optional<TTestResult> paired_t_test(std::span<const double> treatment, std::span<const double> baseline) {
   if (treatment.size() != baseline.size() || treatment.size() < 2) return std::nullopt;
   std::vector<double> differences(treatment.size());
-  for (std::size_t i = 0; i < treatment.size(); ++i) differences[i] = treatment[i] - baseline[i];
+  for (std::size_t i = 0; i < treatment.size(); ++i)
+    differences[i] = treatment[i] - baseline[i];
   const double n = static_cast<double>(differences.size());
   return t_test_from(mean(differences), std::sqrt(sample_variance(differences) / n), n - 1.0);
 }
@@ -151,16 +156,19 @@ std::optional<WilcoxonResult> wilcoxon_signed_rank(std::span<const double> treat
   double tie_term = 0.0;
   for (std::size_t start = 0; start < n;) {
     std::size_t end = start + 1;
-    while (end < n && std::fabs(differences[order[end]]) == std::fabs(differences[order[start]])) ++end;
+    while (end < n && std::fabs(differences[order[end]]) == std::fabs(differences[order[start]]))
+      ++end;
     const double mid_rank = (static_cast<double>(start + 1) + static_cast<double>(end)) / 2.0;
-    for (std::size_t k = start; k < end; ++k) ranks[order[k]] = mid_rank;
+    for (std::size_t k = start; k < end; ++k)
+      ranks[order[k]] = mid_rank;
     const double group = static_cast<double>(end - start);
     tie_term += group * (group * group - 1.0);
     start = end;
   }
   double w_plus = 0.0;
   double w_minus = 0.0;
-  for (std::size_t i = 0; i < n; ++i) (differences[i] > 0.0 ? w_plus : w_minus) += ranks[i];
+  for (std::size_t i = 0; i < n; ++i)
+    (differences[i] > 0.0 ? w_plus : w_minus) += ranks[i];
   WilcoxonResult result;
   result.n = n;
   result.statistic = std::min(w_plus, w_minus);
@@ -171,7 +179,8 @@ std::optional<WilcoxonResult> wilcoxon_signed_rank(std::span<const double> treat
     const double total = std::ldexp(1.0, static_cast<int>(n));
     const auto statistic = static_cast<std::size_t>(result.statistic);
     double lower_tail = 0.0;  // P(W <= statistic); by symmetry equal to the upper tail of max(W+, W-)
-    for (std::size_t sum = 0; sum <= statistic; ++sum) lower_tail += counts[sum];
+    for (std::size_t sum = 0; sum <= statistic; ++sum)
+      lower_tail += counts[sum];
     result.p_value = std::min(1.0, 2.0 * lower_tail / total);
     return result;
   }
@@ -218,8 +227,10 @@ DifferenceDraw draw_difference(std::span<const double> treatment, std::span<cons
   } else {
     std::uniform_int_distribution<std::size_t> pick_treatment(0, treatment.size() - 1);
     std::uniform_int_distribution<std::size_t> pick_baseline(0, baseline.size() - 1);
-    for (auto& value : resampled_treatment) value = treatment[pick_treatment(generator)];
-    for (auto& value : resampled_baseline) value = baseline[pick_baseline(generator)];
+    for (auto& value : resampled_treatment)
+      value = treatment[pick_treatment(generator)];
+    for (auto& value : resampled_baseline)
+      value = baseline[pick_baseline(generator)];
   }
   const auto t = summarize(resampled_treatment);
   const auto b = summarize(resampled_baseline);

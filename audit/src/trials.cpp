@@ -29,8 +29,8 @@ class LineReader {
     if (error_) return;
     const auto found = object_.find(field);
     const std::string got = found == object_.end() ? std::string("nothing") : found->dump();
-    error_ = make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("{} line {}: field '{}': expected {}, got {}", source_, line_, field, expected, got));
+    error_ = make_error(ErrorCode::kInvalidArgument, fmt::format("{} line {}: field '{}': expected {}, got {}", source_,
+                                                                 line_, field, expected, got));
   }
 
   bool has(std::string_view field) const {
@@ -44,7 +44,8 @@ class LineReader {
       if (required) problem(field, "a non-empty string");
       return;
     }
-    if (!found->is_string() || found->get_ref<const std::string&>().empty()) return problem(field, "a non-empty string");
+    if (!found->is_string() || found->get_ref<const std::string&>().empty())
+      return problem(field, "a non-empty string");
     out = found->get<std::string>();
   }
 
@@ -189,8 +190,8 @@ std::string assignment_line(const Trial& trial) {
 }
 
 std::string outcome_line(const std::string& request_id, double ttft_ms, double e2e_ms, unsigned status) {
-  return json{{"event", "outcome"}, {"request_id", request_id}, {"ttft_ms", ttft_ms}, {"e2e_ms", e2e_ms},
-              {"status", status}}
+  return json{
+      {"event", "outcome"}, {"request_id", request_id}, {"ttft_ms", ttft_ms}, {"e2e_ms", e2e_ms}, {"status", status}}
       .dump();
 }
 

@@ -505,9 +505,9 @@ void check_references(const Policy& policy, Diagnostics& diag) {
       if (!route.allowed_media.empty() && medium != "tokens" &&
           std::find(route.allowed_media.begin(), route.allowed_media.end(), medium) == route.allowed_media.end()) {
         const json got = medium;
-        diag.expected(pointer_append(pointer_append(pointer_append(route_pointer, "audit"), "treatments"), treatment) +
-                          "/medium",
-                      "a medium listed in allowed_media", &got);
+        diag.expected(
+            pointer_append(pointer_append(pointer_append(route_pointer, "audit"), "treatments"), treatment) + "/medium",
+            "a medium listed in allowed_media", &got);
       }
     }
     if (route.forced_medium && !route.allowed_media.empty() &&

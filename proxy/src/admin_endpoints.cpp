@@ -43,8 +43,8 @@ HttpResponse audit_report(const std::shared_ptr<OnlineAudit>& audit, const HttpR
                            request.keep_alive());
   }
   if (format == "markdown") {
-    return make_text_response(http::status::ok, audit::render_markdown(report.value()),
-                              "text/markdown; charset=utf-8", request);
+    return make_text_response(http::status::ok, audit::render_markdown(report.value()), "text/markdown; charset=utf-8",
+                              request);
   }
   return make_text_response(http::status::ok, audit::render_svg(report.value(), trials, options), "image/svg+xml",
                             request);

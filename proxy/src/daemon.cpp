@@ -135,8 +135,8 @@ int run_daemon(const DaemonOptions& options) {
   spdlog::info("listening: http {}:{}, admin port {}, peer port {}, unix socket '{}'", policy->listen.http.host,
                http_port, admin_port, peer_port, policy->listen.unix_socket);
   if (!options.ready_file.empty()) {
-    if (auto written = write_ready_file(options.ready_file, http_port, admin_port, peer_port,
-                                        policy->listen.unix_socket);
+    if (auto written =
+            write_ready_file(options.ready_file, http_port, admin_port, peer_port, policy->listen.unix_socket);
         !written) {
       spdlog::critical("{}", written.error().to_string());
       return 1;
@@ -188,7 +188,8 @@ int run_daemon(const DaemonOptions& options) {
     workers.emplace_back([&io] { io.run(); });
   }
   io.run();
-  for (auto& worker : workers) worker.join();
+  for (auto& worker : workers)
+    worker.join();
   if (shm_server) shm_server->stop();
   spdlog::info("kvrelay stopped");
   return 0;

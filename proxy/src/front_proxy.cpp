@@ -111,7 +111,10 @@ FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
 
 FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry,
                        std::shared_ptr<OnlineAudit> audit)
-    : policy_(std::move(policy)), pool_(std::make_shared<UpstreamPool>()), metrics_(registry), audit_(std::move(audit)) {}
+    : policy_(std::move(policy)),
+      pool_(std::make_shared<UpstreamPool>()),
+      metrics_(registry),
+      audit_(std::move(audit)) {}
 
 Reply FrontProxy::dispatch(HttpRequest&& request) {
   const auto target = parse_agent_target(request.target());

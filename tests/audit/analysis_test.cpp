@@ -1,11 +1,11 @@
-#include <catch2/catch.hpp>
+#include "kvrelay/audit/analysis.h"
 
+#include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <random>
 
-#include "kvrelay/audit/analysis.h"
 #include "kvrelay/audit/calibrate.h"
 #include "kvrelay/audit/render.h"
 
@@ -36,7 +36,8 @@ TrialSet replay(std::uint64_t seed) {
   std::normal_distribution<double> noise(0.0, 2.0);
   TrialSet set;
   int context = 0;
-  for (const std::uint64_t tokens : {32ULL, 64ULL, 128ULL, 200ULL, 300ULL, 500ULL, 700ULL, 900ULL, 1100ULL, 1500ULL, 2000ULL, 2048ULL}) {
+  for (const std::uint64_t tokens :
+       {32ULL, 64ULL, 128ULL, 200ULL, 300ULL, 500ULL, 700ULL, 900ULL, 1100ULL, 1500ULL, 2000ULL, 2048ULL}) {
     for (int repeat = 0; repeat < 2; ++repeat, ++context) {
       const auto pair = fmt::format("{}", context);
       const double n = static_cast<double>(tokens);
@@ -84,7 +85,8 @@ TEST_CASE("Report entries carry exactly the documented fields per stratum and ov
 
 TEST_CASE("Trials without pair ids are analysed with Welch's test", "[audit][analysis]") {
   auto trials = replay(2);
-  for (auto& trial : trials.trials) trial.pair_id.reset();
+  for (auto& trial : trials.trials)
+    trial.pair_id.reset();
   AnalysisOptions options;
   options.bootstrap.resamples = 0;
   const auto report = analyze(trials, options);
@@ -117,7 +119,8 @@ TEST_CASE("Break-even length is found and its CI covers the planted crossing", "
     const auto trials = replay(static_cast<std::uint64_t>(seed));
     std::vector<const Trial*> t3;
     std::vector<const Trial*> t0;
-    for (const auto& trial : trials.trials) (trial.treatment == "T0" ? t0 : t3).push_back(&trial);
+    for (const auto& trial : trials.trials)
+      (trial.treatment == "T0" ? t0 : t3).push_back(&trial);
     const auto simulated = estimate_break_even(t3, t0, BootstrapOptions{400, static_cast<std::uint64_t>(seed)});
     REQUIRE(simulated);
     if (simulated->ci95 && simulated->ci95->low <= truth && truth <= simulated->ci95->high) ++covered;

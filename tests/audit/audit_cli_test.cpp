@@ -2,7 +2,6 @@
 // requests to a real reference worker, and the offline runner against a sidecar with two
 // reference workers on one node.
 #include <catch2/catch.hpp>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +11,7 @@
 #include <sstream>
 
 #include "kvrelay/audit/trials.h"
+
 #include "refworker/skip.h"
 #include "support/child_process.h"
 #include "support/http_client.h"
@@ -19,8 +19,8 @@
 #include "support/test_paths.h"
 
 using namespace kvrelay::test;
-using nlohmann::json;
 using Catch::Matchers::Contains;
+using nlohmann::json;
 
 namespace {
 
@@ -58,14 +58,15 @@ CommandResult run_kvrelay(std::vector<std::string> args, const TempDir& dir) {
 }
 
 json tiny_model() {
-  return {{"architecture", "llama"}, {"layers", 2},       {"kv_heads", 1},
-          {"head_dim", 32},          {"dtype", "fp32"},   {"weights", "synthetic-tiny"}};
+  return {{"architecture", "llama"}, {"layers", 2},     {"kv_heads", 1},
+          {"head_dim", 32},          {"dtype", "fp32"}, {"weights", "synthetic-tiny"}};
 }
 
 std::vector<std::string> read_lines(const std::filesystem::path& path) {
   std::ifstream file(path);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(file, line);) lines.push_back(line);
+  for (std::string line; std::getline(file, line);)
+    lines.push_back(line);
   return lines;
 }
 
@@ -74,7 +75,8 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 TEST_CASE("audit analyze renders JSON, Markdown and a well-formed SVG", "[audit][cli][process]") {
   TempDir dir;
   write_file(dir / "trials.jsonl", replay_trials());
-  const auto as_json = run_kvrelay({"audit", "analyze", "--trials", (dir / "trials.jsonl").string(), "--bootstrap", "500"}, dir);
+  const auto as_json =
+      run_kvrelay({"audit", "analyze", "--trials", (dir / "trials.jsonl").string(), "--bootstrap", "500"}, dir);
   REQUIRE(as_json.exit_status == 0);
   const auto report = json::parse(as_json.out);
   REQUIRE(report["strata"].size() == 3);
@@ -88,15 +90,16 @@ TEST_CASE("audit analyze renders JSON, Markdown and a well-formed SVG", "[audit]
   REQUIRE(report["break_even"].size() == 1);
   CHECK(report["break_even"][0]["kind"] == "faster_above");
 
-  const auto markdown = run_kvrelay({"audit", "analyze", "--trials", (dir / "trials.jsonl").string(), "--format", "markdown"}, dir);
+  const auto markdown =
+      run_kvrelay({"audit", "analyze", "--trials", (dir / "trials.jsonl").string(), "--format", "markdown"}, dir);
   REQUIRE(markdown.exit_status == 0);
   CHECK_THAT(markdown.out, Contains("# kvrelay audit report"));
   CHECK_THAT(markdown.out, Contains("## Stratum >=1024 any"));
 
   const auto svg_path = (dir / "report.svg").string();
-  const auto svg = run_kvrelay({"audit", "analyze", "--trials", (dir / "trials.jsonl").string(), "--format", "svg", "--out",
-                            svg_path, "--buckets", "128,512,1024"},
-                           dir);
+  const auto svg = run_kvrelay({"audit", "analyze", "--trials", (dir / "trials.jsonl").string(), "--format", "svg",
+                                "--out", svg_path, "--buckets", "128,512,1024"},
+                               dir);
   REQUIRE(svg.exit_status == 0);
   const auto text = read_file(svg_path);
   CHECK_THAT(text, Contains("<svg"));
@@ -118,7 +121,10 @@ TEST_CASE("audit analyze renders JSON, Markdown and a well-formed SVG", "[audit]
 
 TEST_CASE("audit analyze and calibrate reject bad trials with the line and field", "[audit][cli][process]") {
   TempDir dir;
-  write_file(dir / "bad.jsonl", replay_trials() + R"({"route":"a-to-b","treatment":"T0","context_tokens":"long","ttft_ms":3,"pair_id":null})" "\n");
+  write_file(dir / "bad.jsonl",
+             replay_trials() +
+                 R"({"route":"a-to-b","treatment":"T0","context_tokens":"long","ttft_ms":3,"pair_id":null})"
+                 "\n");
   const auto analyzed = run_kvrelay({"audit", "analyze", "--trials", (dir / "bad.jsonl").string()}, dir);
   CHECK(analyzed.exit_status != 0);
   CHECK_THAT(analyzed.err, Contains("line 37: field 'context_tokens': expected a non-negative integer, got \"long\""));
@@ -128,9 +134,12 @@ TEST_CASE("audit analyze and calibrate reject bad trials with the line and field
   const auto missing = run_kvrelay({"audit", "analyze", "--trials", (dir / "nothing.jsonl").string()}, dir);
   CHECK(missing.exit_status != 0);
   CHECK_THAT(missing.err, Contains("cannot open trials file"));
-  const auto bad_format = run_kvrelay({"audit", "analyze", "--trials", (dir / "bad.jsonl").string(), "--format", "pdf"}, dir);
+  const auto bad_format =
+      run_kvrelay({"audit", "analyze", "--trials", (dir / "bad.jsonl").string(), "--format", "pdf"}, dir);
   CHECK(bad_format.exit_status != 0);
-  write_file(dir / "no-baseline.jsonl", R"({"route":"r","treatment":"T3","context_tokens":9,"ttft_ms":3,"pair_id":null})" "\n");
+  write_file(dir / "no-baseline.jsonl",
+             R"({"route":"r","treatment":"T3","context_tokens":9,"ttft_ms":3,"pair_id":null})"
+             "\n");
   const auto no_baseline = run_kvrelay({"audit", "analyze", "--trials", (dir / "no-baseline.jsonl").string()}, dir);
   CHECK(no_baseline.exit_status != 0);
   CHECK_THAT(no_baseline.err, Contains("no trial has the baseline treatment 'T0'"));
@@ -139,9 +148,9 @@ TEST_CASE("audit analyze and calibrate reject bad trials with the line and field
 TEST_CASE("audit calibrate writes a cost_model fragment the policy loader accepts", "[audit][cli][process]") {
   TempDir dir;
   write_file(dir / "trials.jsonl", replay_trials());
-  const auto calibrated =
-      run_kvrelay({"audit", "calibrate", "--trials", (dir / "trials.jsonl").string(), "--out", (dir / "fragment.json").string()},
-              dir);
+  const auto calibrated = run_kvrelay(
+      {"audit", "calibrate", "--trials", (dir / "trials.jsonl").string(), "--out", (dir / "fragment.json").string()},
+      dir);
   REQUIRE(calibrated.exit_status == 0);
   const auto fragment = json::parse(read_file(dir / "fragment.json"));
   const auto& prefill = fragment["cost_model"]["agents"]["b"]["prefill_s"];
@@ -194,7 +203,8 @@ TEST_CASE("online audit: assignments precede outcomes in the trials file and fee
   constexpr int kRequests = 12;
   for (int i = 0; i < kRequests; ++i) {
     json prompt = json::array({1});
-    for (int t = 0; t < 20 + 10 * i; ++t) prompt.push_back(3 + (t * 7 + i) % 200);
+    for (int t = 0; t < 20 + 10 * i; ++t)
+      prompt.push_back(3 + (t * 7 + i) % 200);
     const json body{{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"stream", i % 2 == 0}};
     const auto reply = http_request(port, "POST", "/agents/b/v1/completions", body.dump());
     REQUIRE(reply.status == 200);
@@ -202,7 +212,8 @@ TEST_CASE("online audit: assignments precede outcomes in the trials file and fee
   // A client that names its treatment (the offline runner) keeps it and is not re-randomized.
   const json forced{{"prompt", json::array({1, 5, 6})},
                     {"max_tokens", 2},
-                    {"kv_transfer_params", {{"kvrelay", {{"treatment", {{"name", "T1"}, {"medium", "kv_raw"}, {"span", "prompt"}}}}}}}};
+                    {"kv_transfer_params",
+                     {{"kvrelay", {{"treatment", {{"name", "T1"}, {"medium", "kv_raw"}, {"span", "prompt"}}}}}}}};
   REQUIRE(http_request(port, "POST", "/agents/b/v1/completions", forced.dump()).status == 200);
 
   REQUIRE(wait_until([&] { return read_lines(trials_file).size() >= 2 * kRequests; }, std::chrono::seconds(10)));
@@ -292,19 +303,41 @@ ReplayRun replay_through_sidecar(const TempDir& dir, int repeats) {
   int seed = 0;
   for (const int length : {60, 150, 400, 700, 1200, 1800}) {
     json prompt = json::array({1});
-    for (int t = 1; t < length; ++t) prompt.push_back(3 + (t * 37 + seed) % 500);
+    for (int t = 1; t < length; ++t)
+      prompt.push_back(3 + (t * 37 + seed) % 500);
     contexts += json{{"prompt", prompt}, {"b_followup", json::array({300, 301, 302, 303})}}.dump() + "\n";
     ++seed;
   }
   write_file(dir / "contexts.jsonl", contexts);
   ReplayRun result;
-  result.run = run_command({kvrelay_binary().string(), "audit", "run", "--contexts", (dir / "contexts.jsonl").string(),
-                            "--sidecar", fmt::format("http://127.0.0.1:{}", port), "--agent-a", "a", "--agent-b", "b",
-                            "--treatments", "T0,T3", "--repeats", std::to_string(repeats), "--seed", "3", "--out",
-                            (dir / "trials.jsonl").string(), "--a-max-tokens", "8", "--b-max-tokens", "2",
-                            "--bootstrap", "500"},
+  result.run = run_command({kvrelay_binary().string(),
+                            "audit",
+                            "run",
+                            "--contexts",
+                            (dir / "contexts.jsonl").string(),
+                            "--sidecar",
+                            fmt::format("http://127.0.0.1:{}", port),
+                            "--agent-a",
+                            "a",
+                            "--agent-b",
+                            "b",
+                            "--treatments",
+                            "T0,T3",
+                            "--repeats",
+                            std::to_string(repeats),
+                            "--seed",
+                            "3",
+                            "--out",
+                            (dir / "trials.jsonl").string(),
+                            "--a-max-tokens",
+                            "8",
+                            "--b-max-tokens",
+                            "2",
+                            "--bootstrap",
+                            "500"},
                            dir.path(), std::chrono::seconds(120));
-  for (const auto& line : read_lines(dir / "trials.jsonl")) result.trials.push_back(json::parse(line));
+  for (const auto& line : read_lines(dir / "trials.jsonl"))
+    result.trials.push_back(json::parse(line));
   return result;
 }
 
@@ -327,7 +360,8 @@ TEST_CASE("audit run replays contexts under each treatment as a paired design", 
     }
   }
   CHECK(treatments_by_pair.size() == 12);
-  for (const auto& [pair, treatments] : treatments_by_pair) CHECK(treatments.size() == 2);
+  for (const auto& [pair, treatments] : treatments_by_pair)
+    CHECK(treatments.size() == 2);
   const auto report = json::parse(replay.run.out);
   REQUIRE(report["strata"].size() == 3);
   for (const auto& stratum : report["strata"]) {

@@ -1,10 +1,11 @@
+#include "kvrelay/audit/statistics.h"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <vector>
 
 #include "kvrelay/audit/regression.h"
-#include "kvrelay/audit/statistics.h"
 
 using namespace kvrelay::audit;
 

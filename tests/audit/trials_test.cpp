@@ -1,8 +1,7 @@
-#include <catch2/catch.hpp>
-
-#include <nlohmann/json.hpp>
-
 #include "kvrelay/audit/trials.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 using namespace kvrelay::audit;
 using Catch::Matchers::Contains;
@@ -31,7 +30,8 @@ TEST_CASE("Trials round-trip through JSON lines", "[audit][trials]") {
   trial.e2e_ms = 40.0;
   trial.bytes = 123456;
   trial.top1_agreement = 1.0;
-  const auto text = trial_line(trial) + "\n\n" + R"({"route":"r","treatment":"T0","context_tokens":10,"ttft_ms":1,"pair_id":3})";
+  const auto text =
+      trial_line(trial) + "\n\n" + R"({"route":"r","treatment":"T0","context_tokens":10,"ttft_ms":1,"pair_id":3})";
   const auto parsed = parse_trials(text);
   REQUIRE(parsed);
   REQUIRE(parsed.value().trials.size() == 2);
@@ -55,8 +55,9 @@ TEST_CASE("Trials round-trip through JSON lines", "[audit][trials]") {
 
 TEST_CASE("Bad trial lines name the line and the field", "[audit][trials]") {
   const std::string good = R"({"route":"r","treatment":"T0","context_tokens":10,"ttft_ms":1,"pair_id":null})";
-  CHECK_THAT(error_of(good + "\n" + R"({"route":"r","treatment":"T0","context_tokens":10,"ttft_ms":"fast","pair_id":null})"),
-             Contains("t.jsonl line 2: field 'ttft_ms': expected a non-negative number, got \"fast\""));
+  CHECK_THAT(
+      error_of(good + "\n" + R"({"route":"r","treatment":"T0","context_tokens":10,"ttft_ms":"fast","pair_id":null})"),
+      Contains("t.jsonl line 2: field 'ttft_ms': expected a non-negative number, got \"fast\""));
   CHECK_THAT(error_of(R"({"route":"r","treatment":"T0","ttft_ms":1,"pair_id":null})"),
              Contains("line 1: field 'context_tokens': expected a non-negative integer, got nothing"));
   CHECK_THAT(error_of(R"({"route":"r","treatment":"T0","context_tokens":-5,"ttft_ms":1,"pair_id":null})"),

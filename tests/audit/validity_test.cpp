@@ -4,7 +4,6 @@
 // points, so the 93-97% band is about +-3 standard errors.
 
 #include <catch2/catch.hpp>
-
 #include <fmt/format.h>
 
 #include <random>
@@ -39,9 +38,11 @@ TrialSet unpaired_audit(std::mt19937_64& generator, double effect_ms, int treatm
   std::normal_distribution<double> baseline(400.0, 60.0);
   std::normal_distribution<double> treated(400.0 + effect_ms, 25.0);
   TrialSet set;
-  for (int i = 0; i < per_arm; ++i) set.trials.push_back(make_trial("T0", 512, baseline(generator)));
+  for (int i = 0; i < per_arm; ++i)
+    set.trials.push_back(make_trial("T0", 512, baseline(generator)));
   for (int t = 1; t <= treatments; ++t) {
-    for (int i = 0; i < per_arm; ++i) set.trials.push_back(make_trial(fmt::format("T{}", t), 512, treated(generator)));
+    for (int i = 0; i < per_arm; ++i)
+      set.trials.push_back(make_trial(fmt::format("T{}", t), 512, treated(generator)));
   }
   return set;
 }

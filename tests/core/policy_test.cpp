@@ -208,7 +208,8 @@ TEST_CASE("bad audit blocks are rejected with pointers", "[core][policy]") {
                      {"name": "T2", "medium": "kv_raw", "span": "half"}]})");
   document["routes"][0]["audit_fraction"] = 0.5;
   document["routes"][2]["allowed_media"] = json::array({"tokens", "kv_raw"});
-  document["routes"][2]["audit"] = json::parse(R"({"fraction": 0.5, "treatments": [{"name": "Q", "medium": "kv_int4", "span": "all"}]})");
+  document["routes"][2]["audit"] =
+      json::parse(R"({"fraction": 0.5, "treatments": [{"name": "Q", "medium": "kv_int4", "span": "all"}]})");
   const auto message = rejection(document);
   using Catch::Contains;
   CHECK_THAT(message, Contains("/routes/0/audit/fraction: expected number 0..1, got 2"));
@@ -219,8 +220,9 @@ TEST_CASE("bad audit blocks are rejected with pointers", "[core][policy]") {
   CHECK_THAT(message, Contains("/routes/0/audit_fraction: set either audit_fraction or audit.fraction, not both"));
   document["routes"][0].erase("audit");
   document["routes"][0].erase("audit_fraction");
-  CHECK_THAT(rejection(document),
-             Contains("/routes/2/audit/treatments/0/medium: expected a medium listed in allowed_media, got \"kv_int4\""));
+  CHECK_THAT(
+      rejection(document),
+      Contains("/routes/2/audit/treatments/0/medium: expected a medium listed in allowed_media, got \"kv_int4\""));
 }
 
 TEST_CASE("cost_model section: calibrated prefill, decode and codec quality", "[core][policy]") {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvrelay/proxy/front_proxy.h"
+
 #include "support/child_process.h"
 #include "support/test_paths.h"
 
@@ -65,11 +66,13 @@ TEST_CASE("online audit draws at the route's fraction, uniformly over treatments
     if (const auto treatment = audit.draw(route)) ++counts[treatment->name];
   }
   int audited = 0;
-  for (const auto& [name, count] : counts) audited += count;
+  for (const auto& [name, count] : counts)
+    audited += count;
   // Binomial(20000, 0.25): sd 61; 5 sd either side. Each of 4 treatments: 1/4 of the audited.
   CHECK(std::abs(audited - kDraws / 4) < 310);
   REQUIRE(counts.size() == 4);
-  for (const auto& [name, count] : counts) CHECK(std::abs(count - audited / 4) < 5 * 35);
+  for (const auto& [name, count] : counts)
+    CHECK(std::abs(count - audited / 4) < 5 * 35);
   CHECK_FALSE(audit.draw(audited_route(0.0, "")));
 }
 

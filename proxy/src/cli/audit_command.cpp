@@ -1,16 +1,17 @@
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "audit_run.h"
-#include "commands.h"
 #include "kvrelay/audit/analysis.h"
 #include "kvrelay/audit/calibrate.h"
 #include "kvrelay/audit/render.h"
 #include "kvrelay/core/file_io.h"
+
+#include "audit_run.h"
+#include "commands.h"
 
 namespace kvrelay::cli {
 
@@ -59,7 +60,8 @@ int analyze(const AnalyzeOptions& options) {
   analysis.bootstrap = {options.bootstrap, options.seed};
   auto report = audit::analyze(trials.value(), analysis);
   if (!report) {
-    std::fprintf(stderr, "kvrelay audit analyze: %s: %s\n", options.trials_file.c_str(), report.error().message.c_str());
+    std::fprintf(stderr, "kvrelay audit analyze: %s: %s\n", options.trials_file.c_str(),
+                 report.error().message.c_str());
     return 1;
   }
   if (report.value().trials == 0) {
@@ -88,7 +90,8 @@ int calibrate(const CalibrateOptions& options) {
 }  // namespace
 
 void add_audit_command(CLI::App& app, int& exit_code) {
-  auto* command = app.add_subcommand("audit", "Causal audit: analyse trials, calibrate the cost model, replay contexts");
+  auto* command =
+      app.add_subcommand("audit", "Causal audit: analyse trials, calibrate the cost model, replay contexts");
   command->require_subcommand(1);
 
   auto analyze_options = std::make_shared<AnalyzeOptions>();

@@ -70,11 +70,11 @@ struct Context {
   std::vector<std::int64_t> b_followup;
 };
 
-Result<std::vector<std::int64_t>> token_array(const json& object, const char* field, std::size_t line,
-                                              bool required) {
+Result<std::vector<std::int64_t>> token_array(const json& object, const char* field, std::size_t line, bool required) {
   const auto found = object.find(field);
   if (found == object.end() || found->is_null()) {
-    if (required) return fail(ErrorCode::kInvalidArgument, fmt::format("contexts line {}: field '{}' is missing", line, field));
+    if (required)
+      return fail(ErrorCode::kInvalidArgument, fmt::format("contexts line {}: field '{}' is missing", line, field));
     return std::vector<std::int64_t>{};
   }
   if (!found->is_array()) {
@@ -250,7 +250,8 @@ int run(const RunOptions& options) {
                       request_base + "-a", timeout);
         if (!a) return report_error(a.error().message);
         if (a.value().status != 200) {
-          return report_error(fmt::format("agent {} answered {}: {}", options.agent_a, a.value().status, a.value().body));
+          return report_error(
+              fmt::format("agent {} answered {}: {}", options.agent_a, a.value().status, a.value().body));
         }
         const auto a_response = json::parse(a.value().body, nullptr, false);
         const json* generated = nullptr;
@@ -276,7 +277,8 @@ int run(const RunOptions& options) {
                       request_base + "-b", timeout);
         if (!b) return report_error(b.error().message);
         if (b.value().status != 200) {
-          return report_error(fmt::format("agent {} answered {}: {}", options.agent_b, b.value().status, b.value().body));
+          return report_error(
+              fmt::format("agent {} answered {}: {}", options.agent_b, b.value().status, b.value().body));
         }
         audit::Trial trial;
         trial.route = route;
@@ -318,11 +320,13 @@ void add_audit_run_command(CLI::App& audit_command, int& exit_code) {
   auto options = std::make_shared<RunOptions>();
   auto* command = audit_command.add_subcommand(
       "run", "Replay contexts under every treatment (seeded random order, repeats) and analyse them as paired");
-  command->add_option("--contexts", options->contexts_file,
-                      "Contexts (JSON lines: {\"prompt\": [ids], \"a_followup\": [ids], \"b_followup\": [ids]})")
+  command
+      ->add_option("--contexts", options->contexts_file,
+                   "Contexts (JSON lines: {\"prompt\": [ids], \"a_followup\": [ids], \"b_followup\": [ids]})")
       ->required();
-  command->add_option("--sidecar", options->sidecars,
-                      "Sidecar front proxy URL; give two for A's and B's sidecars on different nodes")
+  command
+      ->add_option("--sidecar", options->sidecars,
+                   "Sidecar front proxy URL; give two for A's and B's sidecars on different nodes")
       ->required()
       ->expected(1, 2);
   command->add_option("--agent-a", options->agent_a, "Agent that answers the context first")->required();

@@ -18,7 +18,7 @@ struct AnalysisOptions {
   // Upper-exclusive bucket edges in tokens: {256, 1024} gives <256, 256-1023, >=1024.
   std::vector<std::uint64_t> bucket_edges{256, 1024};
   std::string baseline = "T0";
-  std::string route;  // only this route's trials; "" for all
+  std::string route;           // only this route's trials; "" for all
   BootstrapOptions bootstrap;  // resamples = 0 leaves the bootstrap fields out
 };
 

@@ -15,10 +15,10 @@
 namespace kvrelay::audit {
 
 enum class CrossingKind {
-  kFasterAbove,  // the treatment wins from break_even_tokens on (KV transfer pays for long contexts)
-  kFasterBelow,  // the treatment wins below break_even_tokens
-  kAlwaysFaster, // its line is below the baseline's at every length >= 0
-  kNeverFaster,  // its line is above the baseline's at every length >= 0
+  kFasterAbove,   // the treatment wins from break_even_tokens on (KV transfer pays for long contexts)
+  kFasterBelow,   // the treatment wins below break_even_tokens
+  kAlwaysFaster,  // its line is below the baseline's at every length >= 0
+  kNeverFaster,   // its line is above the baseline's at every length >= 0
 };
 [[nodiscard]] std::string_view crossing_kind_name(CrossingKind kind) noexcept;
 

@@ -2,9 +2,9 @@
 
 // The audit report for machines (JSON), people (Markdown) and plots (SVG).
 
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+
+#include <string>
 
 #include "kvrelay/audit/analysis.h"
 #include "kvrelay/audit/trials.h"

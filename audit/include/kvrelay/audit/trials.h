@@ -6,13 +6,13 @@
 // disk before the outcome exists: {"event": "assignment", ...} then {"event": "outcome",
 // "request_id", "ttft_ms", ...}; reading joins them by request_id.
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kvrelay/core/result.h"
 
@@ -20,9 +20,9 @@ namespace kvrelay::audit {
 
 // A treatment: what span of A's context moves as KV, and through which medium.
 struct Treatment {
-  std::string name;              // "T0".."T3" or any identifier
-  std::string medium = "tokens"; // tokens, kv_raw, kv_int8, ... (policy medium names)
-  std::string span = "none";     // none, prompt, generated, all
+  std::string name;               // "T0".."T3" or any identifier
+  std::string medium = "tokens";  // tokens, kv_raw, kv_int8, ... (policy medium names)
+  std::string span = "none";      // none, prompt, generated, all
 };
 
 // The standard treatments of the design: T0 tokens only, T1 A's prompt KV, T2 A's generated KV,
@@ -65,8 +65,7 @@ struct TrialSet {
 [[nodiscard]] std::string trial_line(const Trial& trial);
 // The online audit's two records.
 [[nodiscard]] std::string assignment_line(const Trial& trial);
-[[nodiscard]] std::string outcome_line(const std::string& request_id, double ttft_ms, double e2e_ms,
-                                       unsigned status);
+[[nodiscard]] std::string outcome_line(const std::string& request_id, double ttft_ms, double e2e_ms, unsigned status);
 
 // Parses JSON lines (blank lines skipped). Errors name the line and the field:
 // "trials line 3: field 'ttft_ms': expected a non-negative number, got \"fast\"".

@@ -127,7 +127,7 @@ struct LoggingPolicy {
 // the decision engine's priors: per receiving agent its prefill fit and decode time, per medium
 // its calibrated quality.
 struct AgentCostModel {
-  std::optional<double> prefill_a_s;          // t(n, cached) = a + b n + c n (n + 2 cached)
+  std::optional<double> prefill_a_s;  // t(n, cached) = a + b n + c n (n + 2 cached)
   std::optional<double> prefill_b_s;
   std::optional<double> prefill_c_s;
   std::optional<double> decode_s_per_token;

@@ -14,7 +14,7 @@ namespace kvrelay::proxy {
 struct AdminContext {
   std::shared_ptr<RuntimePolicy> policy;
   std::shared_ptr<metrics::Registry> registry;
-  std::function<bool()> is_ready;  // listening and not draining
+  std::function<bool()> is_ready;      // listening and not draining
   std::shared_ptr<OnlineAudit> audit;  // online audit trials; the report endpoint is empty without it
 };
 

@@ -7,6 +7,8 @@
 // as the front proxy measured them) is appended when the response ends and joined by request id.
 // Trials stay in memory (bounded) for GET /admin/audit/report.
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <fstream>
 #include <map>
@@ -16,8 +18,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kvrelay/audit/analysis.h"
 #include "kvrelay/audit/trials.h"
