@@ -27,6 +27,10 @@ std::string HttpUrl::to_string() const {
   return fmt::format("http://{}:{}{}", host, port, base_path);
 }
 
+std::vector<AuditTreatment> default_audit_treatments() {
+  return {{"T0", "tokens", "none"}, {"T1", "kv_raw", "prompt"}, {"T2", "kv_raw", "generated"}, {"T3", "kv_raw", "all"}};
+}
+
 bool is_known_medium(std::string_view medium) noexcept {
   if (std::find(std::begin(kBuiltinMedia), std::end(kBuiltinMedia), medium) != std::end(kBuiltinMedia)) {
     return true;
@@ -254,6 +258,59 @@ void read_media_list(ObjectReader& reader, std::string_view key, std::vector<std
   }
 }
 
+void read_audit_treatment(const json& value, const std::string& pointer, AuditTreatment& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  read_identifier(reader, "name", out.name, diag);
+  if (const auto* medium = reader.field("medium", true)) {
+    if (medium->is_string() && is_known_medium(medium->get_ref<const std::string&>())) {
+      out.medium = medium->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("medium"), "a medium name", medium);
+    }
+  }
+  if (const auto* span = reader.field("span", true)) {
+    static constexpr std::string_view kSpans[] = {"none", "prompt", "generated", "all"};
+    if (span->is_string() &&
+        std::find(std::begin(kSpans), std::end(kSpans), span->get_ref<const std::string&>()) != std::end(kSpans)) {
+      out.span = span->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("span"), "one of none, prompt, generated, all", span);
+    }
+  }
+  if ((out.medium == "tokens") != (out.span == "none") && !out.medium.empty() && !out.span.empty()) {
+    diag.problem(reader.pointer_of("span"),
+                 fmt::format("span \"{}\" with medium \"{}\": tokens moves no KV (span none), every KV medium needs a "
+                             "span",
+                             out.span, out.medium));
+  }
+  reader.reject_unknown_keys();
+}
+
+void read_route_audit(const json& value, const std::string& pointer, RouteAuditPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_double("fraction", out.fraction, 0.0, 1.0, true);
+  if (const auto* treatments = reader.field("treatments", false)) {
+    if (!treatments->is_array() || treatments->empty()) {
+      diag.expected(reader.pointer_of("treatments"), "a non-empty array of treatments", treatments);
+    } else {
+      std::set<std::string, std::less<>> names;
+      for (std::size_t index = 0; index < treatments->size(); ++index) {
+        AuditTreatment treatment;
+        const auto item_pointer = pointer_append(reader.pointer_of("treatments"), index);
+        read_audit_treatment((*treatments)[index], item_pointer, treatment, diag);
+        if (!treatment.name.empty() && !names.insert(treatment.name).second) {
+          diag.problem(pointer_append(item_pointer, "name"), fmt::format("duplicate treatment \"{}\"", treatment.name));
+        }
+        out.treatments.push_back(std::move(treatment));
+      }
+    }
+  }
+  reader.read_string("trials_file", out.trials_file, false);
+  reader.reject_unknown_keys();
+}
+
 void read_route(const json& value, const std::string& pointer, RoutePolicy& out, Diagnostics& diag) {
   ObjectReader reader(value, pointer, diag);
   if (!reader.is_object()) return;
@@ -272,7 +329,25 @@ void read_route(const json& value, const std::string& pointer, RoutePolicy& out,
   reader.read_int("priority", out.priority, 0, 7);
   std::chrono::milliseconds deadline{0};
   if (reader.read_millis("deadline_ms", deadline, 1, 3'600'000)) out.deadline = deadline;
-  reader.read_double("audit_fraction", out.audit_fraction, 0.0, 1.0);
+  const bool has_audit_fraction = reader.read_double("audit_fraction", out.audit_fraction, 0.0, 1.0);
+  if (const auto* audit = reader.field("audit", false)) {
+    read_route_audit(*audit, reader.pointer_of("audit"), out.audit, diag);
+    if (has_audit_fraction) {
+      diag.problem(reader.pointer_of("audit_fraction"), "set either audit_fraction or audit.fraction, not both");
+    }
+    out.audit_fraction = out.audit.fraction;
+  } else {
+    out.audit.fraction = out.audit_fraction;
+  }
+  if (out.audit.treatments.empty()) {
+    // The shorthand's T0..T3 keep only what the route allows (T0, tokens, is always allowed).
+    for (auto& treatment : default_audit_treatments()) {
+      if (treatment.medium == "tokens" || out.allowed_media.empty() ||
+          std::find(out.allowed_media.begin(), out.allowed_media.end(), treatment.medium) != out.allowed_media.end()) {
+        out.audit.treatments.push_back(std::move(treatment));
+      }
+    }
+  }
   reader.read_double("hysteresis", out.hysteresis_threshold, 0.0, 10.0);
   reader.read_double("quality_floor", out.quality_floor, 0.0, 1.0);
   reader.read_bool("push", out.push);
@@ -298,6 +373,60 @@ void read_codecs(const json& value, const std::string& pointer, CodecPolicy& out
   ObjectReader reader(value, pointer, diag);
   if (!reader.is_object()) return;
   reader.read_string_array("plugin_dirs", out.plugin_dirs);
+  reader.reject_unknown_keys();
+}
+
+void read_cost_model(const json& value, const std::string& pointer, CostModelPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  constexpr double kHuge = 1e6;
+  if (const auto* agents = reader.field("agents", false)) {
+    ObjectReader agents_reader(*agents, reader.pointer_of("agents"), diag);
+    if (agents_reader.is_object()) {
+      for (const auto& [agent_id, entry] : agents->items()) {
+        ObjectReader agent_reader(entry, agents_reader.pointer_of(agent_id), diag);
+        if (!agent_reader.is_object()) continue;
+        AgentCostModel model;
+        if (const auto* prefill = agent_reader.field("prefill_s", false)) {
+          ObjectReader prefill_reader(*prefill, agent_reader.pointer_of("prefill_s"), diag);
+          if (prefill_reader.is_object()) {
+            double a = 0.0;
+            double b = 0.0;
+            double c = 0.0;
+            if (prefill_reader.read_double("a", a, 0.0, kHuge)) model.prefill_a_s = a;
+            if (prefill_reader.read_double("b", b, 0.0, kHuge)) model.prefill_b_s = b;
+            if (prefill_reader.read_double("c", c, 0.0, kHuge)) model.prefill_c_s = c;
+            prefill_reader.reject_unknown_keys();
+          }
+        }
+        double decode = 0.0;
+        if (agent_reader.read_double("decode_s_per_token", decode, 0.0, kHuge)) model.decode_s_per_token = decode;
+        agent_reader.reject_unknown_keys();
+        out.agents.emplace_back(agent_id, model);
+      }
+    }
+  }
+  if (const auto* media = reader.field("media", false)) {
+    ObjectReader media_reader(*media, reader.pointer_of("media"), diag);
+    if (media_reader.is_object()) {
+      for (const auto& [medium, entry] : media->items()) {
+        ObjectReader medium_reader(entry, media_reader.pointer_of(medium), diag);
+        if (!is_known_medium(medium)) {
+          const json got = medium;
+          diag.expected(media_reader.pointer_of(medium), "a medium name as key", &got);
+          continue;
+        }
+        if (!medium_reader.is_object()) continue;
+        MediumCostModel model;
+        double fidelity = 1.0;
+        double extra = 0.0;
+        if (medium_reader.read_double("fidelity", fidelity, 1e-6, 1.0)) model.fidelity = fidelity;
+        if (medium_reader.read_double("extra_decode_fraction", extra, 0.0, 100.0)) model.extra_decode_fraction = extra;
+        medium_reader.reject_unknown_keys();
+        out.media.emplace_back(medium, model);
+      }
+    }
+  }
   reader.reject_unknown_keys();
 }
 
@@ -354,6 +483,12 @@ void check_references(const Policy& policy, Diagnostics& diag) {
                     &got);
     }
   }
+  for (const auto& [agent_id, model] : policy.cost_model.agents) {
+    if (policy.find_agent(agent_id) == nullptr) {
+      const json got = agent_id;
+      diag.expected(pointer_append("/cost_model/agents", agent_id), "an agent id from /agents as key", &got);
+    }
+  }
   for (std::size_t index = 0; index < policy.routes.size(); ++index) {
     const auto& route = policy.routes[index];
     const auto route_pointer = pointer_append("/routes", index);
@@ -365,6 +500,16 @@ void check_references(const Policy& policy, Diagnostics& diag) {
     }
     if (!route.from_agent.empty() && route.from_agent == route.to_agent) {
       diag.problem(pointer_append(route_pointer, "to"), "a route must connect two different agents");
+    }
+    for (std::size_t treatment = 0; treatment < route.audit.treatments.size(); ++treatment) {
+      const auto& medium = route.audit.treatments[treatment].medium;
+      if (!route.allowed_media.empty() && medium != "tokens" &&
+          std::find(route.allowed_media.begin(), route.allowed_media.end(), medium) == route.allowed_media.end()) {
+        const json got = medium;
+        diag.expected(
+            pointer_append(pointer_append(pointer_append(route_pointer, "audit"), "treatments"), treatment) + "/medium",
+            "a medium listed in allowed_media", &got);
+      }
     }
     if (route.forced_medium && !route.allowed_media.empty() &&
         std::find(route.allowed_media.begin(), route.allowed_media.end(), *route.forced_medium) ==
@@ -431,6 +576,9 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     if (const auto* limits = root.field("limits", false)) read_limits(*limits, "/limits", policy.limits, diag);
     if (const auto* codecs = root.field("codecs", false)) read_codecs(*codecs, "/codecs", policy.codecs, diag);
     if (const auto* logging = root.field("logging", false)) read_logging(*logging, "/logging", policy.logging, diag);
+    if (const auto* cost_model = root.field("cost_model", false)) {
+      read_cost_model(*cost_model, "/cost_model", policy.cost_model, diag);
+    }
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
     if (diag.empty()) check_references(policy, diag);

@@ -14,8 +14,39 @@ std::string link_id_for(const Policy& policy, const AgentPolicy& to_agent) {
   return "peer:" + to_agent.node;
 }
 
+namespace {
+
+const AgentCostModel* agent_cost_model(const Policy& policy, const std::string& agent_id) {
+  for (const auto& [id, model] : policy.cost_model.agents) {
+    if (id == agent_id) return &model;
+  }
+  return nullptr;
+}
+
+// Built-in media with the policy's calibrated quality (cost_model.media) applied.
+Status add_builtin_media(DecisionEngine& engine, const Policy& policy) {
+  for (const std::string_view name : kBuiltinMedia) {
+    if (name == "tokens") continue;  // the engine always registers tokens first
+    MediumSpec spec = builtin_medium(name);
+    for (const auto& [medium, model] : policy.cost_model.media) {
+      if (medium != name) continue;
+      if (model.fidelity) spec.profile.fidelity = *model.fidelity;
+      if (model.extra_decode_fraction) spec.profile.extra_decode_fraction = *model.extra_decode_fraction;
+    }
+    KVRELAY_TRY(engine.add_medium(std::move(spec)));
+  }
+  return ok();
+}
+
+}  // namespace
+
 Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors& priors, EngineConfig config) {
+  const bool calibrated_media = config.load_builtin_media && !policy.cost_model.media.empty();
+  if (calibrated_media) config.load_builtin_media = false;
   DecisionEngine engine(config);
+  if (calibrated_media) {
+    KVRELAY_TRY(add_builtin_media(engine, policy));
+  }
   KVRELAY_TRY(engine.add_link(LinkParams{"local", true, priors.shm_bytes_per_s, priors.shm_rtt_s}));
   for (const AgentPolicy& agent : policy.agents) {
     KVRELAY_TRY(const std::uint64_t bytes_per_token, agent.model.layout(1).bytes_per_token());
@@ -26,6 +57,12 @@ Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors
     params.dtype = agent.model.dtype;
     params.accepts_sparse = agent.accepts_sparse_kv;
     params.role_priority = agent.role_priority;
+    if (const AgentCostModel* model = agent_cost_model(policy, agent.id)) {
+      if (model->prefill_a_s) params.prefill_prior.a = *model->prefill_a_s;
+      if (model->prefill_b_s) params.prefill_prior.b = *model->prefill_b_s;
+      if (model->prefill_c_s) params.prefill_prior.c = *model->prefill_c_s;
+      if (model->decode_s_per_token) params.decode_s_per_token = *model->decode_s_per_token;
+    }
     KVRELAY_TRY(engine.add_agent(params));
     const std::string link = link_id_for(policy, agent);
     if (link != "local" && !engine.find_link(link)) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvrelay/audit/render.h"
 #include "kvrelay/proxy/version.h"
 
 namespace kvrelay::proxy {
@@ -10,6 +11,44 @@ namespace kvrelay::proxy {
 namespace {
 
 constexpr std::string_view kRoutesPrefix = "/admin/routes/";
+
+// "format" from a query string such as "?format=markdown"; json when absent.
+std::string_view requested_format(std::string_view target) {
+  const auto query = target.find('?');
+  if (query == std::string_view::npos) return "json";
+  constexpr std::string_view kKey = "format=";
+  const auto key = target.find(kKey, query);
+  if (key == std::string_view::npos) return "json";
+  const auto value = target.substr(key + kKey.size());
+  return value.substr(0, value.find('&'));
+}
+
+HttpResponse audit_report(const std::shared_ptr<OnlineAudit>& audit, const HttpRequest& request) {
+  const auto format = requested_format(request.target());
+  audit::AnalysisOptions options;
+  options.bootstrap.resamples = 1000;
+  if (format == "json") {
+    const auto body = audit ? audit->report(options) : nlohmann::json{{"trials", 0}};
+    return make_json_response(http::status::ok, body.dump(), request);
+  }
+  if (format != "markdown" && format != "svg") {
+    return make_json_error(http::status::bad_request, "invalid_argument",
+                           fmt::format("format '{}' is not one of json, markdown, svg", std::string(format)),
+                           request.version(), request.keep_alive());
+  }
+  const auto trials = audit ? audit->snapshot() : audit::TrialSet{};
+  auto report = audit::analyze(trials, options);
+  if (!report) {
+    return make_json_error(http::status::conflict, "not_analysable", report.error().message, request.version(),
+                           request.keep_alive());
+  }
+  if (format == "markdown") {
+    return make_text_response(http::status::ok, audit::render_markdown(report.value()), "text/markdown; charset=utf-8",
+                              request);
+  }
+  return make_text_response(http::status::ok, audit::render_svg(report.value(), trials, options), "image/svg+xml",
+                            request);
+}
 
 HttpResponse error_for(const Error& error, const HttpRequest& request) {
   const auto status = error.code == ErrorCode::kNotFound ? http::status::not_found : http::status::bad_request;
@@ -44,6 +83,7 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
   // Fixed after start-up (plugins load once), so rendered once.
   const auto codecs_body =
       codecs ? codecs_to_json(*codecs, context.codec_load_failures).dump() : std::string(R"({"codecs":[]})");
+  const auto online_audit = context.audit;
   return {
       {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
        [](const HttpRequest& request) { return make_json_response(http::status::ok, R"({"status":"ok"})", request); }},
@@ -93,6 +133,9 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
          const auto body = prober ? prober->snapshot_json() : nlohmann::json{{"agents", nlohmann::json::object()}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
+      {http::verb::get, "/admin/audit/report",
+       "Online audit: effects of each treatment vs T0 with CIs (?format=json|markdown|svg)",
+       [online_audit](const HttpRequest& request) { return audit_report(online_audit, request); }},
       {http::verb::post, "/admin/reload",
        "Re-read the policy file; a bad policy is rejected and the old one keeps serving",
        [policy](const HttpRequest& request) {

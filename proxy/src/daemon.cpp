@@ -74,7 +74,8 @@ int run_daemon(const DaemonOptions& options) {
 
   auto registry = std::make_shared<metrics::Registry>();
   auto runtime_policy = std::make_shared<RuntimePolicy>(options.config_path, initial_policy, *registry);
-  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry);
+  auto online_audit = std::make_shared<OnlineAudit>();
+  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit);
 
   auto codecs = std::make_shared<codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
   std::vector<codec::PluginLoadFailure> codec_load_failures;
@@ -92,6 +93,7 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.codecs = codecs;
   admin_context.codec_load_failures = std::move(codec_load_failures);
   admin_context.upstream_prober = upstream_prober;
+  admin_context.audit = online_audit;
   auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);

@@ -50,9 +50,49 @@ Result<std::string> inject_kv_transfer_params(std::string_view body, const std::
   auto& params = document["kv_transfer_params"];
   if (params.is_null()) params = nlohmann::json::object();
   if (!params.is_object()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params must be a JSON object");
-  params["kvrelay"] = nlohmann::json::parse(params_json);
+  auto injected = nlohmann::json::parse(params_json);
+  if (const auto client = params.find("kvrelay"); client != params.end() && client->is_object()) {
+    if (const auto treatment = client->find("treatment"); treatment != client->end()) {
+      injected["treatment"] = *treatment;
+    }
+  }
+  params["kvrelay"] = std::move(injected);
   return document.dump();
 }
+
+std::uint64_t prompt_token_count(std::string_view body) {
+  const auto document = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!document.is_object()) return 0;
+  const auto prompt = document.find("prompt");
+  if (prompt == document.end() || !prompt->is_array()) return 0;
+  for (const auto& token : *prompt) {
+    if (!token.is_number_integer()) return 0;
+  }
+  return prompt->size();
+}
+
+namespace {
+
+// A client (the offline audit runner) that names its own treatment is not randomized again.
+bool client_sent_treatment(std::string_view body) {
+  const auto document = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!document.is_object()) return false;
+  const auto params = document.find("kv_transfer_params");
+  if (params == document.end() || !params->is_object()) return false;
+  const auto kvrelay = params->find("kvrelay");
+  return kvrelay != params->end() && kvrelay->is_object() && kvrelay->contains("treatment");
+}
+
+const RoutePolicy* audited_route_into(const Policy& policy, const std::string& agent_id) {
+  for (const auto& route : policy.routes) {
+    if (route.to_agent == agent_id && route.enabled && route.audit.fraction > 0.0) return &route;
+  }
+  return nullptr;
+}
+
+constexpr std::size_t kWorkerStatsTailBytes = 2048;
+
+}  // namespace
 
 FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
     : requests(registry.counter("kvrelay_proxy_requests_total",
@@ -69,8 +109,12 @@ FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
                                        {"agent", "kind"})),
       in_flight(registry.gauge("kvrelay_proxy_requests_in_flight", "Proxied requests not yet finished")) {}
 
-FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry)
-    : policy_(std::move(policy)), pool_(std::make_shared<UpstreamPool>()), metrics_(registry) {}
+FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry,
+                       std::shared_ptr<OnlineAudit> audit)
+    : policy_(std::move(policy)),
+      pool_(std::make_shared<UpstreamPool>()),
+      metrics_(registry),
+      audit_(std::move(audit)) {}
 
 Reply FrontProxy::dispatch(HttpRequest&& request) {
   const auto target = parse_agent_target(request.target());
@@ -98,15 +142,34 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   std::string request_id(request["X-Request-Id"]);
   if (request_id.empty()) request_id = generate_request_id();
 
+  bool audited = false;
   if (agent->kv_connector && is_generation_endpoint(target->upstream_path)) {
     nlohmann::json routes = nlohmann::json::array();
     for (const auto& route : policy->routes) {
       if (route.to_agent == agent->id && route.enabled) routes.push_back(route.id);
     }
-    const nlohmann::json params{
+    nlohmann::json params{
         {"request_id", request_id}, {"agent", agent->id}, {"node", policy->node_id}, {"routes", routes}};
+    const RoutePolicy* route = audit_ ? audited_route_into(*policy, agent->id) : nullptr;
+    const auto treatment =
+        route != nullptr && !client_sent_treatment(request.body()) ? audit_->draw(*route) : std::nullopt;
+    if (treatment) {
+      audit::Trial covariates;
+      covariates.context_tokens = prompt_token_count(request.body());
+      covariates.receiver_agent = agent->id;
+      covariates.receiver_model = agent->model.weights_identity;
+      if (const auto* sender = policy->find_agent(route->from_agent)) {
+        covariates.sender_model = sender->model.weights_identity;
+      }
+      covariates.load = metrics_.in_flight.get().value();
+      // The assignment is on disk before the request leaves (no post-hoc selection).
+      audit_->record_assignment(*route, request_id, *treatment, std::move(covariates));
+      params["treatment"] = {{"name", treatment->name}, {"medium", treatment->medium}, {"span", treatment->span}};
+      audited = true;
+    }
     auto body = inject_kv_transfer_params(request.body(), params.dump());
     if (!body) {
+      if (audited) audit_->record_outcome(request_id, AuditOutcome{0.0, 0.0, 400, {}, {}});
       metrics_.requests.with({agent->id, target->upstream_path, "400"}).inc();
       return make_json_error(http::status::bad_request, "invalid_request_error", body.error().message, version,
                              keep_alive);
@@ -128,7 +191,25 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   upstream_request.prepare_payload();
 
   metrics_.in_flight.get().inc();
-  auto on_finished = [this, agent_id = agent->id, endpoint = target->upstream_path](const RelayOutcome& outcome) {
+  auto on_finished = [this, agent_id = agent->id, endpoint = target->upstream_path, audited,
+                      request_id](const RelayOutcome& outcome) {
+    if (audited) {
+      AuditOutcome result;
+      // Time to first token: the first body byte (for SSE the first token's event; for a plain
+      // response the whole answer, which is why audits stream).
+      result.ttft_ms = std::chrono::duration<double, std::milli>(outcome.time_to_first_body_byte).count();
+      result.e2e_ms = std::chrono::duration<double, std::milli>(outcome.total).count();
+      result.status = outcome.upstream_failed ? 502U : outcome.status;
+      if (const auto stats = worker_stats_from_tail(outcome.body_tail)) {
+        if (const auto it = stats->find("prompt_tokens"); it != stats->end() && it->is_number_unsigned()) {
+          result.prompt_tokens = it->get<std::uint64_t>();
+        }
+        if (const auto it = stats->find("cached_tokens"); it != stats->end() && it->is_number_unsigned()) {
+          result.cached_tokens = it->get<std::uint64_t>();
+        }
+      }
+      audit_->record_outcome(request_id, result);
+    }
     metrics_.in_flight.get().dec();
     metrics_.requests.with({agent_id, endpoint, std::to_string(outcome.status)}).inc();
     if (outcome.upstream_failed || !outcome.error_kind.empty()) {
@@ -141,7 +222,8 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
     metrics_.latency.with({agent_id}).observe(std::chrono::duration<double>(outcome.total).count());
   };
   return make_upstream_relay(pool_, agent->upstream, std::move(upstream_request), keep_alive,
-                             policy->limits.upstream_timeout, std::move(on_finished));
+                             policy->limits.upstream_timeout, std::move(on_finished),
+                             audited ? kWorkerStatsTailBytes : 0);
 }
 
 }  // namespace kvrelay::proxy

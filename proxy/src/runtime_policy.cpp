@@ -77,6 +77,7 @@ Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, con
                     fmt::format("/audit_fraction: expected number 0..1, got {}", value.dump()));
       }
       route.audit_fraction = value.get<double>();
+      route.audit.fraction = route.audit_fraction;
     } else {
       return fail(ErrorCode::kInvalidArgument,
                   fmt::format("/{}: unknown key (allowed here: enabled, forced_medium, audit_fraction)", key));
@@ -102,6 +103,13 @@ nlohmann::json route_to_json(const RoutePolicy& route) {
                       {"quality_floor", route.quality_floor},
                       {"push", route.push}};
   if (route.deadline) body["deadline_ms"] = route.deadline->count();
+  nlohmann::json treatments = nlohmann::json::array();
+  for (const auto& treatment : route.audit.treatments) {
+    treatments.push_back({{"name", treatment.name}, {"medium", treatment.medium}, {"span", treatment.span}});
+  }
+  body["audit"] = {{"fraction", route.audit.fraction},
+                   {"treatments", std::move(treatments)},
+                   {"trials_file", route.audit.trials_file}};
   return body;
 }
 

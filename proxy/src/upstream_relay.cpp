@@ -28,8 +28,10 @@ constexpr std::size_t kRelayChunkBytes = 16 * 1024;
 class UpstreamRelay final : public StreamingResponder, public std::enable_shared_from_this<UpstreamRelay> {
  public:
   UpstreamRelay(std::shared_ptr<UpstreamPool> pool, HttpUrl upstream, HttpRequest request, bool client_keep_alive,
-                std::chrono::milliseconds timeout, std::function<void(const RelayOutcome&)> on_finished)
-      : pool_(std::move(pool)),
+                std::chrono::milliseconds timeout, std::function<void(const RelayOutcome&)> on_finished,
+                std::size_t keep_tail_bytes)
+      : keep_tail_bytes_(keep_tail_bytes),
+        pool_(std::move(pool)),
         upstream_(std::move(upstream)),
         request_(std::move(request)),
         client_keep_alive_(client_keep_alive),
@@ -173,7 +175,11 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     response_.body().data = bytes == 0 ? nullptr : chunk_.data();
     response_.body().size = bytes;
     response_.body().more = !last;
+    if (bytes > 0 && outcome_.response_bytes == 0) {
+      outcome_.time_to_first_body_byte = std::chrono::steady_clock::now() - started_;
+    }
     outcome_.response_bytes += bytes;
+    if (keep_tail_bytes_ > 0 && bytes > 0) keep_tail(bytes);
     client_->expires_after(timeout_);
     http::async_write(*client_, *serializer_, [self = shared_from_this(), last](beast::error_code ec, std::size_t) {
       if (ec == http::error::need_buffer) ec = {};
@@ -181,6 +187,12 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
       if (last) return self->finish(self->client_keep_alive_);
       self->relay_body();
     });
+  }
+
+  void keep_tail(std::size_t bytes) {
+    auto& tail = outcome_.body_tail;
+    tail.append(chunk_.data(), bytes);
+    if (tail.size() > keep_tail_bytes_) tail.erase(0, tail.size() - keep_tail_bytes_);
   }
 
   void fail_before_response(const char* kind, beast::error_code ec) {
@@ -234,6 +246,7 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     done(keep_alive);
   }
 
+  std::size_t keep_tail_bytes_;
   std::shared_ptr<UpstreamPool> pool_;
   std::optional<tcp::resolver> resolver_;
   std::optional<beast::tcp_stream> upstream_stream_;
@@ -260,9 +273,10 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
 std::shared_ptr<StreamingResponder> make_upstream_relay(std::shared_ptr<UpstreamPool> pool, HttpUrl upstream,
                                                         HttpRequest request, bool client_keep_alive,
                                                         std::chrono::milliseconds timeout,
-                                                        std::function<void(const RelayOutcome&)> on_finished) {
+                                                        std::function<void(const RelayOutcome&)> on_finished,
+                                                        std::size_t keep_tail_bytes) {
   return std::make_shared<UpstreamRelay>(std::move(pool), std::move(upstream), std::move(request), client_keep_alive,
-                                         timeout, std::move(on_finished));
+                                         timeout, std::move(on_finished), keep_tail_bytes);
 }
 
 }  // namespace kvrelay::proxy

@@ -179,3 +179,77 @@ TEST_CASE("host:port and URL parsing", "[core][policy]") {
   CHECK(kvrelay::parse_http_url("http://worker:8000/v1").value().base_path == "/v1");
   CHECK_FALSE(kvrelay::parse_http_url("http://worker:0"));
 }
+
+TEST_CASE("route audit block: treatments, trials file and the audit_fraction shorthand", "[core][policy]") {
+  auto document = minimal_policy();
+  document["routes"][0]["audit"] = json::parse(R"({"fraction": 0.2, "trials_file": "/tmp/t.jsonl",
+      "treatments": [{"name": "T0", "medium": "tokens", "span": "none"},
+                     {"name": "T3-int8", "medium": "kv_int8", "span": "all"}]})");
+  document["routes"][1]["audit_fraction"] = 0.1;
+  const auto result = parse_policy(document.dump(), "mem.json");
+  REQUIRE(result);
+  const auto& audited = *result.value().find_route("r0");
+  CHECK(audited.audit_fraction == 0.2);
+  CHECK(audited.audit.fraction == 0.2);
+  CHECK(audited.audit.trials_file == "/tmp/t.jsonl");
+  REQUIRE(audited.audit.treatments.size() == 2);
+  CHECK(audited.audit.treatments[1] == kvrelay::AuditTreatment{"T3-int8", "kv_int8", "all"});
+  const auto& shorthand = *result.value().find_route("r1");
+  CHECK(shorthand.audit.fraction == 0.1);
+  CHECK(shorthand.audit.treatments == kvrelay::default_audit_treatments());
+  CHECK(shorthand.audit.trials_file.empty());
+}
+
+TEST_CASE("bad audit blocks are rejected with pointers", "[core][policy]") {
+  auto document = minimal_policy();
+  document["routes"][0]["audit"] = json::parse(R"({"fraction": 2,
+      "treatments": [{"name": "T0", "medium": "tokens", "span": "all"},
+                     {"name": "T0", "medium": "kv_bogus", "span": "none"},
+                     {"name": "T2", "medium": "kv_raw", "span": "half"}]})");
+  document["routes"][0]["audit_fraction"] = 0.5;
+  document["routes"][2]["allowed_media"] = json::array({"tokens", "kv_raw"});
+  document["routes"][2]["audit"] =
+      json::parse(R"({"fraction": 0.5, "treatments": [{"name": "Q", "medium": "kv_int4", "span": "all"}]})");
+  const auto message = rejection(document);
+  using Catch::Contains;
+  CHECK_THAT(message, Contains("/routes/0/audit/fraction: expected number 0..1, got 2"));
+  CHECK_THAT(message, Contains("/routes/0/audit/treatments/0/span: span \"all\" with medium \"tokens\""));
+  CHECK_THAT(message, Contains("/routes/0/audit/treatments/1/medium: expected a medium name, got \"kv_bogus\""));
+  CHECK_THAT(message, Contains("/routes/0/audit/treatments/1/name: duplicate treatment \"T0\""));
+  CHECK_THAT(message, Contains("/routes/0/audit/treatments/2/span: expected one of none, prompt, generated, all"));
+  CHECK_THAT(message, Contains("/routes/0/audit_fraction: set either audit_fraction or audit.fraction, not both"));
+  document["routes"][0].erase("audit");
+  document["routes"][0].erase("audit_fraction");
+  CHECK_THAT(
+      rejection(document),
+      Contains("/routes/2/audit/treatments/0/medium: expected a medium listed in allowed_media, got \"kv_int4\""));
+}
+
+TEST_CASE("cost_model section: calibrated prefill, decode and codec quality", "[core][policy]") {
+  auto document = minimal_policy();
+  document["cost_model"] = json::parse(R"({
+      "agents": {"b": {"prefill_s": {"a": 0.004, "b": 3e-5, "c": 2e-9}, "decode_s_per_token": 0.0025}},
+      "media": {"kv_int8": {"fidelity": 0.98, "extra_decode_fraction": 0.1}}})");
+  const auto result = parse_policy(document.dump(), "mem.json");
+  REQUIRE(result);
+  const auto& cost_model = result.value().cost_model;
+  REQUIRE(cost_model.agents.size() == 1);
+  CHECK(cost_model.agents[0].first == "b");
+  CHECK(cost_model.agents[0].second.prefill_b_s == 3e-5);
+  CHECK(cost_model.agents[0].second.decode_s_per_token == 0.0025);
+  REQUIRE(cost_model.media.size() == 1);
+  CHECK(cost_model.media[0].second.fidelity == 0.98);
+
+  document["cost_model"] = json::parse(R"({
+      "agents": {"nobody": {"prefill_s": {"a": -1}}, "a": {"speed": 3}},
+      "media": {"kv_bogus": {"fidelity": 0.5}, "kv_int4": {"fidelity": 0}}, "extra": 1})");
+  const auto message = rejection(document);
+  using Catch::Contains;
+  CHECK_THAT(message, Contains("/cost_model/agents/nobody/prefill_s/a: expected number 0..1000000, got -1"));
+  CHECK_THAT(message, Contains("/cost_model/agents/a/speed"));
+  CHECK_THAT(message, Contains("/cost_model/media/kv_bogus: expected a medium name as key"));
+  CHECK_THAT(message, Contains("/cost_model/media/kv_int4/fidelity: expected number"));
+  CHECK_THAT(message, Contains("/cost_model/extra"));
+  document["cost_model"] = json::parse(R"({"agents": {"nobody": {"decode_s_per_token": 0.01}}})");
+  CHECK_THAT(rejection(document), Contains("/cost_model/agents/nobody: expected an agent id from /agents as key"));
+}

@@ -64,6 +64,28 @@ inline constexpr std::string_view kBuiltinMedia[] = {"tokens",  "kv_raw",  "kv_l
                                                      "kv_int8", "kv_int4", "kv_sparse"};
 [[nodiscard]] bool is_known_medium(std::string_view medium) noexcept;
 
+// One audit treatment: which span of the sender's context moves as KV, and in which medium.
+// T0 is {"T0", "tokens", "none"}; T3 with raw KV is {"T3", "kv_raw", "all"}.
+struct AuditTreatment {
+  std::string name;
+  std::string medium = "tokens";
+  std::string span = "none";  // none, prompt, generated, all
+  friend bool operator==(const AuditTreatment&, const AuditTreatment&) = default;
+};
+
+// A route's online audit: a `fraction` of its requests get a uniformly random treatment from
+// `treatments` instead of the decision; assignments and outcomes are appended to `trials_file`
+// ("" keeps them in memory only) and served at GET /admin/audit/report.
+struct RouteAuditPolicy {
+  double fraction = 0.0;  // 0..1
+  std::vector<AuditTreatment> treatments;
+  std::string trials_file;
+  friend bool operator==(const RouteAuditPolicy&, const RouteAuditPolicy&) = default;
+};
+
+// T0..T3 over kv_raw, the treatments used when a route sets only audit_fraction.
+[[nodiscard]] std::vector<AuditTreatment> default_audit_treatments();
+
 struct RoutePolicy {
   std::string id;
   std::string from_agent;
@@ -73,7 +95,8 @@ struct RoutePolicy {
   std::optional<std::string> forced_medium;
   int priority = 0;  // 0..7
   std::optional<std::chrono::milliseconds> deadline;
-  double audit_fraction = 0.0;         // 0..1
+  double audit_fraction = 0.0;         // 0..1; equals audit.fraction
+  RouteAuditPolicy audit;              // treatments default to T0..T3 (kv_raw)
   double hysteresis_threshold = 0.15;  // relative predicted gain needed to switch medium
   double quality_floor = 0.0;          // 0..1, minimum fidelity product along a lossy chain
   bool push = false;                   // publish pushes KV ahead to the destination's sidecar
@@ -101,6 +124,27 @@ struct LoggingPolicy {
   std::string file;             // "" = stderr
 };
 
+// Cost-model parameters an operator sets (typically from `kvrelay audit calibrate`), overriding
+// the decision engine's priors: per receiving agent its prefill fit and decode time, per medium
+// its calibrated quality.
+struct AgentCostModel {
+  std::optional<double> prefill_a_s;  // t(n, cached) = a + b n + c n (n + 2 cached)
+  std::optional<double> prefill_b_s;
+  std::optional<double> prefill_c_s;
+  std::optional<double> decode_s_per_token;
+};
+
+struct MediumCostModel {
+  std::optional<double> fidelity;               // (0, 1]
+  std::optional<double> extra_decode_fraction;  // >= 0
+};
+
+struct CostModelPolicy {
+  std::vector<std::pair<std::string, AgentCostModel>> agents;  // by agent id
+  std::vector<std::pair<std::string, MediumCostModel>> media;  // by medium name
+  [[nodiscard]] bool empty() const noexcept { return agents.empty() && media.empty(); }
+};
+
 struct Policy {
   int schema_version = kPolicySchemaVersion;
   std::string node_id;
@@ -111,6 +155,7 @@ struct Policy {
   LimitsPolicy limits;
   CodecPolicy codecs;
   LoggingPolicy logging;
+  CostModelPolicy cost_model;
   std::string source;  // file the policy came from, for messages
 
   [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;

@@ -7,6 +7,7 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/proxy/admin_router.h"
+#include "kvrelay/proxy/online_audit.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/proxy/upstream_prober.h"
 
@@ -19,6 +20,7 @@ struct AdminContext {
   std::shared_ptr<const codec::CodecRegistry> codecs;
   std::vector<codec::PluginLoadFailure> codec_load_failures;  // plugins refused at start-up
   std::shared_ptr<const UpstreamProber> upstream_prober;
+  std::shared_ptr<OnlineAudit> audit;  // online audit trials; the report endpoint is empty without it
 };
 
 // The daemon's health, metrics and admin endpoints, declared in one table (see docs/operations.md).

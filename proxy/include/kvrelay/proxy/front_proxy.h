@@ -11,6 +11,7 @@
 
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/proxy/online_audit.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/proxy/streaming_responder.h"
 #include "kvrelay/proxy/upstream_pool.h"
@@ -36,7 +37,9 @@ struct FrontProxyMetrics {
 
 class FrontProxy {
  public:
-  FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry);
+  // With `audit`, routes that set an audit fraction get randomized treatments (online_audit.h).
+  FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry,
+             std::shared_ptr<OnlineAudit> audit = nullptr);
 
   // Returns a streaming relay for agent requests, or an immediate JSON error (404 unknown agent,
   // 404 unknown endpoint, 400 malformed JSON body).
@@ -46,11 +49,16 @@ class FrontProxy {
   std::shared_ptr<const RuntimePolicy> policy_;
   std::shared_ptr<UpstreamPool> pool_;
   FrontProxyMetrics metrics_;
+  std::shared_ptr<OnlineAudit> audit_;
 };
 
 // Adds kv_transfer_params.kvrelay = `params` to a JSON request body (keeping anything the client
-// put in kv_transfer_params). Errors name what is wrong with the body.
+// put in kv_transfer_params, and a treatment the client put in kv_transfer_params.kvrelay: that
+// is how an offline audit forces one). Errors name what is wrong with the body.
 [[nodiscard]] Result<std::string> inject_kv_transfer_params(std::string_view body, const std::string& params_json);
+
+// Prompt length of a completions request whose prompt is token ids (0 when it is text).
+[[nodiscard]] std::uint64_t prompt_token_count(std::string_view body);
 
 // 32 hex digits from a CSPRNG-seeded generator.
 [[nodiscard]] std::string generate_request_id();

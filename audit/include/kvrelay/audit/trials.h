@@ -1,0 +1,75 @@
+#pragma once
+
+// The public trials format (docs/audit.md): JSON lines, one object per trial. A complete trial
+// carries at least route, treatment, context_tokens, ttft_ms and pair_id (null for an unpaired
+// trial). The daemon's online audit writes a trial in two lines instead, so the assignment is on
+// disk before the outcome exists: {"event": "assignment", ...} then {"event": "outcome",
+// "request_id", "ttft_ms", ...}; reading joins them by request_id.
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvrelay/core/result.h"
+
+namespace kvrelay::audit {
+
+// A treatment: what span of A's context moves as KV, and through which medium.
+struct Treatment {
+  std::string name;               // "T0".."T3" or any identifier
+  std::string medium = "tokens";  // tokens, kv_raw, kv_int8, ... (policy medium names)
+  std::string span = "none";      // none, prompt, generated, all
+};
+
+// The standard treatments of the design: T0 tokens only, T1 A's prompt KV, T2 A's generated KV,
+// T3 all of A's KV (raw by default).
+[[nodiscard]] std::vector<Treatment> standard_treatments(std::string_view kv_medium = "kv_raw");
+[[nodiscard]] bool is_known_span(std::string_view span) noexcept;
+
+struct Trial {
+  std::string route;
+  std::string treatment;
+  std::uint64_t context_tokens = 0;
+  double ttft_ms = 0.0;
+  std::optional<std::string> pair_id;  // trials sharing one are a context under several treatments
+  // Optional covariates and outcomes.
+  std::string request_id;
+  std::string medium;
+  std::string span;
+  std::string sender_model;
+  std::string receiver_model;
+  std::string receiver_agent;
+  std::string stratum;  // overrides the computed stratum when set
+  std::optional<double> load;
+  std::optional<double> e2e_ms;
+  std::optional<std::uint64_t> bytes;
+  std::optional<double> top1_agreement;
+  std::optional<std::uint64_t> output_tokens;
+  std::optional<std::uint64_t> cached_tokens;
+  std::optional<std::uint64_t> status;
+  std::optional<std::uint64_t> repeat;
+};
+
+struct TrialSet {
+  std::vector<Trial> trials;
+  std::size_t assignments_without_outcome = 0;  // online requests that never finished (attrition)
+  std::size_t failed_outcomes = 0;              // outcomes with a non-2xx status, left out
+};
+
+[[nodiscard]] nlohmann::json trial_to_json(const Trial& trial);
+// One line, no trailing newline.
+[[nodiscard]] std::string trial_line(const Trial& trial);
+// The online audit's two records.
+[[nodiscard]] std::string assignment_line(const Trial& trial);
+[[nodiscard]] std::string outcome_line(const std::string& request_id, double ttft_ms, double e2e_ms, unsigned status);
+
+// Parses JSON lines (blank lines skipped). Errors name the line and the field:
+// "trials line 3: field 'ttft_ms': expected a non-negative number, got \"fast\"".
+[[nodiscard]] Result<TrialSet> parse_trials(std::string_view text, std::string_view source = "trials");
+[[nodiscard]] Result<TrialSet> read_trials_file(const std::string& path);
+
+}  // namespace kvrelay::audit

@@ -1,0 +1,107 @@
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "kvrelay/audit/render.h"
+
+namespace kvrelay::audit {
+
+using nlohmann::json;
+
+namespace {
+
+json number(double value) {
+  return std::isfinite(value) ? json(value) : json();
+}
+
+json interval(const Interval& value) {
+  return json::array({number(value.low), number(value.high)});
+}
+
+json break_even_to_json(const BreakEven& estimate) {
+  return {{"model_pair", estimate.model_pair},
+          {"treatment", estimate.treatment},
+          {"baseline", estimate.baseline},
+          {"kind", crossing_kind_name(estimate.kind)},
+          {"break_even_tokens", estimate.break_even_tokens ? number(*estimate.break_even_tokens) : json()},
+          {"ci95", estimate.ci95 ? interval(*estimate.ci95) : json()},
+          {"bootstrap_agreement", estimate.bootstrap_agreement},
+          {"fit_ms",
+           {{"treatment",
+             {{"intercept", number(estimate.treatment_fit.intercept)},
+              {"per_token", number(estimate.treatment_fit.slope)}}},
+            {"baseline",
+             {{"intercept", number(estimate.baseline_fit.intercept)},
+              {"per_token", number(estimate.baseline_fit.slope)}}}}},
+          {"n_treatment", estimate.n_treatment},
+          {"n_baseline", estimate.n_baseline}};
+}
+
+}  // namespace
+
+json effect_to_json(const Effect& effect) {
+  const auto& t = effect.t_test;
+  json out{{"treatment", effect.treatment},
+           {"baseline", effect.baseline},
+           {"n", effect.n},
+           {"mean_diff_ms", t ? number(t->difference) : json()},
+           {"ci95", t ? interval(t->ci95) : json()},
+           {"pct_change", number(effect.pct_change)},
+           {"p_value", t ? number(t->p_value) : json()},
+           {"p_holm", effect.p_holm ? number(*effect.p_holm) : json()},
+           {"paired", effect.paired},
+           {"test", effect.paired ? "paired_t" : "welch_t"},
+           {"t", t ? number(t->t) : json()},
+           {"df", t ? number(t->degrees_of_freedom) : json()},
+           {"n_treatment", effect.n_treatment},
+           {"n_baseline", effect.n_baseline},
+           {"mean_treatment_ms", number(effect.mean_treatment_ms)},
+           {"mean_baseline_ms", number(effect.mean_baseline_ms)},
+           {"median_diff_ms", number(effect.median_diff_ms)},
+           {"p99_diff_ms", number(effect.p99_diff_ms)},
+           {"ci95_bootstrap", effect.bootstrap ? interval(effect.bootstrap->mean_difference) : json()},
+           {"ci95_median_bootstrap", effect.bootstrap ? interval(effect.bootstrap->median_difference) : json()},
+           {"ci95_p99_bootstrap", effect.bootstrap ? interval(effect.bootstrap->p99_difference) : json()},
+           {"bootstrap_resamples", effect.bootstrap ? effect.bootstrap->resamples : 0},
+           {"p_wilcoxon", effect.wilcoxon ? number(effect.wilcoxon->p_value) : json()}};
+  if (effect.wilcoxon) {
+    out["wilcoxon_statistic"] = effect.wilcoxon->statistic;
+    out["wilcoxon_exact"] = effect.wilcoxon->exact;
+  }
+  return out;
+}
+
+json report_to_json(const AuditReport& report) {
+  json strata = json::array();
+  for (const auto& stratum : report.strata) {
+    json effects = json::array();
+    for (const auto& effect : stratum.effects) {
+      json entry = effect_to_json(effect);
+      entry["stratum"] = stratum.name;
+      effects.push_back(std::move(entry));
+    }
+    strata.push_back({{"stratum", stratum.name},
+                      {"length_bucket", stratum.length_bucket},
+                      {"model_pair", stratum.model_pair},
+                      {"trials", stratum.trials},
+                      {"effects", std::move(effects)}});
+  }
+  json overall = json::array();
+  for (const auto& effect : report.overall)
+    overall.push_back(effect_to_json(effect));
+  json break_even = json::array();
+  for (const auto& estimate : report.break_even)
+    break_even.push_back(break_even_to_json(estimate));
+  return {{"baseline", report.baseline},
+          {"routes", report.routes},
+          {"treatments", report.treatments},
+          {"length_bucket_edges", report.bucket_edges},
+          {"trials", report.trials},
+          {"assignments_without_outcome", report.assignments_without_outcome},
+          {"failed_outcomes", report.failed_outcomes},
+          {"strata", std::move(strata)},
+          {"overall", std::move(overall)},
+          {"break_even", std::move(break_even)}};
+}
+
+}  // namespace kvrelay::audit

@@ -1,0 +1,105 @@
+#include "kvrelay/proxy/online_audit.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kvrelay/proxy/front_proxy.h"
+
+#include "support/child_process.h"
+#include "support/test_paths.h"
+
+using namespace kvrelay::proxy;
+using nlohmann::json;
+
+namespace {
+
+kvrelay::RoutePolicy audited_route(double fraction, std::string trials_file) {
+  kvrelay::RoutePolicy route;
+  route.id = "a-to-b";
+  route.from_agent = "a";
+  route.to_agent = "b";
+  route.audit.fraction = fraction;
+  route.audit.treatments = kvrelay::default_audit_treatments();
+  route.audit.trials_file = std::move(trials_file);
+  return route;
+}
+
+}  // namespace
+
+TEST_CASE("injected kv_transfer_params keep a treatment the client set", "[proxy][audit]") {
+  const auto forced = inject_kv_transfer_params(
+      R"({"prompt":[1,2],"kv_transfer_params":{"other":1,"kvrelay":{"treatment":{"name":"T0"},"agent":"spoofed"}}})",
+      R"({"agent":"b","request_id":"r1"})");
+  REQUIRE(forced);
+  const auto body = json::parse(forced.value());
+  CHECK(body["kv_transfer_params"]["other"] == 1);
+  CHECK(body["kv_transfer_params"]["kvrelay"]["treatment"]["name"] == "T0");
+  CHECK(body["kv_transfer_params"]["kvrelay"]["agent"] == "b");  // everything else is the sidecar's
+  const auto plain = inject_kv_transfer_params(R"({"prompt":[1]})", R"({"agent":"b"})");
+  REQUIRE(plain);
+  CHECK_FALSE(json::parse(plain.value())["kv_transfer_params"]["kvrelay"].contains("treatment"));
+}
+
+TEST_CASE("prompt length and worker stats for audit covariates", "[proxy][audit]") {
+  CHECK(prompt_token_count(R"({"prompt":[1,2,3]})") == 3);
+  CHECK(prompt_token_count(R"({"prompt":"text"})") == 0);
+  CHECK(prompt_token_count(R"({"prompt":[1,"x"]})") == 0);
+  CHECK(prompt_token_count("not json") == 0);
+  const auto stats = worker_stats_from_tail(
+      R"(..."usage":{"prompt_tokens":9},"kvrelay":{"prompt_tokens":225,"cached_tokens":208,"ttft_ms":3.5}}
+)");
+  REQUIRE(stats);
+  CHECK((*stats)["cached_tokens"] == 208);
+  const auto streamed = worker_stats_from_tail("data: {\"kvrelay\":{\"cached_tokens\":16}}\n\ndata: [DONE]\n\n");
+  REQUIRE(streamed);
+  CHECK((*streamed)["cached_tokens"] == 16);
+  CHECK_FALSE(worker_stats_from_tail("data: [DONE]\n\n"));
+  CHECK_FALSE(worker_stats_from_tail(R"("kvrelay":{"cut)"));
+}
+
+TEST_CASE("online audit draws at the route's fraction, uniformly over treatments", "[proxy][audit]") {
+  OnlineAudit audit(1000, 42);
+  const auto route = audited_route(0.25, "");
+  std::map<std::string, int> counts;
+  constexpr int kDraws = 20000;
+  for (int i = 0; i < kDraws; ++i) {
+    if (const auto treatment = audit.draw(route)) ++counts[treatment->name];
+  }
+  int audited = 0;
+  for (const auto& [name, count] : counts)
+    audited += count;
+  // Binomial(20000, 0.25): sd 61; 5 sd either side. Each of 4 treatments: 1/4 of the audited.
+  CHECK(std::abs(audited - kDraws / 4) < 310);
+  REQUIRE(counts.size() == 4);
+  for (const auto& [name, count] : counts)
+    CHECK(std::abs(count - audited / 4) < 5 * 35);
+  CHECK_FALSE(audit.draw(audited_route(0.0, "")));
+}
+
+TEST_CASE("online audit writes the assignment before the outcome and joins them", "[proxy][audit]") {
+  kvrelay::test::TempDir dir;
+  const auto path = (dir / "trials.jsonl").string();
+  OnlineAudit audit(1000, 1);
+  const auto route = audited_route(1.0, path);
+  const auto treatment = audit.draw(route);
+  REQUIRE(treatment);
+  kvrelay::audit::Trial covariates;
+  covariates.context_tokens = 0;  // a text prompt: the worker's stats fill it in
+  audit.record_assignment(route, "req-1", *treatment, covariates);
+  const auto before = kvrelay::test::read_file(path);
+  CHECK(json::parse(before)["event"] == "assignment");
+  CHECK(audit.snapshot().assignments_without_outcome == 1);
+  audit.record_outcome("req-1", AuditOutcome{4.0, 9.0, 200, 300, 288});
+  audit.record_outcome("unknown", AuditOutcome{1.0, 1.0, 200, {}, {}});  // ignored
+  const auto trials = audit.snapshot();
+  REQUIRE(trials.trials.size() == 1);
+  CHECK(trials.trials[0].context_tokens == 300);
+  CHECK(trials.trials[0].cached_tokens == 288U);
+  CHECK(trials.trials[0].treatment == treatment->name);
+  const auto parsed = kvrelay::audit::read_trials_file(path);
+  REQUIRE(parsed);
+  REQUIRE(parsed.value().trials.size() == 1);
+  CHECK(parsed.value().trials[0].ttft_ms == 4.0);
+  CHECK(parsed.value().trials[0].context_tokens == 300);  // from the outcome's worker stats
+  CHECK(parsed.value().trials[0].cached_tokens == 288U);
+}
