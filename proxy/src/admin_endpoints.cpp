@@ -23,7 +23,7 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
   const auto policy = context.policy;
   const auto registry = context.registry;
   const auto is_ready = context.is_ready;
-  return {
+  std::vector<AdminEndpoint> endpoints{
       {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
        [](const HttpRequest& request) { return make_json_response(http::status::ok, R"({"status":"ok"})", request); }},
       {http::verb::get, "/readyz", "Readiness: 200 once listening and not draining, else 503",
@@ -73,6 +73,8 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
          return make_json_response(http::status::ok, nlohmann::json{{"status", reloaded.value()}}.dump(), request);
        }},
   };
+  endpoints.insert(endpoints.end(), context.extra_endpoints.begin(), context.extra_endpoints.end());
+  return endpoints;
 }
 
 }  // namespace kvrelay::proxy

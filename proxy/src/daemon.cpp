@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
@@ -26,6 +27,10 @@
 #include "kvrelay/proxy/version.h"
 #include "kvrelay/shm_transport/entry_store.h"
 #include "kvrelay/shm_transport/server.h"
+
+#include "kv/kv_admin.h"
+#include "kv/kv_path.h"
+#include "kv/peer_links.h"
 
 namespace kvrelay::proxy {
 
@@ -73,8 +78,21 @@ int run_daemon(const DaemonOptions& options) {
   auto registry = std::make_shared<metrics::Registry>();
   auto runtime_policy = std::make_shared<RuntimePolicy>(options.config_path, initial_policy, *registry);
   auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry);
-  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(
-      {runtime_policy, registry, [state] { return state->ready.load() && !state->draining.load(); }}));
+  // The KV path: medium decisions, peer fetches and pushes behind the worker data plane.
+  auto codecs = std::make_shared<codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
+  for (const auto& directory : policy->codecs.plugin_dirs)
+    (void)codecs->load_directory(directory);  // logged there
+  // Worker data plane (Unix socket + shared memory) and peer plane share one store: an entry
+  // received from a peer is what a local worker's lookup finds.
+  auto entry_store = std::make_shared<shm::InMemoryEntryStore>(policy->limits.kv_store_bytes);
+  auto peer_links = std::make_shared<kv::PeerLinks>(runtime_policy, *registry);
+  auto kv_path = std::make_shared<kv::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
+  peer_links->set_rtt_observer(
+      [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
+  AdminContext admin_context{runtime_policy, registry,
+                             [state] { return state->ready.load() && !state->draining.load(); },
+                             kv::kv_admin_endpoints(kv_path)};
+  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
   };
@@ -97,9 +115,6 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
   }
-  // The worker data plane (Unix socket + shared memory) and the peer plane share one store:
-  // an entry received from a peer is what a local worker's lookup finds.
-  auto entry_store = std::make_shared<shm::InMemoryEntryStore>(policy->limits.kv_store_bytes);
   std::unique_ptr<shm::ShmServer> shm_server;
   if (!policy->listen.unix_socket.empty()) {
     shm::ShmServerOptions shm_options;
@@ -113,6 +128,7 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
     shm_server = std::move(listening).value();
+    shm_server->set_hooks(kv_path);
     shm_server->start();
   }
   std::unique_ptr<peer::PeerServer> peer_server;
@@ -122,6 +138,11 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.shm_socket = policy->listen.unix_socket;
     peer_options.idle_timeout = policy->limits.idle_timeout;
     peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
+    peer_options.codecs = codecs;
+    peer_options.on_kv_bytes = [path = kv_path.get()](std::string_view direction, std::string_view codec_name,
+                                                      std::uint64_t frame_bytes, std::uint64_t raw_bytes) {
+      path->count_peer_bytes(direction, codec_name, frame_bytes, raw_bytes);
+    };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());
@@ -134,13 +155,14 @@ int run_daemon(const DaemonOptions& options) {
   spdlog::info("listening: http {}:{}, admin port {}, peer port {}, unix socket '{}'", policy->listen.http.host,
                http_port, admin_port, peer_port, policy->listen.unix_socket);
   if (!options.ready_file.empty()) {
-    if (auto written = write_ready_file(options.ready_file, http_port, admin_port, peer_port,
-                                        policy->listen.unix_socket);
+    if (auto written =
+            write_ready_file(options.ready_file, http_port, admin_port, peer_port, policy->listen.unix_socket);
         !written) {
       spdlog::critical("{}", written.error().to_string());
       return 1;
     }
   }
+  peer_links->start();  // idles while the policy lists no peers; a reload may add some
   state->ready = true;
 
   // SIGHUP reloads the policy file; a rejected policy leaves the current one serving.
@@ -187,8 +209,10 @@ int run_daemon(const DaemonOptions& options) {
     workers.emplace_back([&io] { io.run(); });
   }
   io.run();
-  for (auto& worker : workers) worker.join();
+  for (auto& worker : workers)
+    worker.join();
   if (shm_server) shm_server->stop();
+  peer_links->stop();
   spdlog::info("kvrelay stopped");
   return 0;
 }

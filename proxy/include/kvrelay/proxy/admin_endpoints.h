@@ -13,7 +13,8 @@ namespace kvrelay::proxy {
 struct AdminContext {
   std::shared_ptr<RuntimePolicy> policy;
   std::shared_ptr<metrics::Registry> registry;
-  std::function<bool()> is_ready;  // listening and not draining
+  std::function<bool()> is_ready;              // listening and not draining
+  std::vector<AdminEndpoint> extra_endpoints;  // rows other parts of the daemon declare (KV path)
 };
 
 // The daemon's health, metrics and admin endpoints, declared in one table (see docs/operations.md).
