@@ -14,6 +14,17 @@ std::string link_id_for(const Policy& policy, const AgentPolicy& to_agent) {
   return "peer:" + to_agent.node;
 }
 
+std::string route_link_id(const Policy& policy, const RoutePolicy& route) {
+  const AgentPolicy* to = policy.find_agent(route.to_agent);
+  if (to != nullptr) {
+    const std::string link = link_id_for(policy, *to);
+    if (link != "local") return link;
+  }
+  const AgentPolicy* from = policy.find_agent(route.from_agent);
+  return from != nullptr ? link_id_for(policy, *from) : std::string("local");
+}
+
+
 namespace {
 
 const AgentCostModel* agent_cost_model(const Policy& policy, const std::string& agent_id) {
@@ -77,7 +88,7 @@ Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors
     if (to == nullptr) {
       return fail(ErrorCode::kNotFound, "route '" + route.id + "': unknown agent '" + route.to_agent + "'");
     }
-    KVRELAY_TRY(const LinkId link, engine.find_link(link_id_for(policy, *to)));
+    KVRELAY_TRY(const LinkId link, engine.find_link(route_link_id(policy, route)));
     KVRELAY_TRY(engine.add_route(route, link));
   }
   return engine;

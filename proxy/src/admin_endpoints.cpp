@@ -84,7 +84,7 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
   const auto codecs_body =
       codecs ? codecs_to_json(*codecs, context.codec_load_failures).dump() : std::string(R"({"codecs":[]})");
   const auto online_audit = context.audit;
-  return {
+  std::vector<AdminEndpoint> endpoints{
       {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
        [](const HttpRequest& request) { return make_json_response(http::status::ok, R"({"status":"ok"})", request); }},
       {http::verb::get, "/readyz", "Readiness: 200 once listening and not draining, else 503",
@@ -147,6 +147,8 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
          return make_json_response(http::status::ok, nlohmann::json{{"status", reloaded.value()}}.dump(), request);
        }},
   };
+  endpoints.insert(endpoints.end(), context.extra_endpoints.begin(), context.extra_endpoints.end());
+  return endpoints;
 }
 
 }  // namespace kvrelay::proxy

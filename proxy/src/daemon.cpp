@@ -29,6 +29,10 @@
 #include "kvrelay/shm_transport/entry_store.h"
 #include "kvrelay/shm_transport/server.h"
 
+#include "kv/kv_admin.h"
+#include "kv/kv_path.h"
+#include "kv/peer_links.h"
+
 namespace kvrelay::proxy {
 
 namespace asio = boost::asio;
@@ -77,6 +81,7 @@ int run_daemon(const DaemonOptions& options) {
   auto online_audit = std::make_shared<OnlineAudit>();
   auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit);
 
+  // The KV path: medium decisions, peer fetches and pushes behind the worker data plane.
   auto codecs = std::make_shared<codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
   std::vector<codec::PluginLoadFailure> codec_load_failures;
   for (const auto& directory : policy->codecs.plugin_dirs) {
@@ -84,7 +89,17 @@ int run_daemon(const DaemonOptions& options) {
     auto failures = codecs->load_directory(directory);
     codec_load_failures.insert(codec_load_failures.end(), failures.begin(), failures.end());
   }
-  auto upstream_prober = std::make_shared<UpstreamProber>(io, runtime_policy, *registry);
+  // Worker data plane (Unix socket + shared memory) and peer plane share one store: an entry
+  // received from a peer is what a local worker's lookup finds.
+  auto entry_store = std::make_shared<shm::InMemoryEntryStore>(policy->limits.kv_store_bytes);
+  auto peer_links = std::make_shared<kv::PeerLinks>(runtime_policy, *registry);
+  auto kv_path = std::make_shared<kv::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
+  peer_links->set_rtt_observer(
+      [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
+  auto upstream_prober = std::make_shared<UpstreamProber>(
+      io, runtime_policy, *registry, [kv_path](const std::string& agent, const UpstreamLoad& load) {
+        if (load.requests_waiting) kv_path->observe_load(agent, *load.requests_waiting);
+      });
 
   AdminContext admin_context;
   admin_context.policy = runtime_policy;
@@ -94,6 +109,7 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.codec_load_failures = std::move(codec_load_failures);
   admin_context.upstream_prober = upstream_prober;
   admin_context.audit = online_audit;
+  admin_context.extra_endpoints = kv::kv_admin_endpoints(kv_path);
   auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
@@ -117,9 +133,6 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
   }
-  // The worker data plane (Unix socket + shared memory) and the peer plane share one store:
-  // an entry received from a peer is what a local worker's lookup finds.
-  auto entry_store = std::make_shared<shm::InMemoryEntryStore>(policy->limits.kv_store_bytes);
   std::unique_ptr<shm::ShmServer> shm_server;
   if (!policy->listen.unix_socket.empty()) {
     shm::ShmServerOptions shm_options;
@@ -133,6 +146,7 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
     shm_server = std::move(listening).value();
+    shm_server->set_hooks(kv_path);
     shm_server->start();
   }
   std::unique_ptr<peer::PeerServer> peer_server;
@@ -142,6 +156,11 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.shm_socket = policy->listen.unix_socket;
     peer_options.idle_timeout = policy->limits.idle_timeout;
     peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
+    peer_options.codecs = codecs;
+    peer_options.on_kv_bytes = [path = kv_path.get()](std::string_view direction, std::string_view codec_name,
+                                                      std::uint64_t frame_bytes, std::uint64_t raw_bytes) {
+      path->count_peer_bytes(direction, codec_name, frame_bytes, raw_bytes);
+    };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());
@@ -161,6 +180,7 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
   }
+  peer_links->start();  // idles while the policy lists no peers; a reload may add some
   state->ready = true;
   upstream_prober->start();
 
@@ -212,6 +232,7 @@ int run_daemon(const DaemonOptions& options) {
   for (auto& worker : workers)
     worker.join();
   if (shm_server) shm_server->stop();
+  peer_links->stop();
   spdlog::info("kvrelay stopped");
   return 0;
 }

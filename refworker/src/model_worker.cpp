@@ -18,7 +18,9 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
 ModelWorker::ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting)
     : model_(model), connector_(connector), metrics_(metrics), max_waiting_(max_waiting), thread_([this] { run(); }) {}
 
-ModelWorker::~ModelWorker() { stop(); }
+ModelWorker::~ModelWorker() {
+  stop();
+}
 
 Status ModelWorker::submit(CompletionJob job) {
   std::lock_guard lock(mutex_);
@@ -42,7 +44,8 @@ void ModelWorker::stop() {
     metrics_.set_waiting(0);
     wake_.notify_all();
   }
-  for (auto& job : abandoned) job.on_done(fail(ErrorCode::kCancelled, "worker shut down before the request ran"));
+  for (auto& job : abandoned)
+    job.on_done(fail(ErrorCode::kCancelled, "worker shut down before the request ran"));
   if (thread_.joinable()) thread_.join();
 }
 
@@ -106,7 +109,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   KVRELAY_TRY(auto logits, session.prefill(computed));
   const auto prefill_end = Clock::now();
   stats.prefill_ms = ms_between(prefill_start, prefill_end);
-  connector_.report_prefill(computed, prompt.size(), stats.prefill_ms / 1000.0);
+  connector_.report_prefill(computed, prompt.size(), stats.prefill_ms / 1000.0, request.kvrelay_params);
 
   bool first = true;
   auto on_token = [&](std::int32_t token) {
@@ -131,8 +134,8 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   auto kv = session.export_kv(session.position());
   if (!kv) {
     spdlog::warn("kv export failed: {}", kv.error().to_string());
-  } else if (auto published = connector_.publish(context, session.layout(context.size()), kv.value(),
-                                                 request.kvrelay_params);
+  } else if (auto published =
+                 connector_.publish(context, session.layout(context.size()), kv.value(), request.kvrelay_params);
              !published) {
     spdlog::warn("kv publish failed: {}", published.error().to_string());
   } else {

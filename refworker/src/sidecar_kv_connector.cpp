@@ -35,38 +35,76 @@ std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float
   return prefix;
 }
 
+namespace {
+
+std::string params_text(const nlohmann::json& params) {
+  return params.is_null() ? std::string() : params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace
+
+Result<KvPrefix> SidecarKvConnector::copy_prefix(const shm::ReadOnlyEntry& entry, std::uint64_t prefix_tokens) {
+  const auto& info = entry.info;
+  if (info.layout.tokens != prefix_tokens || info.layout.dtype != DType::kFloat32 ||
+      info.bytes != entry.bytes().size()) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("sidecar entry for {} tokens has layout {}", prefix_tokens, info.layout.describe()));
+  }
+  KvPrefix prefix;
+  prefix.layout = info.layout;
+  prefix.kv.resize(info.bytes / sizeof(float));
+  std::memcpy(prefix.kv.data(), entry.bytes().data(), info.bytes);
+  return prefix;
+}
+
 Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::int32_t> tokens,
-                                                           const nlohmann::json& /*params*/) {
+                                                           const nlohmann::json& params) {
   const std::lock_guard lock(mutex_);
   const auto hashes = block_hashes(tokens);
   KVRELAY_TRY(auto* sidecar, client());
+  if (sidecar->server_version() < 2) return lookup_by_keys(*sidecar, tokens, hashes);
+  shm::ResolveRequest request;
+  request.model_id = fingerprint_id_;
+  request.block_tokens = block_tokens_;
+  request.prompt_tokens = tokens.size();
+  request.block_hashes.assign(hashes.begin(), hashes.end());
+  request.params_json = params_text(params);
+  auto resolved = sidecar->resolve(request);
+  if (!resolved) {
+    if (resolved.error().code == ErrorCode::kNotFound) {
+      spdlog::debug("kv lookup miss: {}", resolved.error().message);
+      return std::optional<KvPrefix>{};
+    }
+    client_.reset();  // the connection is in an unknown state: reconnect next time
+    return resolved.error();
+  }
+  const std::uint64_t prefix_tokens = std::uint64_t{resolved.value().meta.blocks} * block_tokens_;
+  KVRELAY_TRY(auto prefix, copy_prefix(resolved.value().entry, prefix_tokens));
+  spdlog::debug("kv lookup: {} tokens via {}", prefix_tokens, resolved.value().meta.medium);
+  return std::optional<KvPrefix>(std::move(prefix));
+}
+
+Result<std::optional<KvPrefix>> SidecarKvConnector::lookup_by_keys(shm::ShmClient& sidecar,
+                                                                   std::span<const std::int32_t> tokens,
+                                                                   const std::vector<BlockHash>& hashes) {
   // Longest prefix first; a prefix equal to the whole prompt would leave nothing to prefill.
   for (std::size_t blocks = hashes.size(); blocks > 0; --blocks) {
     const std::uint64_t prefix_tokens = blocks * block_tokens_;
     if (prefix_tokens >= tokens.size()) continue;
-    auto entry = sidecar->lookup({fingerprint_id_, hashes[blocks - 1]});
+    auto entry = sidecar.lookup({fingerprint_id_, hashes[blocks - 1]});
     if (!entry) {
       if (entry.error().code == ErrorCode::kNotFound) continue;
-      client_.reset();  // the connection is in an unknown state: reconnect next time
+      client_.reset();
       return entry.error();
     }
-    const auto& info = entry.value().info;
-    if (info.layout.tokens != prefix_tokens || info.layout.dtype != DType::kFloat32 ||
-        info.bytes != entry.value().bytes().size()) {
-      return fail(ErrorCode::kLayoutMismatch,
-                  fmt::format("sidecar entry for {} tokens has layout {}", prefix_tokens, info.layout.describe()));
-    }
-    KvPrefix prefix;
-    prefix.layout = info.layout;
-    prefix.kv.resize(info.bytes / sizeof(float));
-    std::memcpy(prefix.kv.data(), entry.value().bytes().data(), info.bytes);
+    KVRELAY_TRY(auto prefix, copy_prefix(entry.value(), prefix_tokens));
     return std::optional<KvPrefix>(std::move(prefix));
   }
   return std::optional<KvPrefix>{};
 }
 
 Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
-                                   std::span<const float> kv, const nlohmann::json& /*params*/) {
+                                   std::span<const float> kv, const nlohmann::json& params) {
   const std::lock_guard lock(mutex_);
   const auto hashes = block_hashes(tokens);
   if (hashes.empty()) return ok();  // shorter than one block: nothing shareable
@@ -75,7 +113,8 @@ Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const K
   const auto prefix = full_tokens == layout.tokens ? std::vector<float>(kv.begin(), kv.end())
                                                    : slice_kv_prefix(layout, kv, full_tokens);
   const auto bytes = std::as_bytes(std::span<const float>(prefix));
-  auto published = sidecar->publish({fingerprint_id_, hashes.back()}, layout.with_tokens(full_tokens), bytes);
+  auto published = sidecar->publish_with_context({fingerprint_id_, hashes.back()}, layout.with_tokens(full_tokens),
+                                                 bytes, params_text(params));
   if (!published && published.error().code != ErrorCode::kAlreadyExists) {
     client_.reset();
     return published.error();
@@ -84,9 +123,16 @@ Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const K
 }
 
 void SidecarKvConnector::report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens,
-                                        double seconds) {
-  spdlog::debug("prefill of {} tokens (context {}) took {:.3f} ms", computed_tokens.size(), context_tokens,
-                seconds * 1000.0);
+                                        double seconds, const nlohmann::json& params) {
+  const std::lock_guard lock(mutex_);
+  auto sidecar = client();
+  if (!sidecar) return;  // the cost model misses one sample; the request is unaffected
+  const shm::PrefillReport report{fingerprint_id_, computed_tokens.size(), context_tokens, seconds,
+                                  params_text(params)};
+  if (auto sent = sidecar.value()->report_prefill(report); !sent) {
+    spdlog::debug("prefill report not delivered: {}", sent.error().to_string());
+    client_.reset();
+  }
 }
 
 }  // namespace kvrelay::refworker

@@ -2,15 +2,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <xxhash.h>
+
+#include <fmt/format.h>
 
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
-#include <xxhash.h>
 
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
@@ -19,7 +19,7 @@ namespace kvrelay::shm {
 
 namespace {
 
-constexpr std::uint32_t kClientProtocolVersion = 1;
+constexpr std::uint32_t kClientProtocolVersion = kDataPlaneVersion;
 constexpr int kReplyTimeoutSeconds = 60;
 // Busy-polls this many times for a ring answer before sleeping on the eventfd: a round trip
 // is a few microseconds, a wake-up through the scheduler costs more.
@@ -27,7 +27,9 @@ constexpr int kRingSpins = 20000;
 
 }  // namespace
 
-std::uint64_t checksum_bytes(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+std::uint64_t checksum_bytes(std::span<const std::byte> bytes) {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
 
 ShmClient::~ShmClient() = default;
 
@@ -48,12 +50,15 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path) {
   ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   ByteWriter hello;
   hello.put(kClientProtocolVersion);
-  KVRELAY_TRY(client.call(MessageType::kHello, hello.bytes(), MessageType::kHelloOk, 0));
+  KVRELAY_TRY(auto reply, client.call(MessageType::kHello, hello.bytes(), MessageType::kHelloOk, 0));
+  ByteReader reader(reply.frame.payload);
+  if (const auto version = reader.get<std::uint32_t>()) client.server_version_ = *version;
   return client;
 }
 
 Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::byte> payload,
-                                         MessageType expected_reply, std::size_t expected_fds, std::span<const int> fds) {
+                                         MessageType expected_reply, std::size_t expected_fds,
+                                         std::span<const int> fds) {
   if (!socket_) return fail(ErrorCode::kInvalidArgument, "client is not connected");
   const std::uint32_t request_id = next_request_++;
   auto sent = send_message(socket_.get(), encode_frame(type, request_id, payload), fds);
@@ -113,6 +118,11 @@ Result<WritableRegion> ShmClient::attach(UniqueFd memfd) {
 }
 
 Status ShmClient::commit(WritableRegion region, const EntryKey& key, const KvLayout& layout, std::uint64_t checksum) {
+  return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {});
+}
+
+Status ShmClient::commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
+                            std::uint64_t checksum, std::string_view params_json) {
   const std::uint64_t size = region.mapping.size() != 0 ? region.mapping.size() : 0;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
   ByteWriter request;
@@ -120,7 +130,9 @@ Status ShmClient::commit(WritableRegion region, const EntryKey& key, const KvLay
   encode_key(request, key);
   encode_layout(request, layout);
   request.put(size).put(checksum);
-  KVRELAY_TRY(call(MessageType::kCommit, request.bytes(), MessageType::kCommitted, 0));
+  const bool with_context = type == MessageType::kCommitContext;
+  if (with_context) put_long_string(request, params_json);
+  KVRELAY_TRY(call(type, request.bytes(), with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0));
   return ok();
 }
 
@@ -133,6 +145,20 @@ Status ShmClient::abort(WritableRegion region) {
 }
 
 Status ShmClient::publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes) {
+  std::uint64_t checksum = 0;
+  KVRELAY_TRY(auto region, copy_into_region(bytes, checksum));
+  return commit(std::move(region), key, layout, checksum);
+}
+
+Status ShmClient::publish_with_context(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes,
+                                       std::string_view params_json) {
+  if (server_version_ < 2) return publish(key, layout, bytes);
+  std::uint64_t checksum = 0;
+  KVRELAY_TRY(auto region, copy_into_region(bytes, checksum));
+  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json);
+}
+
+Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum) {
   KVRELAY_TRY(auto region, allocate(bytes.size()));
   XXH3_state_t* state = XXH3_createState();
   if (state == nullptr) return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
@@ -145,9 +171,9 @@ Status ShmClient::publish(const EntryKey& key, const KvLayout& layout, std::span
     std::memcpy(destination + offset, bytes.data() + offset, length);
     XXH3_64bits_update(state, destination + offset, length);
   }
-  const std::uint64_t checksum = XXH3_64bits_digest(state);
+  checksum = XXH3_64bits_digest(state);
   XXH3_freeState(state);
-  return commit(std::move(region), key, layout, checksum);
+  return region;
 }
 
 Result<ReadOnlyEntry> ShmClient::lookup(const EntryKey& key) {
@@ -155,10 +181,37 @@ Result<ReadOnlyEntry> ShmClient::lookup(const EntryKey& key) {
   encode_key(request, key);
   KVRELAY_TRY(auto reply, call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1));
   ByteReader reader(reply.frame.payload);
+  KVRELAY_TRY(auto entry, map_entry(reply, reader));
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed entry reply");
+  return entry;
+}
+
+Result<ResolvedPrefix> ShmClient::resolve(const ResolveRequest& request) {
+  if (server_version_ < 2) return fail(ErrorCode::kUnsupported, "the sidecar speaks data-plane version 1 (no resolve)");
+  KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(request), MessageType::kResolved, 1));
+  ByteReader reader(reply.frame.payload);
+  KVRELAY_TRY(auto entry, map_entry(reply, reader));
+  const auto blocks = reader.get<std::uint32_t>();
+  auto medium = reader.get_string();
+  if (!blocks || !medium || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolved reply");
+  if (*blocks > request.block_hashes.size()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("resolved {} blocks of a {}-block prompt", *blocks, request.block_hashes.size()));
+  }
+  return ResolvedPrefix{std::move(entry), ResolvedMeta{*blocks, std::move(*medium)}};
+}
+
+Status ShmClient::report_prefill(const PrefillReport& report) {
+  if (server_version_ < 2) return ok();  // a version-1 sidecar has no cost model to feed
+  KVRELAY_TRY(call(MessageType::kPrefillReport, encode_prefill_report(report), MessageType::kPrefillNoted, 0));
+  return ok();
+}
+
+Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader) {
   KVRELAY_TRY(const auto layout, decode_layout(reader));
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
-  if (!checksum || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed entry reply");
+  if (!checksum) return fail(ErrorCode::kProtocol, "malformed entry reply");
   ReadOnlyEntry entry;
   entry.info = EntryInfo{layout, *bytes, *checksum};
   KVRELAY_TRY(validate_entry_info(entry.info));

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "kvrelay/shm_transport/byte_io.h"
 
 namespace kvrelay::shm {
@@ -19,6 +22,12 @@ bool known_type(std::uint16_t type) {
     case MessageType::kStats:
     case MessageType::kOpenRing:
     case MessageType::kPing:
+    case MessageType::kResolve:
+    case MessageType::kCommitContext:
+    case MessageType::kPrefillReport:
+    case MessageType::kResolved:
+    case MessageType::kContextCommitted:
+    case MessageType::kPrefillNoted:
     case MessageType::kHelloOk:
     case MessageType::kRegion:
     case MessageType::kRegionAttached:
@@ -51,9 +60,11 @@ Result<ControlFrame> decode_frame(std::span<const std::byte> datagram) {
   const auto type = reader.get<std::uint16_t>();
   const auto length = reader.get<std::uint32_t>();
   const auto request_id = reader.get<std::uint32_t>();
-  if (!request_id) return fail(ErrorCode::kTruncated, fmt::format("frame of {} bytes is shorter than its header", datagram.size()));
+  if (!request_id)
+    return fail(ErrorCode::kTruncated, fmt::format("frame of {} bytes is shorter than its header", datagram.size()));
   if (*magic != kControlMagic) return fail(ErrorCode::kBadMagic, fmt::format("bad frame magic 0x{:08x}", *magic));
-  if (*version != kControlVersion) return fail(ErrorCode::kBadVersion, fmt::format("unsupported protocol version {}", *version));
+  if (*version != kControlVersion)
+    return fail(ErrorCode::kBadVersion, fmt::format("unsupported protocol version {}", *version));
   if (!known_type(*type)) return fail(ErrorCode::kProtocol, fmt::format("unknown message type 0x{:02x}", *type));
   if (*length != reader.remaining()) {
     return fail(ErrorCode::kProtocol, fmt::format("length field {} but {} payload bytes", *length, reader.remaining()));
@@ -77,6 +88,88 @@ Error decode_error(std::span<const std::byte> payload) {
   return Error{static_cast<ErrorCode>(*code), std::move(*text)};
 }
 
+void put_long_string(ByteWriter& writer, std::string_view text) {
+  writer.put(static_cast<std::uint32_t>(text.size()));
+  writer.put_bytes(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+std::optional<std::string> get_long_string(ByteReader& reader) {
+  const auto length = reader.get<std::uint32_t>();
+  if (!length) return std::nullopt;
+  const auto view = reader.get_bytes(*length);
+  if (!view) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(view->data()), view->size());
+}
+
+std::vector<std::byte> encode_resolve(const ResolveRequest& request) {
+  ByteWriter writer;
+  writer.put(request.model_id).put(request.block_tokens).put(request.prompt_tokens);
+  writer.put(static_cast<std::uint32_t>(request.block_hashes.size()));
+  for (const std::uint64_t hash : request.block_hashes)
+    writer.put(hash);
+  put_long_string(writer, request.params_json);
+  return writer.take();
+}
+
+Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  ResolveRequest request;
+  const auto model = reader.get<std::uint64_t>();
+  const auto block_tokens = reader.get<std::uint32_t>();
+  const auto prompt_tokens = reader.get<std::uint64_t>();
+  const auto count = reader.get<std::uint32_t>();
+  if (!count) return fail(ErrorCode::kTruncated, "resolve request truncated");
+  if (*block_tokens == 0) return fail(ErrorCode::kInvalidArgument, "resolve request with block_tokens 0");
+  if (std::uint64_t{*count} * 8 > reader.remaining()) {
+    return fail(ErrorCode::kTruncated,
+                fmt::format("resolve request announces {} block hashes, {} bytes left", *count, reader.remaining()));
+  }
+  if (std::uint64_t{*count} * *block_tokens > *prompt_tokens) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("{} blocks of {} tokens exceed the prompt of {} tokens",
+                                                         *count, *block_tokens, *prompt_tokens));
+  }
+  request.model_id = *model;
+  request.block_tokens = *block_tokens;
+  request.prompt_tokens = *prompt_tokens;
+  request.block_hashes.reserve(*count);
+  for (std::uint32_t index = 0; index < *count; ++index)
+    request.block_hashes.push_back(*reader.get<std::uint64_t>());
+  auto params = get_long_string(reader);
+  if (!params || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolve params");
+  request.params_json = std::move(*params);
+  return request;
+}
+
+std::vector<std::byte> encode_prefill_report(const PrefillReport& report) {
+  ByteWriter writer;
+  std::uint64_t seconds_bits = 0;
+  std::memcpy(&seconds_bits, &report.seconds, sizeof(seconds_bits));
+  writer.put(report.model_id).put(report.computed_tokens).put(report.context_tokens).put(seconds_bits);
+  put_long_string(writer, report.params_json);
+  return writer.take();
+}
+
+Result<PrefillReport> decode_prefill_report(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  PrefillReport report;
+  const auto model = reader.get<std::uint64_t>();
+  const auto computed = reader.get<std::uint64_t>();
+  const auto context = reader.get<std::uint64_t>();
+  const auto seconds_bits = reader.get<std::uint64_t>();
+  auto params = get_long_string(reader);
+  if (!params || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed prefill report");
+  report.model_id = *model;
+  report.computed_tokens = *computed;
+  report.context_tokens = *context;
+  std::memcpy(&report.seconds, &*seconds_bits, sizeof(report.seconds));
+  if (!std::isfinite(report.seconds) || report.seconds < 0.0 || report.computed_tokens > report.context_tokens) {
+    return fail(ErrorCode::kInvalidArgument,
+                "prefill report with a negative time or more computed than context tokens");
+  }
+  report.params_json = std::move(*params);
+  return report;
+}
+
 std::vector<std::byte> encode_stats(const ServerStats& stats) {
   ByteWriter writer;
   writer.put(stats.connections).put(stats.pending_regions).put(stats.pending_bytes).put(stats.entries);
@@ -88,9 +181,9 @@ std::vector<std::byte> encode_stats(const ServerStats& stats) {
 Result<ServerStats> decode_stats(std::span<const std::byte> payload) {
   ByteReader reader(payload);
   ServerStats stats;
-  for (std::uint64_t* field : {&stats.connections, &stats.pending_regions, &stats.pending_bytes, &stats.entries,
-                               &stats.entry_bytes, &stats.commits, &stats.rejected_messages,
-                               &stats.refused_connections, &stats.open_rings}) {
+  for (std::uint64_t* field :
+       {&stats.connections, &stats.pending_regions, &stats.pending_bytes, &stats.entries, &stats.entry_bytes,
+        &stats.commits, &stats.rejected_messages, &stats.refused_connections, &stats.open_rings}) {
     const auto value = reader.get<std::uint64_t>();
     if (!value) return fail(ErrorCode::kTruncated, "stats reply truncated");
     *field = *value;

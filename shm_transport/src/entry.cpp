@@ -1,6 +1,12 @@
 #include "kvrelay/shm_transport/entry.h"
 
+#include <xxhash.h>
+
 #include <fmt/format.h>
+
+#include <cstring>
+
+#include "kvrelay/shm_transport/memfd.h"
 
 namespace kvrelay::shm {
 
@@ -20,7 +26,24 @@ Status validate_entry_info(const EntryInfo& info) {
   return ok();
 }
 
-void encode_key(ByteWriter& writer, const EntryKey& key) { writer.put(key.model_id).put(key.context_hash); }
+Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, std::span<const std::byte> bytes) {
+  const EntryInfo info{layout, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())};
+  KVRELAY_TRY(validate_entry_info(info));
+  KVRELAY_TRY(auto fd, create_sealed_memfd("kvrelay-entry", bytes.size()));
+  {
+    KVRELAY_TRY(auto mapping, Mapping::map(fd.get(), bytes.size(), true));
+    if (!bytes.empty()) std::memcpy(mapping.data(), bytes.data(), bytes.size());
+  }  // unmapped before sealing: the kernel refuses F_SEAL_WRITE while a writable mapping exists
+  KVRELAY_TRY(seal_contents(fd.get()));
+  auto entry = std::make_shared<StoredEntry>();
+  entry->info = info;
+  entry->fd = std::move(fd);
+  return entry;
+}
+
+void encode_key(ByteWriter& writer, const EntryKey& key) {
+  writer.put(key.model_id).put(key.context_hash);
+}
 
 std::optional<EntryKey> decode_key(ByteReader& reader) {
   const auto model = reader.get<std::uint64_t>();

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace kvrelay::shm {
 
 Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) {
@@ -9,7 +11,8 @@ Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const Stored
   const std::uint64_t size = entry->info.bytes;
   std::lock_guard lock(mutex_);
   if (size > budget_) {
-    return fail(ErrorCode::kResourceExhausted, fmt::format("entry of {} bytes exceeds the store budget {}", size, budget_));
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("entry of {} bytes exceeds the store budget {}", size, budget_));
   }
   if (auto found = entries_.find(key); found != entries_.end()) erase_locked(found);
   while (bytes_ + size > budget_ && !recency_.empty()) {
@@ -41,6 +44,17 @@ bool InMemoryEntryStore::erase(const EntryKey& key) {
 EntryStoreStats InMemoryEntryStore::stats() {
   std::lock_guard lock(mutex_);
   return {entries_.size(), bytes_, evictions_};
+}
+
+std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit) {
+  std::lock_guard lock(mutex_);
+  std::vector<EntryKey> keys;
+  keys.reserve(std::min(limit, recency_.size()));
+  for (const EntryKey& key : recency_) {
+    if (keys.size() >= limit) break;
+    keys.push_back(key);
+  }
+  return keys;
 }
 
 void InMemoryEntryStore::erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found) {

@@ -8,16 +8,16 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <xxhash.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <optional>
-
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
@@ -27,7 +27,7 @@ namespace kvrelay::shm {
 
 namespace {
 
-constexpr std::uint32_t kServerProtocolVersion = 1;
+constexpr std::uint32_t kServerProtocolVersion = kDataPlaneVersion;
 
 struct Region {
   UniqueFd fd;
@@ -57,6 +57,17 @@ void refuse_connection(UniqueFd& client, const Error& error) {
 }
 
 }  // namespace
+
+Result<ResolvedEntry> resolve_from_store(EntryStore& store, const ResolveRequest& request) {
+  // Longest prefix first; one covering the whole prompt would leave nothing to prefill.
+  for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
+    if (blocks * request.block_tokens >= request.prompt_tokens) continue;
+    if (auto entry = store.get({request.model_id, request.block_hashes[blocks - 1]})) {
+      return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(blocks), "kv_raw"}};
+    }
+  }
+  return fail(ErrorCode::kNotFound, "no stored prefix of this prompt");
+}
 
 struct ShmServer::Connection {
   UniqueFd socket;
@@ -94,7 +105,8 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0) {
     if (!S_ISSOCK(existing.st_mode)) {
-      return fail(ErrorCode::kAlreadyExists, fmt::format("{} exists and is not a socket; refusing to replace it", path));
+      return fail(ErrorCode::kAlreadyExists,
+                  fmt::format("{} exists and is not a socket; refusing to replace it", path));
     }
     ::unlink(path.c_str());
   }
@@ -315,8 +327,9 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       reply = encode_frame(takes_fd ? MessageType::kRegionAttached : MessageType::kRegion, id, out.bytes());
       return;
     }
-    case MessageType::kCommit: {
-      auto committed = handle_commit(connection, frame);
+    case MessageType::kCommit:
+    case MessageType::kCommitContext: {
+      auto committed = handle_commit(connection, frame, frame.type == MessageType::kCommitContext);
       if (!committed) return refuse(committed.error().code, committed.error().message);
       reply = std::move(committed).value();
       return;
@@ -346,6 +359,36 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       reply_owned_fd.reset(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
       if (!reply_owned_fd) return refuse(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
       reply_fds.push_back(reply_owned_fd.get());
+      return;
+    }
+    case MessageType::kResolve: {
+      auto request = decode_resolve(frame.payload);
+      if (!request) return refuse(request.error().code, request.error().message);
+      auto resolved = hooks_ ? hooks_->resolve(request.value()) : resolve_from_store(*store_, request.value());
+      if (!resolved) {
+        // A miss is an answer, not a rejected message.
+        if (resolved.error().code == ErrorCode::kNotFound) {
+          reply = encode_error(id, resolved.error());
+          return;
+        }
+        return refuse(resolved.error().code, resolved.error().message);
+      }
+      const auto& entry = *resolved.value().entry;
+      ByteWriter out;
+      encode_layout(out, entry.info.layout);
+      out.put(entry.info.bytes).put(entry.info.checksum).put(resolved.value().meta.blocks);
+      out.put_string(resolved.value().meta.medium);
+      reply = encode_frame(MessageType::kResolved, id, out.bytes());
+      reply_owned_fd.reset(::fcntl(entry.fd.get(), F_DUPFD_CLOEXEC, 0));
+      if (!reply_owned_fd) return refuse(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
+      reply_fds.push_back(reply_owned_fd.get());
+      return;
+    }
+    case MessageType::kPrefillReport: {
+      auto report = decode_prefill_report(frame.payload);
+      if (!report) return refuse(report.error().code, report.error().message);
+      if (hooks_) hooks_->prefill_observed(report.value());
+      reply = encode_frame(MessageType::kPrefillNoted, id, {});
       return;
     }
     case MessageType::kStats: {
@@ -387,7 +430,8 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
   }
 }
 
-Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, const ControlFrame& frame) {
+Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, const ControlFrame& frame,
+                                                        bool with_context) {
   ByteReader reader(frame.payload);
   const auto region_id = reader.get<std::uint64_t>();
   const auto key = decode_key(reader);
@@ -395,7 +439,11 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   KVRELAY_TRY(const auto layout, decode_layout(reader));
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
-  if (!checksum || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed commit");
+  std::optional<std::string> params;
+  if (with_context) params = get_long_string(reader);
+  if (!checksum || (with_context && !params) || reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, "malformed commit");
+  }
   const auto found = connection.regions.find(*region_id);
   if (found == connection.regions.end()) return fail(ErrorCode::kNotFound, "no such region on this connection");
   // A commit consumes its region whatever the outcome (after F_SEAL_WRITE it could not be
@@ -408,7 +456,8 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   const EntryInfo info{layout, *bytes, *checksum};
   KVRELAY_TRY(validate_entry_info(info));
   if (info.bytes != region.size) {
-    return fail(ErrorCode::kLayoutMismatch, fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
   }
   KVRELAY_TRY(seal_contents(region.fd.get()));
   KVRELAY_TRY(auto view, Mapping::map(region.fd.get(), region.size, false));
@@ -420,9 +469,11 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   auto entry = std::make_shared<StoredEntry>();
   entry->info = info;
   entry->fd = std::move(region.fd);
-  KVRELAY_TRY(store_->put(*key, std::move(entry)));
+  const std::shared_ptr<const StoredEntry> stored = entry;
+  KVRELAY_TRY(store_->put(*key, stored));
   ++commits_;
-  return encode_frame(MessageType::kCommitted, frame.request_id, {});
+  if (with_context && hooks_) hooks_->published(*key, stored, *params);
+  return encode_frame(with_context ? MessageType::kContextCommitted : MessageType::kCommitted, frame.request_id, {});
 }
 
 bool ShmServer::serve_ring(Connection& connection) {

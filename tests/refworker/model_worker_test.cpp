@@ -2,12 +2,13 @@
 // published KV in memory and hands back the longest published prefix: what any KvConnector
 // implementation (the sidecar client included) relies on the worker to do.
 
+#include "kvrelay/refworker/model_worker.h"
+
 #include <catch2/catch.hpp>
 
 #include <future>
 #include <map>
 
-#include "kvrelay/refworker/model_worker.h"
 #include "skip.h"
 #include "support/test_paths.h"
 
@@ -26,7 +27,8 @@ class PrefixStoreConnector final : public kr::KvConnector {
     for (const auto& [stored_tokens, kv] : store) {
       const std::size_t n = std::min(stored_tokens.size(), tokens.size());
       std::size_t common = 0;
-      while (common < n && stored_tokens[common] == tokens[common]) ++common;
+      while (common < n && stored_tokens[common] == tokens[common])
+        ++common;
       if (common == 0 || (best && best->layout.tokens >= common)) continue;
       // Slice the first `common` tokens out of the stored KvLayout buffer.
       kr::KvPrefix prefix{model_.fingerprint().layout(common), {}};
@@ -52,7 +54,8 @@ class PrefixStoreConnector final : public kr::KvConnector {
     return kvrelay::ok();
   }
 
-  void report_prefill(std::span<const std::int32_t> computed, std::uint64_t context, double seconds) override {
+  void report_prefill(std::span<const std::int32_t> computed, std::uint64_t context, double seconds,
+                      const nlohmann::json& /*params*/) override {
     prefills.push_back({computed.size(), context});
     if (seconds < 0.0) bad_prefill_report = true;
   }
@@ -84,7 +87,8 @@ kr::CompletionOutcome run(kr::ModelWorker& worker, std::vector<std::int32_t> pro
 
 }  // namespace
 
-TEST_CASE("refworker worker: B's request reuses A's published KV and prefills only the follow-up", "[refworker][worker]") {
+TEST_CASE("refworker worker: B's request reuses A's published KV and prefills only the follow-up",
+          "[refworker][worker]") {
   const auto path = kvrelay::test::stories_model_path();
   if (!path) KVRELAY_SKIP("stories260K.bin not found");
   auto model = kr::load_llama2c(*path);
@@ -141,7 +145,8 @@ TEST_CASE("refworker worker: an unusable prefix is a miss, never a failed reques
   const std::vector<std::int32_t> prompt = {1, 40, 41, 42, 43, 44};
   const auto first = run(worker, prompt, 3);
   // Corrupt what was published: the next lookup returns a non-finite KV.
-  for (auto& [tokens, kv] : connector.store) kv[0] = std::numeric_limits<float>::infinity();
+  for (auto& [tokens, kv] : connector.store)
+    kv[0] = std::numeric_limits<float>::infinity();
   const auto second = run(worker, prompt, 3);
   CHECK(second.stats.cached_tokens == 0);
   CHECK(second.stats.prefill_tokens == prompt.size());

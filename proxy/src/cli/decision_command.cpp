@@ -1,14 +1,15 @@
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
-#include "commands.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
+
+#include "commands.h"
 
 namespace kvrelay::cli {
 
@@ -45,8 +46,8 @@ int explain(const ExplainOptions& options) {
     return 1;
   }
   const RoutePolicy* route_policy = policy.value().find_route(options.route);
-  const AgentPolicy* to = policy.value().find_agent(route_policy->to_agent);
-  const auto link = e.find_link(decision::link_id_for(policy.value(), *to)).value();
+  const std::string link_id = decision::route_link_id(policy.value(), *route_policy);
+  const auto link = e.find_link(link_id).value();
   // What-if link figures enter as one measurement, exactly as a probe result would.
   if (options.link_gbps) {
     const double bytes_per_s = *options.link_gbps * 1e9 / 8.0;
@@ -66,9 +67,7 @@ int explain(const ExplainOptions& options) {
     return 1;
   }
   nlohmann::json out = decision::decision_to_json(decided.value(), e);
-  out["estimates"] = {{"link", decision::link_id_for(policy.value(), *to)},
-                      {"link_bytes_per_s", e.link_bytes_per_s(link)},
-                      {"rtt_s", e.link_rtt_s(link)}};
+  out["estimates"] = {{"link", link_id}, {"link_bytes_per_s", e.link_bytes_per_s(link)}, {"rtt_s", e.link_rtt_s(link)}};
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

@@ -4,17 +4,20 @@
 // (awaitable_frame_base has matching class-level new/delete).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <xxhash.h>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
-#include <xxhash.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/client.h"
+
 #include "peer_io.h"
 
 namespace kvrelay::proxy::peer {
@@ -70,9 +73,9 @@ asio::awaitable<Result<PeerFrame>> expect(PeerConnection& connection, PeerMessag
 asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address) {
   auto executor = co_await asio::this_coro::executor;
   tcp::resolver resolver(executor);
-  auto [resolve_ec, endpoints] =
-      co_await resolver.async_resolve(address.host, std::to_string(address.port), kNoThrow);
-  if (resolve_ec) co_return fail(ErrorCode::kIo, fmt::format("resolve {}: {}", address.to_string(), resolve_ec.message()));
+  auto [resolve_ec, endpoints] = co_await resolver.async_resolve(address.host, std::to_string(address.port), kNoThrow);
+  if (resolve_ec)
+    co_return fail(ErrorCode::kIo, fmt::format("resolve {}: {}", address.to_string(), resolve_ec.message()));
   state->connection = std::make_shared<PeerConnection>(tcp::socket(executor));
   auto& connection = *state->connection;
   asio::co_spawn(executor, watchdog(state->connection), asio::detached);
@@ -83,7 +86,9 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
   Hello mine;
   mine.node_id = state->options.node_id;
   const auto hello = encode_hello(PeerMessage::kHello, mine);
-  if (auto sent = co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout); !sent) {
+  if (auto sent =
+          co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout);
+      !sent) {
     co_return outcome::failure(sent.error());
   }
   auto reply = co_await expect(connection, PeerMessage::kHelloOk, state->options.read_timeout);
@@ -100,7 +105,8 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
   auto& connection = *state->connection;
   const auto& options = state->options;
   const auto begin_frame = encode_begin(begin);
-  if (auto sent = co_await write_all(connection, asio::buffer(begin_frame), asio::const_buffer{}, options.read_timeout); !sent) {
+  if (auto sent = co_await write_all(connection, asio::buffer(begin_frame), asio::const_buffer{}, options.read_timeout);
+      !sent) {
     co_return outcome::failure(sent.error());
   }
   auto begin_ok = co_await expect(connection, PeerMessage::kBeginOk, options.read_timeout);
@@ -115,7 +121,8 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
     connection.arm(std::chrono::hours(24 * 365));
     co_return TransferOutcome::kAlreadyCommitted;
   }
-  if (*state_byte != static_cast<std::uint8_t>(BeginState::kProceed)) co_return fail(ErrorCode::kProtocol, "bad begin state");
+  if (*state_byte != static_cast<std::uint8_t>(BeginState::kProceed))
+    co_return fail(ErrorCode::kProtocol, "bad begin state");
 
   const std::uint64_t chunks = begin.chunk_count();
   const auto started = std::chrono::steady_clock::now();
@@ -133,14 +140,15 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
                          static_cast<std::uint32_t>(kChunkHeaderBytes + length));
       encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
                           ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next), XXH3_64bits(data, length)});
-      if (auto sent = co_await write_all(connection, asio::buffer(header), asio::buffer(data, length),
-                                         options.read_timeout);
+      if (auto sent =
+              co_await write_all(connection, asio::buffer(header), asio::buffer(data, length), options.read_timeout);
           !sent) {
         co_return outcome::failure(sent.error());
       }
       ++next;
       if (options.rate_limit_bytes_per_s > 0) {
-        const double seconds = static_cast<double>(offset + length) / static_cast<double>(options.rate_limit_bytes_per_s);
+        const double seconds =
+            static_cast<double>(offset + length) / static_cast<double>(options.rate_limit_bytes_per_s);
         pacing.expires_at(started + std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6)));
         [[maybe_unused]] auto [ec] = co_await pacing.async_wait(kNoThrow);
       }
@@ -175,7 +183,9 @@ asio::awaitable<Result<std::chrono::microseconds>> ping_once(PeerClient::State* 
   shm::ByteWriter nonce;
   nonce.put(static_cast<std::uint64_t>(started.time_since_epoch().count()));
   const auto frame = encode_peer_frame(PeerMessage::kPing, nonce.bytes());
-  if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout); !sent) {
+  if (auto sent =
+          co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout);
+      !sent) {
     co_return outcome::failure(sent.error());
   }
   auto pong = co_await expect(connection, PeerMessage::kPong, state->options.read_timeout);
@@ -188,13 +198,89 @@ asio::awaitable<Result<std::chrono::microseconds>> ping_once(PeerClient::State* 
 asio::awaitable<Result<PeerServerStats>> stats_once(PeerClient::State* state) {
   auto& connection = *state->connection;
   const auto frame = encode_peer_frame(PeerMessage::kStats, {});
-  if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout); !sent) {
+  if (auto sent =
+          co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout);
+      !sent) {
     co_return outcome::failure(sent.error());
   }
   auto reply = co_await expect(connection, PeerMessage::kStatsReply, state->options.read_timeout);
   if (!reply) co_return outcome::failure(reply.error());
   connection.arm(std::chrono::hours(24 * 365));
   co_return decode_peer_stats(reply.value().payload);
+}
+
+asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(PeerClient::State* state,
+                                                                            FetchRequest request) {
+  auto& connection = *state->connection;
+  const auto timeout = state->options.read_timeout;
+  const auto frame = encode_fetch(request);
+  if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto reply = co_await expect(connection, PeerMessage::kFetchReply, timeout);
+  if (!reply) co_return outcome::failure(reply.error());
+  auto header = decode_fetch_reply(reply.value().payload, request.request_id);
+  if (!header) co_return outcome::failure(header.error());
+  if (!header.value()) {
+    connection.arm(std::chrono::hours(24 * 365));
+    co_return std::optional<PeerClient::FetchedFrame>{};
+  }
+  const auto& found = *header.value();
+  const bool requested =
+      std::find(request.hashes.begin(), request.hashes.end(), found.key.context_hash) != request.hashes.end();
+  if (found.key.model_id != request.model_id || !requested) {
+    co_return fail(ErrorCode::kProtocol, "fetch reply for a key that was not asked for");
+  }
+  PeerClient::FetchedFrame fetched;
+  fetched.key = found.key;
+  const auto started = std::chrono::steady_clock::now();
+  if (auto got = co_await read_encoded_chunks(connection, found, fetched.frame, timeout); !got) {
+    co_return outcome::failure(got.error());
+  }
+  connection.arm(std::chrono::hours(24 * 365));
+  if (state->options.link_estimator) {
+    state->options.link_estimator->add_transfer(
+        state->remote.node_id, found.frame_bytes,
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started));
+  }
+  co_return std::optional<PeerClient::FetchedFrame>(std::move(fetched));
+}
+
+asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, EncodedEntryHeader header,
+                                                std::span<const std::uint8_t> frame) {
+  auto& connection = *state->connection;
+  const auto timeout = state->options.read_timeout;
+  const auto announce = encode_push_encoded(header);
+  if (auto sent = co_await write_all(connection, asio::buffer(announce), asio::const_buffer{}, timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  const auto started = std::chrono::steady_clock::now();
+  if (auto sent = co_await write_encoded_chunks(connection, header, frame, timeout); !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto committed = co_await expect(connection, PeerMessage::kCommitted, timeout);
+  if (!committed) co_return outcome::failure(committed.error());
+  connection.arm(std::chrono::hours(24 * 365));
+  if (state->options.link_estimator) {
+    state->options.link_estimator->add_transfer(
+        state->remote.node_id, header.frame_bytes,
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started));
+  }
+  co_return true;
+}
+
+asio::awaitable<Result<std::vector<shm::EntryKey>>> summary_once(PeerClient::State* state) {
+  auto& connection = *state->connection;
+  const auto frame = encode_peer_frame(PeerMessage::kSummary, {});
+  if (auto sent =
+          co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout);
+      !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  auto reply = co_await expect(connection, PeerMessage::kSummaryReply, state->options.read_timeout);
+  if (!reply) co_return outcome::failure(reply.error());
+  connection.arm(std::chrono::hours(24 * 365));
+  co_return decode_summary(reply.value().payload);
 }
 
 }  // namespace
@@ -229,7 +315,9 @@ Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOption
   return PeerClient(std::move(state));
 }
 
-const Hello& PeerClient::remote() const { return state_->remote; }
+const Hello& PeerClient::remote() const {
+  return state_->remote;
+}
 
 Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::EntryKey& key, const KvLayout& layout,
                                          std::span<const std::byte> bytes) {
@@ -255,6 +343,28 @@ Result<std::chrono::microseconds> PeerClient::ping() {
   return rtt;
 }
 
-Result<PeerServerStats> PeerClient::stats() { return state_->run(stats_once(state_.get())); }
+Result<PeerServerStats> PeerClient::stats() {
+  return state_->run(stats_once(state_.get()));
+}
+
+Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request) {
+  return state_->run(fetch_once(state_.get(), request));
+}
+
+Status PeerClient::push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,
+                                std::span<const std::uint8_t> frame) {
+  EncodedEntryHeader header;
+  header.id = transfer_id;
+  header.key = key;
+  header.frame_bytes = frame.size();
+  header.frame_checksum = XXH3_64bits(frame.data(), frame.size());
+  header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
+  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
+  return ok();
+}
+
+Result<std::vector<shm::EntryKey>> PeerClient::summary() {
+  return state_->run(summary_once(state_.get()));
+}
 
 }  // namespace kvrelay::proxy::peer

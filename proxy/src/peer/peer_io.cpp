@@ -6,10 +6,14 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <xxhash.h>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
 
 namespace kvrelay::proxy::peer::detail {
 
@@ -83,6 +87,62 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
     if (!body) co_return outcome::failure(body.error());
   }
   co_return frame;
+}
+
+asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
+                                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
+  std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
+  const std::uint64_t chunks = header.chunk_count();
+  for (std::uint64_t index = 0; index < chunks; ++index) {
+    const std::uint64_t offset = index * header.chunk_bytes;
+    const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size() - offset));
+    const std::uint8_t* data = frame.data() + offset;
+    encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(prefix.data(), kPeerHeaderBytes), PeerMessage::kChunk,
+                       static_cast<std::uint32_t>(kChunkHeaderBytes + length));
+    encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
+                        ChunkHeader{header.id, static_cast<std::uint32_t>(index), XXH3_64bits(data, length)});
+    auto sent = co_await write_all(connection, asio::buffer(prefix), asio::buffer(data, length), timeout);
+    if (!sent) co_return sent;
+  }
+  co_return ok();
+}
+
+asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
+                                            std::vector<std::uint8_t>& frame, std::chrono::milliseconds timeout) {
+  frame.resize(static_cast<std::size_t>(header.frame_bytes));
+  std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
+  const std::uint64_t chunks = header.chunk_count();
+  for (std::uint64_t index = 0; index < chunks; ++index) {
+    auto next = co_await read_frame(connection, timeout, timeout);
+    if (!next) co_return outcome::failure(next.error());
+    if (next.value().header.type == PeerMessage::kError) {
+      co_return outcome::failure(decode_peer_error(next.value().payload));
+    }
+    if (next.value().header.type != PeerMessage::kChunk) co_return fail(ErrorCode::kProtocol, "expected a chunk");
+    const std::uint64_t offset = index * header.chunk_bytes;
+    const std::uint64_t expected = std::min<std::uint64_t>(header.chunk_bytes, header.frame_bytes - offset);
+    if (next.value().header.length != kChunkHeaderBytes + expected) {
+      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} has {} bytes, expected {}", index,
+                                                       next.value().header.length - kChunkHeaderBytes, expected));
+    }
+    auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes), timeout);
+    if (!got) co_return got;
+    const auto chunk = decode_chunk_header(chunk_header_bytes);
+    if (chunk.transfer_id != header.id || chunk.index != index) {
+      co_return fail(ErrorCode::kProtocol,
+                     fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
+    }
+    std::uint8_t* destination = frame.data() + offset;
+    got = co_await read_exact(connection, asio::buffer(destination, static_cast<std::size_t>(expected)), timeout);
+    if (!got) co_return got;
+    if (XXH3_64bits(destination, static_cast<std::size_t>(expected)) != chunk.checksum) {
+      co_return fail(ErrorCode::kChecksumMismatch, fmt::format("chunk {} checksum mismatch", index));
+    }
+  }
+  if (XXH3_64bits(frame.data(), frame.size()) != header.frame_checksum) {
+    co_return fail(ErrorCode::kChecksumMismatch, "encoded entry checksum mismatch");
+  }
+  co_return ok();
 }
 
 }  // namespace kvrelay::proxy::peer::detail

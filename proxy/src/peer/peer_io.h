@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kvrelay/core/result.h"
@@ -24,8 +25,7 @@ using tcp = asio::ip::tcp;
 inline constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
 
 struct PeerConnection {
-  explicit PeerConnection(tcp::socket connected)
-      : socket(std::move(connected)), timer(socket.get_executor()) {}
+  explicit PeerConnection(tcp::socket connected) : socket(std::move(connected)), timer(socket.get_executor()) {}
   tcp::socket socket;
   asio::steady_timer timer;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
@@ -66,5 +66,14 @@ struct PeerFrame {
 // frame (within `timeout`).
 asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
                                               std::chrono::milliseconds timeout);
+
+// Sends an encoded KV frame as kChunk frames of header.chunk_bytes (after the caller sent the
+// announcing FetchReply/PushEncoded), each with its xxh3.
+asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
+                                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
+// Receives them into `frame` (resized to header.frame_bytes), checking order, sizes, every
+// chunk's checksum and the whole frame's.
+asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
+                                            std::vector<std::uint8_t>& frame, std::chrono::milliseconds timeout);
 
 }  // namespace kvrelay::proxy::peer::detail

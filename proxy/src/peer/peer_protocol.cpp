@@ -1,8 +1,9 @@
 #include "kvrelay/proxy/peer/peer_protocol.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include "kvrelay/shm_transport/byte_io.h"
 
@@ -19,14 +20,14 @@ Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderByte
   const auto length = reader.get<std::uint32_t>().value_or(0);
   if (magic != kPeerMagic) return fail(ErrorCode::kBadMagic, fmt::format("bad peer frame magic 0x{:08x}", magic));
   if (version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer protocol version {}", version));
-  if (type < static_cast<std::uint16_t>(PeerMessage::kHello) ||
-      type > static_cast<std::uint16_t>(PeerMessage::kStatsReply)) {
+  if (type < static_cast<std::uint16_t>(PeerMessage::kHello) || type > static_cast<std::uint16_t>(kLastPeerMessage)) {
     return fail(ErrorCode::kProtocol, fmt::format("unknown peer message type {}", type));
   }
   const auto message = static_cast<PeerMessage>(type);
-  const std::uint64_t limit = message == PeerMessage::kChunk ? kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes}
-                                                              : kMaxControlPayload;
-  if (length > limit) return fail(ErrorCode::kProtocol, fmt::format("peer frame of {} bytes exceeds {}", length, limit));
+  const std::uint64_t limit =
+      message == PeerMessage::kChunk ? kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes} : kMaxControlPayload;
+  if (length > limit)
+    return fail(ErrorCode::kProtocol, fmt::format("peer frame of {} bytes exceeds {}", length, limit));
   return PeerHeader{message, length};
 }
 
@@ -153,6 +154,127 @@ Error decode_peer_error(std::span<const std::byte> payload) {
   auto text = reader.get_string();
   if (!code || !text || reader.remaining() != 0) return Error{ErrorCode::kProtocol, "malformed peer error"};
   return Error{static_cast<ErrorCode>(*code), std::move(*text)};
+}
+
+std::vector<std::byte> encode_fetch(const FetchRequest& request) {
+  ByteWriter writer;
+  writer.put(request.request_id).put(request.model_id).put_string(request.codec);
+  writer.put(static_cast<std::uint32_t>(request.hashes.size()));
+  for (const std::uint64_t hash : request.hashes)
+    writer.put(hash);
+  return encode_peer_frame(PeerMessage::kFetch, writer.bytes());
+}
+
+Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  FetchRequest request;
+  const auto id = reader.get<std::uint64_t>();
+  const auto model = reader.get<std::uint64_t>();
+  auto codec = reader.get_string();
+  const auto count = reader.get<std::uint32_t>();
+  if (!count) return fail(ErrorCode::kTruncated, "fetch request truncated");
+  if (std::uint64_t{*count} * 8 != reader.remaining()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("fetch request announces {} hashes but carries {} bytes", *count, reader.remaining()));
+  }
+  if (codec->empty()) return fail(ErrorCode::kInvalidArgument, "fetch request names no codec");
+  request.request_id = *id;
+  request.model_id = *model;
+  request.codec = std::move(*codec);
+  request.hashes.reserve(*count);
+  for (std::uint32_t index = 0; index < *count; ++index)
+    request.hashes.push_back(*reader.get<std::uint64_t>());
+  return request;
+}
+
+namespace {
+
+void put_encoded_fields(ByteWriter& writer, const EncodedEntryHeader& header) {
+  shm::encode_key(writer, header.key);
+  writer.put(header.frame_bytes).put(header.frame_checksum).put(header.chunk_bytes);
+}
+
+Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id) {
+  EncodedEntryHeader header;
+  header.id = id;
+  const auto key = shm::decode_key(reader);
+  const auto frame_bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  const auto chunk_bytes = reader.get<std::uint32_t>();
+  if (!key || !chunk_bytes || reader.remaining() != 0)
+    return fail(ErrorCode::kProtocol, "malformed encoded entry header");
+  if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
+    return fail(ErrorCode::kProtocol, fmt::format("chunk size {} outside 1..{}", *chunk_bytes, kMaxChunkBytes));
+  }
+  if (*frame_bytes == 0) return fail(ErrorCode::kProtocol, "encoded entry of 0 bytes");
+  header.key = *key;
+  header.frame_bytes = *frame_bytes;
+  header.frame_checksum = *checksum;
+  header.chunk_bytes = *chunk_bytes;
+  return header;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_fetch_reply(std::uint64_t request_id, const EncodedEntryHeader* found) {
+  ByteWriter writer;
+  writer.put(request_id).put(static_cast<std::uint8_t>(found != nullptr ? 1 : 0));
+  if (found != nullptr) put_encoded_fields(writer, *found);
+  return encode_peer_frame(PeerMessage::kFetchReply, writer.bytes());
+}
+
+Result<std::optional<EncodedEntryHeader>> decode_fetch_reply(std::span<const std::byte> payload,
+                                                             std::uint64_t expected_id) {
+  ByteReader reader(payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto found = reader.get<std::uint8_t>();
+  if (!found) return fail(ErrorCode::kTruncated, "fetch reply truncated");
+  if (*id != expected_id) return fail(ErrorCode::kProtocol, fmt::format("fetch reply for request {}", *id));
+  if (*found == 0) {
+    if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in a fetch miss");
+    return std::optional<EncodedEntryHeader>{};
+  }
+  if (*found != 1) return fail(ErrorCode::kProtocol, "bad fetch reply flag");
+  KVRELAY_TRY(auto header, get_encoded_fields(reader, *id));
+  return std::optional<EncodedEntryHeader>(header);
+}
+
+std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header) {
+  ByteWriter writer;
+  writer.put(header.id);
+  put_encoded_fields(writer, header);
+  return encode_peer_frame(PeerMessage::kPushEncoded, writer.bytes());
+}
+
+Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto id = reader.get<std::uint64_t>();
+  if (!id) return fail(ErrorCode::kTruncated, "push header truncated");
+  return get_encoded_fields(reader, *id);
+}
+
+std::vector<std::byte> encode_summary(std::span<const shm::EntryKey> keys) {
+  ByteWriter writer;
+  const auto count = std::min(keys.size(), kMaxSummaryKeys);
+  writer.put(static_cast<std::uint32_t>(count));
+  for (std::size_t index = 0; index < count; ++index)
+    shm::encode_key(writer, keys[index]);
+  return encode_peer_frame(PeerMessage::kSummaryReply, writer.bytes());
+}
+
+Result<std::vector<shm::EntryKey>> decode_summary(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto count = reader.get<std::uint32_t>();
+  if (!count) return fail(ErrorCode::kTruncated, "summary truncated");
+  if (std::uint64_t{*count} * shm::kEncodedKeyBytes != reader.remaining()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("summary announces {} keys but carries {} bytes", *count, reader.remaining()));
+  }
+  std::vector<shm::EntryKey> keys;
+  keys.reserve(*count);
+  for (std::uint32_t index = 0; index < *count; ++index)
+    keys.push_back(*shm::decode_key(reader));
+  return keys;
 }
 
 }  // namespace kvrelay::proxy::peer

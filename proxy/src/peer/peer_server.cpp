@@ -4,21 +4,24 @@
 // (awaitable_frame_base has matching class-level new/delete).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <xxhash.h>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include <deque>
 #include <mutex>
 #include <set>
 #include <unordered_set>
 
+#include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/memfd.h"
+
 #include "peer_io.h"
 
 namespace kvrelay::proxy::peer {
@@ -101,7 +104,8 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     }
   }
   shm::ByteWriter reply;
-  reply.put(begin.transfer_id).put(static_cast<std::uint8_t>(claim ? BeginState::kProceed : BeginState::kAlreadyCommitted));
+  reply.put(begin.transfer_id)
+      .put(static_cast<std::uint8_t>(claim ? BeginState::kProceed : BeginState::kAlreadyCommitted));
   const auto begin_ok = encode_peer_frame(PeerMessage::kBeginOk, reply.bytes());
   if (!claim) co_return co_await send_frame(connection, begin_ok, options.read_timeout);
 
@@ -135,8 +139,8 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     }
     const auto chunk = decode_chunk_header(chunk_header_bytes);
     if (chunk.transfer_id != begin.transfer_id || chunk.index != index) {
-      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} of transfer {} out of order", chunk.index,
-                                                       chunk.transfer_id));
+      co_return fail(ErrorCode::kProtocol,
+                     fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
     std::byte* destination = mapping.value().data() + offset;
     // Zero copy: the socket writes straight into the shared memory the entry will live in.
@@ -182,6 +186,76 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   co_return co_await send_frame(connection, committed_frame, options.read_timeout);
 }
 
+// Answers a Fetch with the longest prefix of the chain this node holds, encoded with the
+// requested codec, or "not found".
+asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& connection, const FetchRequest& request) {
+  const auto& options = shared->options;
+  if (!options.codecs) co_return fail(ErrorCode::kUnsupported, "this sidecar has no codecs for fetches");
+  auto spec = codec::resolve_codec(*options.codecs, request.codec);
+  if (!spec) co_return outcome::failure(spec.error());
+  std::shared_ptr<const shm::StoredEntry> entry;
+  shm::EntryKey key;
+  for (const std::uint64_t hash : request.hashes) {
+    key = shm::EntryKey{request.model_id, hash};
+    entry = shared->store->get(key);
+    if (entry && entry->info.layout.layers != 0) break;
+    entry = nullptr;
+  }
+  if (!entry) {
+    const auto miss = encode_fetch_reply(request.request_id, nullptr);
+    co_return co_await send_frame(connection, miss, options.read_timeout);
+  }
+  auto mapping = shm::Mapping::map(entry->fd.get(), entry->info.bytes, false);
+  if (!mapping) co_return outcome::failure(mapping.error());
+  codec::EncodeOptions encode_options;
+  encode_options.zstd_stage = spec.value().zstd_stage;
+  const auto raw = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mapping.value().data()),
+                                                 static_cast<std::size_t>(entry->info.bytes));
+  auto frame = codec::encode_frame(*spec.value().codec, entry->info.layout, raw, encode_options);
+  if (!frame) co_return outcome::failure(frame.error());
+  EncodedEntryHeader header;
+  header.id = request.request_id;
+  header.key = key;
+  header.frame_bytes = frame.value().size();
+  header.frame_checksum = XXH3_64bits(frame.value().data(), frame.value().size());
+  header.chunk_bytes = 1U << 20;
+  const auto reply = encode_fetch_reply(request.request_id, &header);
+  if (auto sent = co_await send_frame(connection, reply, options.read_timeout); !sent) co_return sent;
+  if (auto sent = co_await write_encoded_chunks(connection, header, frame.value(), options.read_timeout); !sent) {
+    co_return sent;
+  }
+  if (options.on_kv_bytes) options.on_kv_bytes("served", request.codec, header.frame_bytes, entry->info.bytes);
+  co_return ok();
+}
+
+// Receives an encoded entry pushed ahead by a peer, decodes it to raw KV and files it.
+asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& connection,
+                                       const EncodedEntryHeader& header) {
+  const auto& options = shared->options;
+  if (!options.codecs) co_return fail(ErrorCode::kUnsupported, "this sidecar has no codecs for pushed KV");
+  if (header.frame_bytes > options.max_entry_bytes) {
+    co_return fail(ErrorCode::kResourceExhausted, fmt::format("pushed frame of {} bytes exceeds the limit {}",
+                                                              header.frame_bytes, options.max_entry_bytes));
+  }
+  std::vector<std::uint8_t> frame;
+  if (auto got = co_await read_encoded_chunks(connection, header, frame, options.read_timeout); !got) co_return got;
+  auto frame_header = codec::inspect_frame(frame);
+  if (!frame_header) co_return outcome::failure(frame_header.error());
+  auto raw = codec::decode_frame(*options.codecs, frame, options.max_entry_bytes);
+  if (!raw) co_return outcome::failure(raw.error());
+  auto entry = shm::make_stored_entry(frame_header.value().layout, std::as_bytes(std::span(raw.value())));
+  if (!entry) co_return outcome::failure(entry.error());
+  if (auto put = shared->store->put(header.key, std::move(entry).value()); !put) co_return put;
+  if (options.on_kv_bytes) {
+    const auto* used = options.codecs->find(frame_header.value().codec_id);
+    options.on_kv_bytes("received", used != nullptr ? used->name() : "unknown", header.frame_bytes, raw.value().size());
+  }
+  shm::ByteWriter done;
+  done.put(header.id);
+  const auto committed_frame = encode_peer_frame(PeerMessage::kCommitted, done.bytes());
+  co_return co_await send_frame(connection, committed_frame, options.read_timeout);
+}
+
 // Serves one connection until it closes; any error ends the session. (Temporaries are never
 // passed into co_await expressions here: GCC 12 can destroy them twice.)
 asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& connection) {
@@ -220,6 +294,26 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
           snapshot = shared->counters;
         }
         answer = encode_peer_stats(snapshot);
+        break;
+      }
+      case PeerMessage::kFetch: {
+        auto request = decode_fetch(payload);
+        if (!request) co_return outcome::failure(request.error());
+        auto served = co_await serve_fetch(shared, connection, request.value());
+        if (!served) co_return served;
+        continue;
+      }
+      case PeerMessage::kPushEncoded: {
+        auto header = decode_push_encoded(payload);
+        if (!header) co_return outcome::failure(header.error());
+        auto received = co_await receive_pushed(shared, connection, header.value());
+        if (!received) co_return received;
+        continue;
+      }
+      case PeerMessage::kSummary: {
+        if (!payload.empty()) co_return fail(ErrorCode::kProtocol, "summary request with a payload");
+        const auto keys = shared->store->recent_keys(kMaxSummaryKeys);
+        answer = encode_summary(keys);
         break;
       }
       case PeerMessage::kBegin: {
@@ -281,12 +375,15 @@ asio::awaitable<void> accept_loop(SharedPtr shared, asio::io_context& io) {
 PeerServer::PeerServer(asio::io_context& io, PeerServerOptions options, std::shared_ptr<shm::EntryStore> store)
     : io_(io), shared_(std::make_shared<Shared>(std::move(options), std::move(store))) {}
 
-PeerServer::~PeerServer() { stop(); }
+PeerServer::~PeerServer() {
+  stop();
+}
 
 Status PeerServer::listen(const HostPort& address) {
   boost::system::error_code ec;
   const auto ip = asio::ip::make_address(address.host, ec);
-  if (ec) return fail(ErrorCode::kInvalidArgument, fmt::format("peer listen address '{}': {}", address.host, ec.message()));
+  if (ec)
+    return fail(ErrorCode::kInvalidArgument, fmt::format("peer listen address '{}': {}", address.host, ec.message()));
   auto acceptor = std::make_unique<tcp::acceptor>(asio::make_strand(io_));
   const tcp::endpoint endpoint(ip, address.port);
   acceptor->open(endpoint.protocol(), ec);

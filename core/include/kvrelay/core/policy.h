@@ -112,6 +112,10 @@ struct LimitsPolicy {
   std::uint32_t max_queued_responses = 64;
   std::uint64_t kv_store_bytes = 1ULL << 30;
   std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url
+  // Longest a worker's KV lookup may wait on peers before the sidecar answers "miss".
+  std::chrono::milliseconds kv_lookup_timeout{2'000};
+  // How often the sidecar asks each peer which KV chains it holds (0: only on demand).
+  std::chrono::milliseconds peer_summary_interval{1'000};
 };
 
 struct CodecPolicy {

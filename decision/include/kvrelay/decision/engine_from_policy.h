@@ -23,6 +23,10 @@ struct LinkPriors {
 // Id of the link a route to `to_agent` uses: "local" on this node, "peer:<node>" otherwise.
 [[nodiscard]] std::string link_id_for(const Policy& policy, const AgentPolicy& to_agent);
 
+// Link a route's KV crosses as seen from this node: to the destination's node when it is remote,
+// else from the source's node when that is remote (the receiver fetches), else "local".
+[[nodiscard]] std::string route_link_id(const Policy& policy, const RoutePolicy& route);
+
 // Memory copy bandwidth of this host (bytes/s), the prior for shared-memory links.
 [[nodiscard]] double measure_copy_bandwidth(std::size_t bytes = 64ULL << 20);
 

@@ -36,9 +36,9 @@ class KvConnector {
                                        std::span<const float> kv, const nlohmann::json& params) = 0;
 
   // One prefill: the tokens actually computed (the prompt minus any imported prefix) and the
-  // wall time it took, for the sidecar's prefill cost model.
+  // wall time it took, for the sidecar's prefill cost model; `params` as for lookup.
   virtual void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens,
-                              double seconds) = 0;
+                              double seconds, const nlohmann::json& params) = 0;
 
   // false: publish() would discard the KV, so the worker skips exporting it.
   [[nodiscard]] virtual bool wants_publish() const { return true; }
@@ -54,7 +54,7 @@ class NoKvConnector final : public KvConnector {
                  const nlohmann::json&) override {
     return ok();
   }
-  void report_prefill(std::span<const std::int32_t>, std::uint64_t, double) override {}
+  void report_prefill(std::span<const std::int32_t>, std::uint64_t, double, const nlohmann::json&) override {}
   [[nodiscard]] bool wants_publish() const override { return false; }
 };
 

@@ -2,9 +2,10 @@
 
 // The reference worker's KV connector over the local kvrelay sidecar's shared-memory data plane
 // (the client library in shm_transport/), doing what a vLLM KV connector does:
-// - lookup: the prompt's chained block hashes name its possible prefixes; the longest prefix the
-//   sidecar holds (short of the whole prompt, so at least one token is prefilled for logits) is
-//   mapped read-only and imported;
+// - lookup: the prompt's chained block hashes name its possible prefixes; the sidecar, given the
+//   request's kv_transfer_params.kvrelay, chooses the medium (and may fetch from a peer) and
+//   answers with the longest prefix it supplies (short of the whole prompt, so at least one token
+//   is prefilled for logits), mapped read-only and imported;
 // - publish: the KV of the full blocks of prompt + generated tokens is committed under the hash
 //   of its last block, so any later prompt that extends this context finds it.
 
@@ -27,11 +28,16 @@ class SidecarKvConnector final : public KvConnector {
   Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t> tokens, const nlohmann::json& params) override;
   Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout, std::span<const float> kv,
                  const nlohmann::json& params) override;
-  void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens,
-                      double seconds) override;
+  void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens, double seconds,
+                      const nlohmann::json& params) override;
 
  private:
   Result<shm::ShmClient*> client();
+  // Version-1 sidecars: probe the store key by key, longest prefix first.
+  Result<std::optional<KvPrefix>> lookup_by_keys(shm::ShmClient& sidecar, std::span<const std::int32_t> tokens,
+                                                 const std::vector<BlockHash>& hashes);
+  // Copies an entry out after checking it covers exactly `prefix_tokens` fp32 tokens.
+  static Result<KvPrefix> copy_prefix(const shm::ReadOnlyEntry& entry, std::uint64_t prefix_tokens);
   [[nodiscard]] std::vector<BlockHash> block_hashes(std::span<const std::int32_t> tokens) const;
 
   std::string socket_path_;

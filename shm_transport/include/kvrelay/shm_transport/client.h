@@ -37,6 +37,12 @@ struct ReadOnlyEntry {
   [[nodiscard]] std::span<const std::byte> bytes() const { return mapping.bytes(); }
 };
 
+// A Resolve answer: the entry, and which prefix it covers with which medium.
+struct ResolvedPrefix {
+  ReadOnlyEntry entry;
+  ResolvedMeta meta;
+};
+
 class ShmClient {
  public:
   ShmClient() = default;
@@ -58,6 +64,15 @@ class ShmClient {
   [[nodiscard]] Status publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes);
   // kNotFound on a miss.
   [[nodiscard]] Result<ReadOnlyEntry> lookup(const EntryKey& key);
+
+  // Data-plane version the sidecar announced in its hello (1: no context messages).
+  [[nodiscard]] std::uint32_t server_version() const { return server_version_; }
+  // Version 2. kNotFound on a miss (the message says why: medium tokens, nothing held, ...).
+  [[nodiscard]] Result<ResolvedPrefix> resolve(const ResolveRequest& request);
+  // Version 2: publish with the request's params, so the sidecar can push the KV ahead.
+  [[nodiscard]] Status publish_with_context(const EntryKey& key, const KvLayout& layout,
+                                            std::span<const std::byte> bytes, std::string_view params_json);
+  [[nodiscard]] Status report_prefill(const PrefillReport& report);
   [[nodiscard]] Result<ServerStats> stats();
   [[nodiscard]] Result<std::vector<std::byte>> ping(std::span<const std::byte> payload);
 
@@ -74,11 +89,17 @@ class ShmClient {
     std::vector<std::byte> storage;
     std::vector<UniqueFd> fds;
   };
-  [[nodiscard]] Result<Reply> call(MessageType type, std::span<const std::byte> payload,
-                                   MessageType expected_reply, std::size_t expected_fds, std::span<const int> fds = {});
+  [[nodiscard]] Result<Reply> call(MessageType type, std::span<const std::byte> payload, MessageType expected_reply,
+                                   std::size_t expected_fds, std::span<const int> fds = {});
+
+  [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader);
+  [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
+                                 std::uint64_t checksum, std::string_view params_json);
+  [[nodiscard]] Result<WritableRegion> copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum);
 
   UniqueFd socket_;
   std::uint32_t next_request_ = 1;
+  std::uint32_t server_version_ = 1;
   // Ring state (unique_ptr keeps the class movable; SpscRing points into ring_memory_).
   Mapping ring_memory_;
   std::optional<SpscRing> requests_;

@@ -4,16 +4,23 @@
 // byte layout in docs/wire-format.md, "Control protocol (Unix socket)").
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/byte_io.h"
 
 namespace kvrelay::shm {
 
 inline constexpr std::uint32_t kControlMagic = 0x4352564BU;  // "KVRC" in little-endian byte order
 inline constexpr std::uint16_t kControlVersion = 1;
 inline constexpr std::size_t kControlHeaderBytes = 16;
+// Data-plane protocol version exchanged in Hello/HelloOk (the frame header's version stays 1:
+// version 2 only adds message types, which a version-1 sidecar refuses as unknown).
+inline constexpr std::uint32_t kDataPlaneVersion = 2;
 
 enum class MessageType : std::uint16_t {
   kHello = 0x01,
@@ -25,6 +32,10 @@ enum class MessageType : std::uint16_t {
   kStats = 0x07,
   kOpenRing = 0x08,
   kPing = 0x09,
+  // Version 2: requests that carry the request's context (kv_transfer_params.kvrelay).
+  kResolve = 0x0A,
+  kCommitContext = 0x0B,
+  kPrefillReport = 0x0C,
   // Replies: request type | 0x80, or kError.
   kHelloOk = 0x81,
   kRegion = 0x82,
@@ -35,6 +46,9 @@ enum class MessageType : std::uint16_t {
   kStatsReply = 0x87,
   kRingOpened = 0x88,
   kPong = 0x89,
+  kResolved = 0x8A,
+  kContextCommitted = 0x8B,
+  kPrefillNoted = 0x8C,
   kError = 0xFF,
 };
 
@@ -66,6 +80,40 @@ struct ServerStats {
   std::uint64_t refused_connections = 0;
   std::uint64_t open_rings = 0;
 };
+// Resolve: "which leading blocks of this prompt can you supply, for this request?" The sidecar
+// picks the medium (and may fetch from a peer) and answers Resolved with the KV of the longest
+// prefix it supplies, or Error(not_found) with the reason for a miss.
+struct ResolveRequest {
+  std::uint64_t model_id = 0;
+  std::uint32_t block_tokens = 0;
+  std::uint64_t prompt_tokens = 0;
+  std::vector<std::uint64_t> block_hashes;  // the prompt's chained block hashes, first block first
+  std::string params_json;                  // kv_transfer_params.kvrelay, "" when absent
+};
+[[nodiscard]] std::vector<std::byte> encode_resolve(const ResolveRequest& request);
+[[nodiscard]] Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload);
+
+// The prefix a Resolved reply covers: `blocks` leading blocks, moved with `medium`.
+struct ResolvedMeta {
+  std::uint32_t blocks = 0;
+  std::string medium;
+};
+
+// One prefill a worker ran: tokens computed, context length, wall time, and the request's params.
+struct PrefillReport {
+  std::uint64_t model_id = 0;
+  std::uint64_t computed_tokens = 0;
+  std::uint64_t context_tokens = 0;
+  double seconds = 0.0;
+  std::string params_json;
+};
+[[nodiscard]] std::vector<std::byte> encode_prefill_report(const PrefillReport& report);
+[[nodiscard]] Result<PrefillReport> decode_prefill_report(std::span<const std::byte> payload);
+
+// A u32-length-prefixed string (params JSON can exceed a u16 string).
+void put_long_string(ByteWriter& writer, std::string_view text);
+[[nodiscard]] std::optional<std::string> get_long_string(ByteReader& reader);
+
 [[nodiscard]] std::vector<std::byte> encode_stats(const ServerStats& stats);
 [[nodiscard]] Result<ServerStats> decode_stats(std::span<const std::byte> payload);
 

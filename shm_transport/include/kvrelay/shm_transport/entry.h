@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
@@ -41,6 +42,11 @@ struct StoredEntry {
 
 // Opaque entries carry layers == 0; everything else must describe exactly `bytes`.
 [[nodiscard]] Status validate_entry_info(const EntryInfo& info);
+
+// An entry the sidecar creates itself (fetched from a peer, decoded, sliced): a copy of
+// `bytes` in a fresh memfd sealed against writes, with its checksum; validated like a commit.
+[[nodiscard]] Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout,
+                                                                     std::span<const std::byte> bytes);
 
 // Wire encodings shared by the control and peer protocols (see docs/wire-format.md).
 inline constexpr std::size_t kEncodedKeyBytes = 16;

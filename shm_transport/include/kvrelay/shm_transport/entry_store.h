@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "kvrelay/core/result.h"
 #include "kvrelay/shm_transport/entry.h"
@@ -29,6 +30,9 @@ class EntryStore {
   [[nodiscard]] virtual std::shared_ptr<const StoredEntry> get(const EntryKey& key) = 0;
   [[nodiscard]] virtual bool erase(const EntryKey& key) = 0;
   [[nodiscard]] virtual EntryStoreStats stats() = 0;
+  // Up to `limit` keys, most recently used first (peer summaries). Stores that cannot list
+  // their keys return none; peers then find their entries by asking directly.
+  [[nodiscard]] virtual std::vector<EntryKey> recent_keys(std::size_t /*limit*/) { return {}; }
 };
 
 // A byte-budgeted map; evicts least recently used entries when a put would exceed the budget.
@@ -39,6 +43,7 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] std::shared_ptr<const StoredEntry> get(const EntryKey& key) override;
   [[nodiscard]] bool erase(const EntryKey& key) override;
   [[nodiscard]] EntryStoreStats stats() override;
+  [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit) override;
 
  private:
   struct Slot {

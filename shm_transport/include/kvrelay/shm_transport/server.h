@@ -30,6 +30,29 @@ struct ShmServerOptions {
   RingGeometry ring{};
 };
 
+// What a Resolve answers with: an entry (from the store, fetched from a peer, or converted for
+// this request) covering `meta.blocks` leading blocks.
+struct ResolvedEntry {
+  std::shared_ptr<const StoredEntry> entry;
+  ResolvedMeta meta;
+};
+
+// The sidecar's KV policy behind the data plane (the daemon's KV path). Called on the server's
+// thread; a slow call delays this server's other clients, so implementations bound their time.
+class DataPlaneHooks {
+ public:
+  virtual ~DataPlaneHooks() = default;
+  // kNotFound is a miss (its message says why); other errors are reported to the worker as such.
+  [[nodiscard]] virtual Result<ResolvedEntry> resolve(const ResolveRequest& request) = 0;
+  // After a CommitContext put `entry` in the store under `key`.
+  virtual void published(const EntryKey& key, const std::shared_ptr<const StoredEntry>& entry,
+                         std::string_view params_json) = 0;
+  virtual void prefill_observed(const PrefillReport& report) = 0;
+};
+
+// The store alone: the longest prefix whose key is present (no medium choice, no peers).
+[[nodiscard]] Result<ResolvedEntry> resolve_from_store(EntryStore& store, const ResolveRequest& request);
+
 // Answers one small ring message; the default echoes it (a ping).
 using SmallMessageHandler = std::function<std::vector<std::byte>(std::span<const std::byte>)>;
 
@@ -45,6 +68,8 @@ class ShmServer {
                                                                  std::shared_ptr<EntryStore> store);
 
   void set_small_message_handler(SmallMessageHandler handler) { small_handler_ = std::move(handler); }
+  // Set before start(); without hooks Resolve answers from the store alone.
+  void set_hooks(std::shared_ptr<DataPlaneHooks> hooks) { hooks_ = std::move(hooks); }
 
   // Serves on the calling thread until stop().
   void run();
@@ -66,13 +91,16 @@ class ShmServer {
   bool serve_ring(Connection& connection);
   void handle_frame(Connection& connection, const ControlFrame& frame, std::vector<UniqueFd>& fds,
                     std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
-  [[nodiscard]] Result<std::vector<std::byte>> handle_commit(Connection& connection, const ControlFrame& frame);
+  // CommitContext carries the request's params after the Commit fields.
+  [[nodiscard]] Result<std::vector<std::byte>> handle_commit(Connection& connection, const ControlFrame& frame,
+                                                             bool with_context);
   void close_connection(std::size_t index);
   [[nodiscard]] bool uid_allowed(std::uint32_t uid) const;
 
   ShmServerOptions options_;
   std::shared_ptr<EntryStore> store_;
   SmallMessageHandler small_handler_;
+  std::shared_ptr<DataPlaneHooks> hooks_;
   UniqueFd listen_fd_;
   UniqueFd stop_fd_;  // eventfd that wakes the poll loop for stop()
   std::vector<std::unique_ptr<Connection>> connections_;

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
@@ -53,6 +55,19 @@ class PeerClient {
   [[nodiscard]] Result<TransferOutcome> send(std::uint64_t transfer_id, const shm::EntryKey& key,
                                              const KvLayout& layout, std::span<const std::byte> bytes);
   [[nodiscard]] Result<std::chrono::microseconds> ping();
+
+  // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
+  // `key` (nullopt: the peer holds none).
+  struct FetchedFrame {
+    shm::EntryKey key;
+    std::vector<std::uint8_t> frame;
+  };
+  [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request);
+  // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.
+  [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,
+                                    std::span<const std::uint8_t> frame);
+  // The keys the peer holds, most recently used first.
+  [[nodiscard]] Result<std::vector<shm::EntryKey>> summary();
   [[nodiscard]] Result<PeerServerStats> stats();
 
   struct State;  // defined in peer_client.cpp

@@ -5,6 +5,7 @@
 // length) and a payload whose meaning depends on the type.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,7 +18,7 @@ namespace kvrelay::proxy::peer {
 inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-endian byte order
 inline constexpr std::uint16_t kPeerVersion = 1;
 inline constexpr std::size_t kPeerHeaderBytes = 12;
-inline constexpr std::size_t kChunkHeaderBytes = 20;     // transfer id, index, checksum
+inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, checksum
 inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;
 inline constexpr std::uint32_t kMaxControlPayload = 64 * 1024;
 
@@ -38,7 +39,15 @@ enum class PeerMessage : std::uint16_t {
   kPong = 10,
   kStats = 11,
   kStatsReply = 12,
+  // KV path: fetch a chain's longest held prefix encoded with a codec, push an encoded entry,
+  // and ask which chains a peer holds.
+  kFetch = 13,
+  kFetchReply = 14,
+  kPushEncoded = 15,
+  kSummary = 16,
+  kSummaryReply = 17,
 };
+inline constexpr PeerMessage kLastPeerMessage = PeerMessage::kSummaryReply;
 
 struct PeerHeader {
   PeerMessage type{};
@@ -82,6 +91,41 @@ struct ChunkHeader {
 };
 void encode_chunk_header(std::span<std::byte, kChunkHeaderBytes> out, const ChunkHeader& chunk);
 [[nodiscard]] ChunkHeader decode_chunk_header(std::span<const std::byte, kChunkHeaderBytes> bytes);
+
+// "Send me the longest prefix of this chain you hold, encoded with `codec`." `hashes` are the
+// chain's block hashes, longest prefix first (hashes[i] names the entry of its own prefix).
+struct FetchRequest {
+  std::uint64_t request_id = 0;
+  std::uint64_t model_id = 0;
+  std::string codec;  // a codec spec of the registry: "raw", "lossless", "int8", "int4+zstd", ...
+  std::vector<std::uint64_t> hashes;
+};
+[[nodiscard]] std::vector<std::byte> encode_fetch(const FetchRequest& request);
+[[nodiscard]] Result<FetchRequest> decode_fetch(std::span<const std::byte> payload);
+
+// An encoded KV frame that follows as chunks (kChunk frames, index 0.., no acknowledgements;
+// TCP's flow control paces them). Used by FetchReply (found) and PushEncoded.
+struct EncodedEntryHeader {
+  std::uint64_t id = 0;              // request id (fetch) or transfer id (push)
+  shm::EntryKey key;                 // what the entry is filed under
+  std::uint64_t frame_bytes = 0;     // the KV frame (codec_plugins frame format)
+  std::uint64_t frame_checksum = 0;  // xxh3_64 of the whole frame
+  std::uint32_t chunk_bytes = 1U << 20;
+  [[nodiscard]] std::uint64_t chunk_count() const {
+    return frame_bytes == 0 ? 0 : (frame_bytes + chunk_bytes - 1) / chunk_bytes;
+  }
+};
+// FetchReply: u64 request id, u8 found, and when found the EncodedEntryHeader fields after the id.
+[[nodiscard]] std::vector<std::byte> encode_fetch_reply(std::uint64_t request_id, const EncodedEntryHeader* found);
+[[nodiscard]] Result<std::optional<EncodedEntryHeader>> decode_fetch_reply(std::span<const std::byte> payload,
+                                                                           std::uint64_t expected_id);
+[[nodiscard]] std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header);
+[[nodiscard]] Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payload);
+
+// SummaryReply: the keys a peer holds, most recently used first, as many as fit one frame.
+inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - 4) / shm::kEncodedKeyBytes;
+[[nodiscard]] std::vector<std::byte> encode_summary(std::span<const shm::EntryKey> keys);
+[[nodiscard]] Result<std::vector<shm::EntryKey>> decode_summary(std::span<const std::byte> payload);
 
 // Receiver counters, returned by kStats (tests and `kvrelay peer probe`).
 struct PeerServerStats {

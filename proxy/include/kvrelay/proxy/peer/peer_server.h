@@ -10,9 +10,12 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/proxy/peer/peer_protocol.h"
@@ -24,10 +27,16 @@ struct PeerServerOptions {
   std::string node_id;
   std::string shm_socket;  // advertised to same-host peers when set
   std::chrono::milliseconds handshake_timeout{5'000};
-  std::chrono::milliseconds read_timeout{5'000};  // inside a frame or a transfer
+  std::chrono::milliseconds read_timeout{5'000};   // inside a frame or a transfer
   std::chrono::milliseconds idle_timeout{60'000};  // between frames outside transfers
-  std::size_t remembered_transfers = 65'536;      // committed ids kept for exactly-once
+  std::size_t remembered_transfers = 65'536;       // committed ids kept for exactly-once
   std::uint64_t max_entry_bytes = 64ULL << 30;     // larger transfers are refused up front
+  // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
+  std::shared_ptr<const codec::CodecRegistry> codecs;
+  // Encoded KV that left ("served") or arrived ("received"): codec spec, frame bytes, raw bytes.
+  std::function<void(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
+                     std::uint64_t raw_bytes)>
+      on_kv_bytes;
 };
 
 class PeerServer {

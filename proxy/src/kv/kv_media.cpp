@@ -1,0 +1,79 @@
+#include "kv_media.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/shm_transport/memfd.h"
+
+namespace kvrelay::proxy::kv {
+
+namespace {
+
+constexpr std::string_view kPluginPrefix = "codec:";
+
+std::span<const std::uint8_t> as_u8(const shm::Mapping& mapping) {
+  return {reinterpret_cast<const std::uint8_t*>(mapping.data()), static_cast<std::size_t>(mapping.size())};
+}
+
+}  // namespace
+
+std::optional<std::string> codec_for_medium(std::string_view medium) {
+  if (medium == "kv_raw") return "raw";
+  if (medium == "kv_lossless") return "lossless";
+  if (medium == "kv_int8") return "int8";
+  if (medium == "kv_int4") return "int4";
+  if (medium == "kv_fp8") return "fp8";
+  if (medium.starts_with(kPluginPrefix) && medium.size() > kPluginPrefix.size()) {
+    return std::string(medium.substr(kPluginPrefix.size()));
+  }
+  return std::nullopt;
+}
+
+std::string medium_for_codec(std::string_view codec) {
+  if (codec == "raw") return "kv_raw";
+  if (codec == "lossless") return "kv_lossless";
+  if (codec == "int8" || codec == "int4" || codec == "fp8") return "kv_" + std::string(codec);
+  return std::string(kPluginPrefix) + std::string(codec);
+}
+
+Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens) {
+  const KvLayout& layout = entry.info.layout;
+  if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
+  if (tokens > layout.tokens) {
+    return fail(ErrorCode::kOutOfRange, fmt::format("slice of {} tokens from an entry of {}", tokens, layout.tokens));
+  }
+  KVRELAY_TRY(const auto mapping, shm::Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  KVRELAY_TRY(const std::uint64_t row_bytes, layout.bytes_per_token());
+  const std::uint64_t tensor_row = row_bytes / (2ULL * layout.layers);  // one token of one K or V tensor
+  const KvLayout sliced = layout.with_tokens(tokens);
+  KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
+  std::vector<std::byte> bytes(static_cast<std::size_t>(total));
+  for (std::uint64_t tensor = 0; tensor < 2ULL * layout.layers; ++tensor) {
+    std::memcpy(bytes.data() + tensor * tokens * tensor_row, mapping.data() + tensor * layout.tokens * tensor_row,
+                static_cast<std::size_t>(tokens * tensor_row));
+  }
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(sliced, bytes));
+  return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
+}
+
+Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs, std::string_view codec_spec,
+                                               const shm::StoredEntry& entry) {
+  KVRELAY_TRY(const auto spec, codec::resolve_codec(codecs, codec_spec));
+  KVRELAY_TRY(const auto mapping, shm::Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  codec::EncodeOptions options;
+  options.zstd_stage = spec.zstd_stage;
+  return codec::encode_frame(*spec.codec, entry.info.layout, as_u8(mapping), options);
+}
+
+Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
+                                                             std::span<const std::uint8_t> frame,
+                                                             std::uint64_t max_bytes) {
+  KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
+  KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw))));
+  return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
+}
+
+}  // namespace kvrelay::proxy::kv

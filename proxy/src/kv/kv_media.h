@@ -1,0 +1,42 @@
+#pragma once
+
+// What each KV medium means for bytes: which codec carries it, and the conversions the KV path
+// applies to stored entries (a prefix slice, a codec round trip, decoding a peer's frame).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/entry.h"
+
+namespace kvrelay::proxy::kv {
+
+// Codec spec of a KV medium: kv_raw -> raw, kv_lossless -> lossless, kv_int8 -> int8, kv_int4 ->
+// int4, kv_fp8 -> fp8, codec:<name> -> <name>. nullopt for tokens and for media the KV path
+// cannot serve to a prefix cache (kv_sparse drops positions).
+[[nodiscard]] std::optional<std::string> codec_for_medium(std::string_view medium);
+// The medium a codec spec carries (the inverse, for byte counters of the peer server).
+[[nodiscard]] std::string medium_for_codec(std::string_view codec);
+
+// The first `tokens` tokens of an entry's KV (every layer's K and V), as a new sealed entry.
+[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry,
+                                                                          std::uint64_t tokens);
+
+// Encodes an entry's KV with `codec_spec` into a KV frame.
+[[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,
+                                                             std::string_view codec_spec,
+                                                             const shm::StoredEntry& entry);
+
+// Decodes a KV frame (validated: magic, version, codec, layout, sizes, checksum) into a sealed
+// entry of raw KV; refuses frames whose KV exceeds `max_bytes`.
+[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
+                                                                           std::span<const std::uint8_t> frame,
+                                                                           std::uint64_t max_bytes);
+
+}  // namespace kvrelay::proxy::kv

@@ -1,0 +1,556 @@
+#include "kv_path.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <random>
+
+#include "kvrelay/decision/decision_json.h"
+#include "kvrelay/decision/engine_from_policy.h"
+
+#include "kv_media.h"
+
+namespace kvrelay::proxy::kv {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kMaxLabelText = 128;
+constexpr std::size_t kPushQueueLimit = 64;
+
+auto type_error(std::string_view field, std::string_view expected, const json& got) {
+  return fail(ErrorCode::kInvalidArgument,
+              fmt::format("kv_transfer_params.kvrelay.{}: expected {}, got {}", field, expected, got.dump()));
+}
+
+Status read_string(const json& object, std::string_view field, std::string& out) {
+  const auto it = object.find(field);
+  if (it == object.end() || it->is_null()) return ok();
+  if (!it->is_string()) return type_error(field, "a string", *it);
+  out = it->get<std::string>().substr(0, kMaxLabelText);
+  return ok();
+}
+
+Result<Treatment> parse_treatment(const json& value) {
+  if (!value.is_object()) return type_error("treatment", "an object", value);
+  Treatment treatment;
+  KVRELAY_TRY(read_string(value, "name", treatment.name));
+  KVRELAY_TRY(read_string(value, "medium", treatment.medium));
+  KVRELAY_TRY(read_string(value, "span", treatment.span));
+  if (!treatment.medium.empty() && !is_known_medium(treatment.medium)) {
+    return type_error("treatment.medium", "a medium name", value["medium"]);
+  }
+  if (!treatment.span.empty() && treatment.span != "none" && treatment.span != "prompt" &&
+      treatment.span != "generated" && treatment.span != "all") {
+    return type_error("treatment.span", "none, prompt, generated or all", value["span"]);
+  }
+  if (const auto it = value.find("prompt_tokens"); it != value.end() && !it->is_null()) {
+    if (!it->is_number_unsigned()) return type_error("treatment.prompt_tokens", "a non-negative integer", *it);
+    treatment.prompt_tokens = it->get<std::uint64_t>();
+  }
+  return treatment;
+}
+
+const RoutePolicy* pick_route(const Policy& policy, const RequestContext& context) {
+  if (!context.route.empty()) return policy.find_route(context.route);
+  for (const auto& id : context.routes) {
+    if (const auto* route = policy.find_route(id)) return route;
+  }
+  if (context.agent.empty()) return nullptr;
+  for (const auto& route : policy.routes) {
+    if (route.to_agent == context.agent) return &route;
+  }
+  return nullptr;
+}
+
+bool same_fingerprint(const Policy& policy, const RoutePolicy& route) {
+  const auto* from = policy.find_agent(route.from_agent);
+  const auto* to = policy.find_agent(route.to_agent);
+  return from != nullptr && to != nullptr && from->model.id() == to->model.id();
+}
+
+// Identity of what the engine was built from: agents, fingerprints, routes (with their live
+// settings) and peers. A change rebuilds the engine, which starts its estimates afresh.
+std::string engine_signature(const Policy& policy) {
+  std::string signature = policy.node_id;
+  for (const auto& agent : policy.agents)
+    signature += fmt::format("|a:{}:{:x}:{}", agent.id, agent.model.id(), agent.node);
+  for (const auto& route : policy.routes) {
+    signature += fmt::format("|r:{}:{}:{}:{}:{}:{}", route.id, route.from_agent, route.to_agent,
+                             fmt::join(route.allowed_media, ","), route.forced_medium.value_or(""), route.enabled);
+  }
+  for (const auto& peer : policy.peers)
+    signature += fmt::format("|p:{}:{}", peer.id, peer.same_host);
+  return signature;
+}
+
+std::int64_t unix_millis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+json treatment_json(const Treatment& treatment) {
+  json out{{"name", treatment.name}, {"medium", treatment.medium}, {"span", treatment.span}};
+  if (treatment.prompt_tokens) out["prompt_tokens"] = *treatment.prompt_tokens;
+  return out;
+}
+
+}  // namespace
+
+Result<RequestContext> parse_request_context(std::string_view params_json) {
+  RequestContext context;
+  if (params_json.empty()) return context;
+  const json params = json::parse(params_json, nullptr, false);
+  if (params.is_discarded()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params.kvrelay is not valid JSON");
+  if (params.is_null()) return context;
+  if (!params.is_object()) return type_error("", "an object", params);
+  KVRELAY_TRY(read_string(params, "request_id", context.request_id));
+  KVRELAY_TRY(read_string(params, "agent", context.agent));
+  KVRELAY_TRY(read_string(params, "route", context.route));
+  if (const auto it = params.find("routes"); it != params.end() && !it->is_null()) {
+    if (!it->is_array()) return type_error("routes", "an array of route ids", *it);
+    for (const auto& route : *it) {
+      if (!route.is_string()) return type_error("routes[]", "a route id", route);
+      context.routes.push_back(route.get<std::string>().substr(0, kMaxLabelText));
+    }
+  }
+  if (const auto it = params.find("treatment"); it != params.end() && !it->is_null()) {
+    auto treatment = parse_treatment(*it);
+    if (!treatment) return treatment.error();
+    context.treatment = std::move(treatment).value();
+  }
+  return context;
+}
+
+KvPath::Metrics::Metrics(metrics::Registry& registry)
+    : decisions(registry.counter("kvrelay_kv_decisions_total",
+                                 "KV-path medium decisions by chosen medium and source (treatment, forced, engine, "
+                                 "default)",
+                                 {"medium", "source"})),
+      decision_seconds(registry.histogram("kvrelay_kv_decision_seconds", "Time to choose a medium for one lookup", {},
+                                          {1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2})),
+      lookups(registry.counter("kvrelay_kv_lookups_total",
+                               "Worker lookups by outcome (hit_local, hit_peer, miss, tokens, error)", {"outcome"})),
+      wire_bytes(registry.counter("kvrelay_kv_bytes_total",
+                                  "Encoded KV bytes by direction (fetched, served, pushed, received, shm), medium "
+                                  "and codec",
+                                  {"direction", "medium", "codec"})),
+      raw_bytes(registry.counter("kvrelay_kv_raw_bytes_total", "Raw KV bytes those encoded bytes carried",
+                                 {"direction", "medium"})),
+      fetch_seconds(registry.histogram("kvrelay_kv_fetch_seconds", "Time to fetch and decode KV from a peer, per route",
+                                       {"route"}, metrics::latency_buckets_seconds())),
+      pushes(registry.counter("kvrelay_kv_pushes_total", "KV pushed ahead on publish, by route and result",
+                              {"route", "result"})),
+      prefill_reports(registry.counter("kvrelay_kv_prefill_reports_total",
+                                       "Prefill timings workers reported to the cost model, by agent", {"agent"})) {}
+
+KvPath::KvPath(std::shared_ptr<RuntimePolicy> policy, std::shared_ptr<shm::EntryStore> store,
+               std::shared_ptr<const codec::CodecRegistry> codecs, std::shared_ptr<PeerLinks> peers,
+               metrics::Registry& registry)
+    : policy_(std::move(policy)),
+      store_(std::move(store)),
+      codecs_(std::move(codecs)),
+      peers_(std::move(peers)),
+      metrics_(registry),
+      copy_bytes_per_s_(decision::measure_copy_bandwidth(16ULL << 20)) {
+  {
+    std::lock_guard lock(engine_mutex_);
+    ensure_engine_locked(*policy_->current());
+  }
+  pusher_ = std::thread([this] { run_pusher(); });
+}
+
+KvPath::~KvPath() {
+  {
+    std::lock_guard lock(push_mutex_);
+    stopping_ = true;
+  }
+  push_wake_.notify_all();
+  if (pusher_.joinable()) pusher_.join();
+}
+
+void KvPath::ensure_engine_locked(const Policy& policy) {
+  auto signature = engine_signature(policy);
+  if (engine_ && signature == engine_signature_) return;
+  decision::LinkPriors priors;
+  priors.shm_bytes_per_s = copy_bytes_per_s_;
+  auto built = decision::engine_from_policy(policy, priors);
+  if (!built) {
+    spdlog::error("KV path: no decision engine for this policy ({}); routes without a forced medium use kv_raw",
+                  built.error().to_string());
+    engine_.reset();
+  } else {
+    engine_.emplace(std::move(built).value());
+  }
+  engine_signature_ = std::move(signature);
+}
+
+std::optional<KvPath::EngineChoice> KvPath::run_engine(const Policy& policy, const RoutePolicy& route,
+                                                       std::uint64_t tokens, bool commit, json& cost) {
+  std::lock_guard lock(engine_mutex_);
+  ensure_engine_locked(policy);
+  if (!engine_) return std::nullopt;
+  const auto id = engine_->find_route(route.id);
+  if (!id) return std::nullopt;
+  decision::TransferShape shape;
+  shape.tokens = tokens;
+  shape.now_s = std::chrono::duration<double>(Clock::now() - started_).count();
+  auto decided = commit ? engine_->decide(id.value(), shape) : engine_->predict(id.value(), shape);
+  if (!decided) return std::nullopt;
+  cost = decision::decision_to_json(decided.value(), *engine_);
+  return EngineChoice{engine_->medium(decided.value().chosen).name,
+                      std::string(decision::decision_reason_name(decided.value().reason))};
+}
+
+KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
+                              std::uint64_t context_tokens) {
+  Choice choice;
+  if (route == nullptr) {
+    // A worker used without the front proxy (or a route-less agent): plain prefix reuse.
+    choice.medium = "kv_raw";
+    choice.source = "default";
+    choice.reason = "no route names this request; serving stored KV as is";
+    return choice;
+  }
+  const auto& treatment = context.treatment;
+  const bool engine_decides = !(treatment && !treatment->medium.empty()) && !route->forced_medium;
+  const auto decided = run_engine(policy, *route, context_tokens, engine_decides, choice.cost);
+  if (treatment && (!treatment->medium.empty() || treatment->span == "none")) {
+    choice.medium = treatment->span == "none" ? "tokens" : treatment->medium;
+    choice.source = "treatment";
+    choice.reason = fmt::format("audit treatment {}", treatment->name);
+  } else if (route->forced_medium) {
+    choice.medium = *route->forced_medium;
+    choice.source = "forced";
+    choice.reason = fmt::format("route {} forces {}", route->id, *route->forced_medium);
+  } else if (decided) {
+    choice.medium = decided->medium;
+    choice.source = "engine";
+    choice.reason = decided->reason;
+  } else {
+    choice.medium = "kv_raw";
+    choice.source = "default";
+    choice.reason = "decision engine unavailable";
+  }
+  if (choice.medium != "tokens") {
+    if (!route->enabled) {
+      choice.reason = fmt::format("route {} is disabled: tokens only (wanted {})", route->id, choice.medium);
+      choice.medium = "tokens";
+    } else if (!same_fingerprint(policy, *route)) {
+      choice.reason = fmt::format("model fingerprints of {} and {} differ: KV cannot move (wanted {})",
+                                  route->from_agent, route->to_agent, choice.medium);
+      choice.medium = "tokens";
+    } else if (!codec_for_medium(choice.medium)) {
+      choice.reason = fmt::format("{} cannot fill a prefix cache; tokens instead", choice.medium);
+      choice.medium = "tokens";
+    }
+  }
+  return choice;
+}
+
+std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, const shm::ResolveRequest& request,
+                                                        std::size_t longer_than, const std::string& codec,
+                                                        const std::string& medium, const std::string& route,
+                                                        json& record) {
+  if (policy.peers.empty() || request.block_hashes.size() <= longer_than) return std::nullopt;
+  const auto deadline = Clock::now() + policy.limits.kv_lookup_timeout;
+  peer::FetchRequest fetch;
+  fetch.request_id = std::random_device{}();
+  fetch.model_id = request.model_id;
+  fetch.codec = codec;
+  for (std::size_t blocks = request.block_hashes.size(); blocks > longer_than; --blocks) {
+    fetch.hashes.push_back(request.block_hashes[blocks - 1]);
+  }
+  json attempts = json::array();
+  for (const auto& peer_id : peers_->candidates(request.model_id, fetch.hashes)) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      attempts.push_back({{"peer", peer_id}, {"result", "skipped: lookup time bound reached"}});
+      break;
+    }
+    const auto started = Clock::now();
+    auto fetched = peers_->fetch(peer_id, fetch, left);
+    if (!fetched) {
+      attempts.push_back({{"peer", peer_id}, {"result", fetched.error().to_string()}});
+      continue;
+    }
+    if (!fetched.value()) {
+      attempts.push_back({{"peer", peer_id}, {"result", "holds none"}});
+      continue;
+    }
+    const auto& frame = fetched.value()->frame;
+    const auto position =
+        std::find(request.block_hashes.begin(), request.block_hashes.end(), fetched.value()->key.context_hash);
+    const auto blocks = static_cast<std::size_t>(position - request.block_hashes.begin()) + 1;
+    auto decoded = decode_entry(*codecs_, frame, policy.limits.kv_store_bytes);
+    if (!decoded || decoded.value()->info.layout.tokens != blocks * request.block_tokens) {
+      attempts.push_back(
+          {{"peer", peer_id},
+           {"result", decoded ? std::string("entry does not cover its blocks") : decoded.error().to_string()}});
+      continue;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    metrics_.wire_bytes.with({"fetched", medium, codec}).inc(static_cast<double>(frame.size()));
+    metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(decoded.value()->info.bytes));
+    metrics_.fetch_seconds.with({route}).observe(seconds);
+    {
+      std::lock_guard lock(engine_mutex_);
+      if (engine_) {
+        if (const auto link = engine_->find_link("peer:" + peer_id)) {
+          engine_->observe_link(link.value(), static_cast<double>(frame.size()), seconds);
+        }
+      }
+    }
+    attempts.push_back({{"peer", peer_id},
+                        {"result", "fetched"},
+                        {"frame_bytes", frame.size()},
+                        {"raw_bytes", decoded.value()->info.bytes},
+                        {"seconds", seconds}});
+    record["fetch"] = std::move(attempts);
+    return Fetched{std::move(decoded).value(), blocks, peer_id};
+  }
+  record["fetch"] = std::move(attempts);
+  return std::nullopt;
+}
+
+Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
+  const auto started = Clock::now();
+  const auto policy = policy_->current();
+  json record{{"kind", "lookup"}, {"time_unix_ms", unix_millis()}, {"prompt_tokens", request.prompt_tokens}};
+  auto finish = [&](std::string_view outcome, std::size_t served_blocks) {
+    record["outcome"] = outcome;
+    record["served_tokens"] = served_blocks * request.block_tokens;
+    metrics_.lookups.with({outcome}).inc();
+    log_.record(std::move(record));
+  };
+
+  auto parsed = parse_request_context(request.params_json);
+  if (!parsed) {
+    record["error"] = parsed.error().message;
+    finish("error", 0);
+    return parsed.error();
+  }
+  const RequestContext& context = parsed.value();
+  const RoutePolicy* route = pick_route(*policy, context);
+  record["request_id"] = context.request_id;
+  record["agent"] = context.agent;
+  record["route"] = route != nullptr ? json(route->id) : json();
+  if (context.treatment) record["treatment"] = treatment_json(*context.treatment);
+
+  // Blocks that may be served: never the whole prompt (its last token is prefilled for logits),
+  // and for a "prompt" span treatment only the blocks inside A's prompt.
+  std::size_t max_blocks = std::min<std::size_t>(
+      request.block_hashes.size(), static_cast<std::size_t>((request.prompt_tokens - 1) / request.block_tokens));
+  if (request.prompt_tokens == 0) max_blocks = 0;
+  if (context.treatment && context.treatment->span == "prompt") {
+    if (!context.treatment->prompt_tokens) {
+      record["error"] = "treatment span \"prompt\" needs treatment.prompt_tokens";
+      finish("error", 0);
+      return fail(ErrorCode::kInvalidArgument,
+                  "kv_transfer_params.kvrelay.treatment: span \"prompt\" needs prompt_tokens");
+    }
+    max_blocks = std::min<std::size_t>(max_blocks, *context.treatment->prompt_tokens / request.block_tokens);
+  }
+  record["available_tokens"] = max_blocks * request.block_tokens;
+
+  const Choice choice = choose(*policy, route, context, max_blocks * request.block_tokens);
+  const double decision_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  metrics_.decision_seconds.get().observe(decision_seconds);
+  metrics_.decisions.with({choice.medium, choice.source}).inc();
+  record["medium"] = choice.medium;
+  record["source"] = choice.source;
+  record["reason"] = choice.reason;
+  record["decision_us"] = decision_seconds * 1e6;
+  if (!choice.cost.is_null()) record["cost"] = choice.cost;
+
+  if (choice.medium == "tokens") {
+    finish("tokens", 0);
+    return fail(ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));
+  }
+  if (max_blocks == 0) {
+    finish("miss", 0);
+    return fail(ErrorCode::kNotFound, "prompt shorter than one block plus one token");
+  }
+  const std::string codec = *codec_for_medium(choice.medium);
+
+  // This sidecar's store first: the longest chain prefix it holds.
+  std::shared_ptr<const shm::StoredEntry> entry;
+  std::size_t entry_blocks = 0;
+  for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
+    auto found = store_->get({request.model_id, request.block_hashes[blocks - 1]});
+    if (found && found->info.layout.tokens == blocks * request.block_tokens) {
+      entry = std::move(found);
+      entry_blocks = blocks;
+      break;
+    }
+  }
+  std::string from = entry ? "local" : "";
+  bool already_encoded = false;
+  if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr) {
+    if (auto fetched = fetch_from_peers(*policy, request, entry_blocks, codec, choice.medium, route->id, record)) {
+      entry = std::move(fetched->entry);
+      entry_blocks = fetched->blocks;
+      from = "peer:" + fetched->peer;
+      already_encoded = true;
+      // Only bit-exact KV is filed under the chain's key: a lossy copy must not answer later
+      // lookups that chose a lossless medium.
+      const bool lossless = codec == "raw" || codec == "lossless";
+      if (lossless) {
+        if (auto put = store_->put({request.model_id, request.block_hashes[entry_blocks - 1]}, entry); !put) {
+          spdlog::warn("KV path: fetched entry not stored: {}", put.error().to_string());
+        }
+      }
+    }
+  }
+  if (!entry) {
+    finish("miss", 0);
+    return fail(ErrorCode::kNotFound, "neither this sidecar nor its peers hold a prefix of this prompt");
+  }
+  record["kv_from"] = from;
+  const std::size_t served_blocks = std::min(entry_blocks, max_blocks);
+  if (served_blocks < entry_blocks) {
+    auto sliced = slice_entry(*entry, served_blocks * request.block_tokens);
+    if (!sliced) {
+      record["error"] = sliced.error().message;
+      finish("error", 0);
+      return sliced.error();
+    }
+    entry = std::move(sliced).value();
+  }
+  if (!already_encoded && codec != "raw" && codec != "lossless") {
+    // Same node: the bytes move over shared memory, but B gets exactly what the codec delivers.
+    auto frame = encode_entry(*codecs_, codec, *entry);
+    auto decoded = frame ? decode_entry(*codecs_, frame.value(), policy->limits.kv_store_bytes)
+                         : Result<std::shared_ptr<const shm::StoredEntry>>(frame.error());
+    if (!decoded) {
+      record["error"] = decoded.error().message;
+      finish("error", 0);
+      return decoded.error();
+    }
+    metrics_.wire_bytes.with({"shm", choice.medium, codec}).inc(static_cast<double>(frame.value().size()));
+    entry = std::move(decoded).value();
+  }
+  if (!already_encoded) {
+    metrics_.raw_bytes.with({"shm", choice.medium}).inc(static_cast<double>(entry->info.bytes));
+  }
+  finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
+  return shm::ResolvedEntry{std::move(entry),
+                            shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks), choice.medium}};
+}
+
+void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm::StoredEntry>& entry,
+                       std::string_view params_json) {
+  auto parsed = parse_request_context(params_json);
+  if (!parsed || parsed.value().agent.empty()) return;
+  const auto policy = policy_->current();
+  for (const auto& route : policy->routes) {
+    if (route.from_agent != parsed.value().agent || !route.push || !route.enabled) continue;
+    const auto* to = policy->find_agent(route.to_agent);
+    if (to == nullptr || to->node.empty() || to->node == policy->node_id) continue;  // same node: already here
+    if (policy->find_peer(to->node) == nullptr) continue;
+    RequestContext context = parsed.value();
+    context.treatment.reset();
+    const Choice choice = choose(*policy, &route, context, entry->info.layout.tokens);
+    json record{{"kind", "push"},
+                {"time_unix_ms", unix_millis()},
+                {"request_id", context.request_id},
+                {"agent", context.agent},
+                {"route", route.id},
+                {"medium", choice.medium},
+                {"source", choice.source},
+                {"reason", choice.reason},
+                {"to_node", to->node},
+                {"tokens", entry->info.layout.tokens}};
+    if (!choice.cost.is_null()) record["cost"] = choice.cost;
+    if (choice.medium == "tokens") {
+      record["outcome"] = "not_pushed";
+      log_.record(std::move(record));
+      metrics_.pushes.with({route.id, "tokens"}).inc();
+      continue;
+    }
+    std::lock_guard lock(push_mutex_);
+    if (push_queue_.size() >= kPushQueueLimit) {
+      metrics_.pushes.with({route.id, "dropped"}).inc();
+      continue;  // the destination will fetch on demand instead
+    }
+    push_queue_.push_back(
+        PushJob{route.id, to->node, choice.medium, *codec_for_medium(choice.medium), key, entry, std::move(record)});
+    push_wake_.notify_one();
+  }
+}
+
+void KvPath::run_pusher() {
+  while (true) {
+    PushJob job;
+    {
+      std::unique_lock lock(push_mutex_);
+      push_wake_.wait(lock, [this] { return stopping_ || !push_queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(push_queue_.front());
+      push_queue_.pop_front();
+    }
+    const auto policy = policy_->current();
+    const auto started = Clock::now();
+    auto frame = encode_entry(*codecs_, job.codec, *job.entry);
+    Status pushed =
+        frame ? peers_->push(job.peer, std::random_device{}(), job.key, frame.value(), policy->limits.read_timeout)
+              : Status(frame.error());
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    if (pushed) {
+      metrics_.wire_bytes.with({"pushed", job.medium, job.codec}).inc(static_cast<double>(frame.value().size()));
+      metrics_.raw_bytes.with({"pushed", job.medium}).inc(static_cast<double>(job.entry->info.bytes));
+      job.record["frame_bytes"] = frame.value().size();
+      job.record["outcome"] = "pushed";
+    } else {
+      job.record["outcome"] = "failed";
+      job.record["error"] = pushed.error().to_string();
+      spdlog::warn("KV path: push on route {} to {} failed: {}", job.route, job.peer, pushed.error().to_string());
+    }
+    job.record["seconds"] = seconds;
+    metrics_.pushes.with({job.route, pushed ? "pushed" : "failed"}).inc();
+    log_.record(std::move(job.record));
+  }
+}
+
+void KvPath::prefill_observed(const shm::PrefillReport& report) {
+  auto parsed = parse_request_context(report.params_json);
+  const auto policy = policy_->current();
+  std::string agent = parsed ? parsed.value().agent : std::string();
+  if (policy->find_agent(agent) == nullptr) {
+    metrics_.prefill_reports.with({"unknown"}).inc();
+    return;
+  }
+  metrics_.prefill_reports.with({agent}).inc();
+  std::lock_guard lock(engine_mutex_);
+  ensure_engine_locked(*policy);
+  if (!engine_) return;
+  if (const auto id = engine_->find_agent(agent)) {
+    engine_->observe_prefill(id.value(), report.computed_tokens, report.context_tokens - report.computed_tokens,
+                             report.seconds);
+  }
+}
+
+void KvPath::count_peer_bytes(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
+                              std::uint64_t raw_bytes) {
+  const auto medium = medium_for_codec(codec);
+  metrics_.wire_bytes.with({direction, medium, codec}).inc(static_cast<double>(frame_bytes));
+  metrics_.raw_bytes.with({direction, medium}).inc(static_cast<double>(raw_bytes));
+}
+
+void KvPath::observe_peer_rtt(const std::string& peer, double seconds) {
+  std::lock_guard lock(engine_mutex_);
+  if (!engine_) return;
+  if (const auto link = engine_->find_link("peer:" + peer)) engine_->observe_rtt(link.value(), seconds);
+}
+
+void KvPath::observe_load(const std::string& agent, double requests_waiting) {
+  std::lock_guard lock(engine_mutex_);
+  if (!engine_) return;
+  if (const auto id = engine_->find_agent(agent)) engine_->observe_load(id.value(), requests_waiting);
+}
+
+}  // namespace kvrelay::proxy::kv

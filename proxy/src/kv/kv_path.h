@@ -1,0 +1,147 @@
+#pragma once
+
+// The daemon's KV path behind the worker data plane. For each lookup it reads the request's
+// kv_transfer_params.kvrelay (request id, agent, route, audit treatment), picks the route and the
+// medium (treatment, else the route's forced medium, else the decision engine), then serves the
+// longest prefix it can: from this sidecar's store, or fetched from the peer that holds it,
+// encoded with the medium's codec and decoded here. Media that need KV never cross models with
+// different fingerprints; "tokens" is a miss (the worker prefills). Every decision is logged
+// with its cost breakdown. On publish, routes marked push send the KV ahead to the destination.
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/metrics.h"
+#include "kvrelay/decision/decision_engine.h"
+#include "kvrelay/proxy/runtime_policy.h"
+#include "kvrelay/shm_transport/server.h"
+
+#include "decision_log.h"
+#include "peer_links.h"
+
+namespace kvrelay::proxy::kv {
+
+// An audit treatment as the front proxy injects it (kv_transfer_params.kvrelay.treatment).
+struct Treatment {
+  std::string name;                            // "T0", "T1", ...
+  std::string medium;                          // "tokens", "kv_raw", "kv_int8", ...; "" keeps the route's choice
+  std::string span;                            // "none", "prompt", "generated", "all" ("" = all)
+  std::optional<std::uint64_t> prompt_tokens;  // A's prompt length; needed by span "prompt"
+};
+
+// kv_transfer_params.kvrelay as the KV path reads it.
+struct RequestContext {
+  std::string request_id;
+  std::string agent;
+  std::string route;                // explicit route id, if the caller named one
+  std::vector<std::string> routes;  // the front proxy's candidate routes into this agent
+  std::optional<Treatment> treatment;
+};
+// "" parses to an empty context. Every field is type-checked; errors name the field.
+[[nodiscard]] Result<RequestContext> parse_request_context(std::string_view params_json);
+
+class KvPath final : public shm::DataPlaneHooks {
+ public:
+  KvPath(std::shared_ptr<RuntimePolicy> policy, std::shared_ptr<shm::EntryStore> store,
+         std::shared_ptr<const codec::CodecRegistry> codecs, std::shared_ptr<PeerLinks> peers,
+         metrics::Registry& registry);
+  ~KvPath() override;
+  KvPath(const KvPath&) = delete;
+  KvPath& operator=(const KvPath&) = delete;
+
+  [[nodiscard]] Result<shm::ResolvedEntry> resolve(const shm::ResolveRequest& request) override;
+  void published(const shm::EntryKey& key, const std::shared_ptr<const shm::StoredEntry>& entry,
+                 std::string_view params_json) override;
+  void prefill_observed(const shm::PrefillReport& report) override;
+
+  // Encoded KV the peer server served or received (its on_kv_bytes callback).
+  void count_peer_bytes(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
+                        std::uint64_t raw_bytes);
+  // A probe's RTT to `peer`, for the engine's link estimates.
+  void observe_peer_rtt(const std::string& peer, double seconds);
+  // The agent's engine load from its metrics page (UpstreamProber), for the engine's compute term.
+  void observe_load(const std::string& agent, double requests_waiting);
+
+  [[nodiscard]] const DecisionLog& decisions() const { return log_; }
+  [[nodiscard]] PeerLinks& peers() { return *peers_; }
+
+ private:
+  struct Choice {
+    std::string medium;
+    std::string source;  // treatment, forced, engine, default
+    std::string reason;
+    nlohmann::json cost;  // the engine's breakdown (chosen vs alternatives), null without a route
+  };
+  struct PushJob {
+    std::string route;
+    std::string peer;
+    std::string medium;
+    std::string codec;
+    shm::EntryKey key;
+    std::shared_ptr<const shm::StoredEntry> entry;
+    nlohmann::json record;
+  };
+  struct Metrics {
+    explicit Metrics(metrics::Registry& registry);
+    metrics::Family<metrics::Counter>& decisions;
+    metrics::Family<metrics::Histogram>& decision_seconds;
+    metrics::Family<metrics::Counter>& lookups;
+    metrics::Family<metrics::Counter>& wire_bytes;
+    metrics::Family<metrics::Counter>& raw_bytes;
+    metrics::Family<metrics::Histogram>& fetch_seconds;
+    metrics::Family<metrics::Counter>& pushes;
+    metrics::Family<metrics::Counter>& prefill_reports;
+  };
+
+  [[nodiscard]] Choice choose(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
+                              std::uint64_t context_tokens);
+  struct EngineChoice {
+    std::string medium;
+    std::string reason;
+  };
+  // The engine's view of `route` for `tokens`; decide() only when the engine's choice is used.
+  [[nodiscard]] std::optional<EngineChoice> run_engine(const Policy& policy, const RoutePolicy& route,
+                                                       std::uint64_t tokens, bool commit, nlohmann::json& cost);
+  void ensure_engine_locked(const Policy& policy);
+  struct Fetched {
+    std::shared_ptr<const shm::StoredEntry> entry;
+    std::size_t blocks = 0;
+    std::string peer;
+  };
+  [[nodiscard]] std::optional<Fetched> fetch_from_peers(const Policy& policy, const shm::ResolveRequest& request,
+                                                        std::size_t longer_than, const std::string& codec,
+                                                        const std::string& medium, const std::string& route,
+                                                        nlohmann::json& record);
+  void run_pusher();
+
+  std::shared_ptr<RuntimePolicy> policy_;
+  std::shared_ptr<shm::EntryStore> store_;
+  std::shared_ptr<const codec::CodecRegistry> codecs_;
+  std::shared_ptr<PeerLinks> peers_;
+  Metrics metrics_;
+  DecisionLog log_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  const double copy_bytes_per_s_;
+
+  std::mutex engine_mutex_;
+  std::optional<decision::DecisionEngine> engine_;
+  std::string engine_signature_;
+
+  std::mutex push_mutex_;
+  std::condition_variable push_wake_;
+  std::deque<PushJob> push_queue_;
+  bool stopping_ = false;
+  std::thread pusher_;
+};
+
+}  // namespace kvrelay::proxy::kv

@@ -1,0 +1,99 @@
+#pragma once
+
+// The daemon's connections to its peers for the KV path: one client per peer and purpose (fetch,
+// push, probe) so a long push never delays a lookup's fetch; a background prober that pings
+// each peer (RTT) and asks which KV chains it holds (summaries); and the view /admin/peers shows.
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "kvrelay/core/metrics.h"
+#include "kvrelay/proxy/peer/link_estimator.h"
+#include "kvrelay/proxy/peer/peer_client.h"
+#include "kvrelay/proxy/runtime_policy.h"
+
+namespace kvrelay::proxy::kv {
+
+class PeerLinks {
+ public:
+  PeerLinks(std::shared_ptr<RuntimePolicy> policy, metrics::Registry& registry);
+  ~PeerLinks();
+  PeerLinks(const PeerLinks&) = delete;
+  PeerLinks& operator=(const PeerLinks&) = delete;
+
+  // Called with (peer id, RTT seconds) after each probe; set before start().
+  void set_rtt_observer(std::function<void(const std::string&, double)> observer) { on_rtt_ = std::move(observer); }
+  // Starts the prober (every limits.peer_summary_interval_ms; 0: no background probing).
+  void start();
+  void stop();
+
+  // Peer ids to ask for a chain, those whose last summary lists one of `hashes` first.
+  [[nodiscard]] std::vector<std::string> candidates(std::uint64_t model_id, std::span<const std::uint64_t> hashes);
+  [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch(const std::string& peer_id,
+                                                                            const peer::FetchRequest& request,
+                                                                            std::chrono::milliseconds timeout);
+  [[nodiscard]] Status push(const std::string& peer_id, std::uint64_t transfer_id, const shm::EntryKey& key,
+                            std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
+  // Asks every peer now (what the prober does each interval).
+  void probe_all();
+
+  [[nodiscard]] std::optional<peer::LinkEstimate> estimate(const std::string& peer_id) const;
+  [[nodiscard]] nlohmann::json describe() const;
+
+ private:
+  enum Purpose : std::size_t { kFetch = 0, kPush = 1, kProbe = 2, kPurposes = 3 };
+  struct Slot {
+    std::mutex mutex;
+    std::optional<peer::PeerClient> client;
+  };
+  struct PeerState {
+    std::array<Slot, kPurposes> slots;
+    // Guarded by PeerLinks::mutex_.
+    bool reachable = false;
+    std::string last_error;
+    std::string remote_node;
+    std::unordered_set<shm::EntryKey, shm::EntryKeyHash> held;
+    std::chrono::steady_clock::time_point summary_time{};
+    std::uint64_t fetches = 0;
+    std::uint64_t pushes = 0;
+    std::uint64_t failures = 0;
+  };
+
+  PeerState& state_of(const std::string& peer_id);
+  // Runs `call` on the peer's client for `purpose`, connecting first when needed; a failure
+  // drops the client (its stream position is unknown) and is recorded.
+  template <class Call>
+  auto with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout, Call call)
+      -> decltype(call(std::declval<peer::PeerClient&>()));
+  void note_result(const std::string& peer_id, const Error* error);
+  void run_prober();
+
+  std::shared_ptr<RuntimePolicy> policy_;
+  std::shared_ptr<peer::LinkEstimator> estimator_ = std::make_shared<peer::LinkEstimator>();
+  std::function<void(const std::string&, double)> on_rtt_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<PeerState>, std::less<>> peers_;
+  metrics::Family<metrics::Gauge>& up_;
+  metrics::Family<metrics::Gauge>& rtt_;
+  metrics::Family<metrics::Gauge>& throughput_;
+  std::mutex stop_mutex_;
+  std::condition_variable stop_wake_;
+  bool stopping_ = false;
+  std::thread prober_;
+};
+
+}  // namespace kvrelay::proxy::kv
