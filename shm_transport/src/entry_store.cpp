@@ -41,6 +41,15 @@ bool InMemoryEntryStore::erase(const EntryKey& key) {
   return true;
 }
 
+EntryStoreStats InMemoryEntryStore::clear() {
+  std::lock_guard lock(mutex_);
+  const EntryStoreStats dropped{entries_.size(), bytes_, 0};
+  entries_.clear();
+  recency_.clear();
+  bytes_ = 0;
+  return dropped;
+}
+
 EntryStoreStats InMemoryEntryStore::stats() {
   std::lock_guard lock(mutex_);
   return {entries_.size(), bytes_, evictions_};

@@ -49,6 +49,13 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<KvPath> path) {
          return make_json_response(http::status::ok,
                                    body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), request);
        }},
+      {http::verb::delete_, "/admin/kv",
+       "Drop every KV entry this sidecar holds (benchmarks, incident response); returns what was dropped",
+       [path](const HttpRequest& request) {
+         const auto dropped = path->clear_store();
+         const nlohmann::json body{{"dropped_entries", dropped.entries}, {"dropped_bytes", dropped.bytes}};
+         return make_json_response(http::status::ok, body.dump(), request);
+       }},
       {http::verb::get, "/admin/peers", "Peers: connection state, link RTT and throughput estimates, summaries",
        [path](const HttpRequest& request) {
          return make_json_response(http::status::ok, path->peers().describe().dump(), request);

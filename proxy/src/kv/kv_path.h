@@ -71,6 +71,8 @@ class KvPath final : public shm::DataPlaneHooks {
   void observe_peer_rtt(const std::string& peer, double seconds);
   // The agent's engine load from its metrics page (UpstreamProber), for the engine's compute term.
   void observe_load(const std::string& agent, double requests_waiting);
+  // Drops every entry of this sidecar's store (DELETE /admin/kv); returns what was dropped.
+  shm::EntryStoreStats clear_store() { return store_->clear(); }
 
   [[nodiscard]] const DecisionLog& decisions() const { return log_; }
   [[nodiscard]] PeerLinks& peers() { return *peers_; }

@@ -30,6 +30,9 @@ class EntryStore {
   [[nodiscard]] virtual std::shared_ptr<const StoredEntry> get(const EntryKey& key) = 0;
   [[nodiscard]] virtual bool erase(const EntryKey& key) = 0;
   [[nodiscard]] virtual EntryStoreStats stats() = 0;
+  // Drops every entry and returns what was dropped. Readers that already hold an entry keep
+  // their mapping; its memory returns when the last of them lets go.
+  virtual EntryStoreStats clear() = 0;
   // Up to `limit` keys, most recently used first (peer summaries). Stores that cannot list
   // their keys return none; peers then find their entries by asking directly.
   [[nodiscard]] virtual std::vector<EntryKey> recent_keys(std::size_t /*limit*/) { return {}; }
@@ -43,6 +46,7 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] std::shared_ptr<const StoredEntry> get(const EntryKey& key) override;
   [[nodiscard]] bool erase(const EntryKey& key) override;
   [[nodiscard]] EntryStoreStats stats() override;
+  EntryStoreStats clear() override;
   [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit) override;
 
  private:
