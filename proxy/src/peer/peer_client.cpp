@@ -40,6 +40,17 @@ struct PeerClient::State {
   Hello remote;
   bool broken = false;  // after an error mid-protocol the stream position is unknown
 
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  // Lets the watchdog see the connection closed and finish before the io_context goes.
+  ~State() {
+    if (!connection) return;
+    connection->close();
+    io.restart();
+    io.run();
+  }
+
   // Runs one coroutine to completion on this thread.
   template <class T>
   Result<T> run(asio::awaitable<Result<T>> task) {
@@ -47,7 +58,10 @@ struct PeerClient::State {
     std::optional<Result<T>> result;
     io.restart();
     asio::co_spawn(io, store_result(std::move(task), &result), asio::detached);
-    io.run();
+    // Until this task is done, not until the io_context runs dry: the connection's watchdog
+    // stays suspended on its timer between calls.
+    while (!result && io.run_one() > 0) {
+    }
     if (!result) return fail(ErrorCode::kInternal, "peer client task did not finish");
     if (!result->has_value()) broken = true;
     return std::move(*result);
@@ -294,13 +308,7 @@ PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& pe
 }
 
 PeerClient::PeerClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
-PeerClient::~PeerClient() {
-  if (state_ && state_->connection) {
-    state_->connection->close();
-    state_->io.restart();
-    state_->io.run();  // let the watchdog see the closed socket and finish
-  }
-}
+PeerClient::~PeerClient() = default;  // State's destructor closes the connection
 PeerClient::PeerClient(PeerClient&&) noexcept = default;
 PeerClient& PeerClient::operator=(PeerClient&&) noexcept = default;
 
