@@ -224,7 +224,8 @@ asio::awaitable<Result<PeerServerStats>> stats_once(PeerClient::State* state) {
 }
 
 asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(PeerClient::State* state,
-                                                                            FetchRequest request) {
+                                                                            FetchRequest request,
+                                                                            std::uint64_t max_frame_bytes) {
   auto& connection = *state->connection;
   const auto timeout = state->options.read_timeout;
   const auto frame = encode_fetch(request);
@@ -244,6 +245,11 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
       std::find(request.hashes.begin(), request.hashes.end(), found.key.context_hash) != request.hashes.end();
   if (found.key.model_id != request.model_id || !requested) {
     co_return fail(ErrorCode::kProtocol, "fetch reply for a key that was not asked for");
+  }
+  if (found.frame_bytes > max_frame_bytes) {
+    co_return fail(
+        ErrorCode::kResourceExhausted,
+        fmt::format("peer announces a {}-byte frame, more than the {} allowed", found.frame_bytes, max_frame_bytes));
   }
   PeerClient::FetchedFrame fetched;
   fetched.key = found.key;
@@ -355,8 +361,9 @@ Result<PeerServerStats> PeerClient::stats() {
   return state_->run(stats_once(state_.get()));
 }
 
-Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request) {
-  return state_->run(fetch_once(state_.get(), request));
+Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request,
+                                                                  std::uint64_t max_frame_bytes) {
+  return state_->run(fetch_once(state_.get(), request, max_frame_bytes));
 }
 
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,
