@@ -70,7 +70,7 @@ class Sidecar {
   [[nodiscard]] nlohmann::json complete(const std::string& agent, const nlohmann::json& body) const {
     const auto reply = http_request(http_port_, "POST", "/agents/" + agent + "/v1/completions", body.dump(), {},
                                     std::chrono::seconds(60));
-    INFO(reply.body);
+    INFO(reply.error << reply.body);
     REQUIRE(reply.status == 200);
     return nlohmann::json::parse(reply.body);
   }

@@ -2,6 +2,11 @@
 // behind its own kvrelay sidecar, sidecars peered over TCP on loopback (and one sidecar for
 // both workers on one node). For every medium a route can be forced to, B's answer after A's
 // handoff is compared with a worker that re-prefills everything from tokens.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -210,4 +215,48 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
     CHECK(bad["kvrelay"]["cached_tokens"] == 0);
     CHECK(node.decisions(1).at(0)["error"].get<std::string>().find("treatment.medium") != std::string::npos);
   }
+}
+
+TEST_CASE("a peer that never answers costs a lookup at most its time bound, then B prefills",
+          "[proxy][kv_path][e2e][process]") {
+  const auto model = stories_model_path();
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
+  // A listener that completes TCP handshakes (kernel backlog) but never reads or answers.
+  const int silent = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(silent >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  REQUIRE(::bind(silent, reinterpret_cast<sockaddr*>(&address), length) == 0);
+  REQUIRE(::listen(silent, 16) == 0);
+  REQUIRE(::getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const auto silent_port = ntohs(address.sin_port);
+
+  Sidecar node_b("node-b");
+  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node_b.socket_path()});
+  RefworkerUnderTest reference({"--model", model->string()});
+  const json agents = json::array({agent_json("writer", "node-a", 1, stories_model_json()),
+                                   agent_json("reader", "", worker_b.port(), stories_model_json())});
+  auto policy = sidecar_policy(
+      node_b, agents,
+      json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}, {"forced_medium", "kv_raw"}}}),
+      json::array({{{"id", "node-a"}, {"address", "127.0.0.1:" + std::to_string(silent_port)}}}));
+  policy["limits"]["kv_lookup_timeout_ms"] = 300;
+  policy["limits"]["peer_summary_interval_ms"] = 0;
+  node_b.start(policy);
+
+  const auto prompt = context_prompt(7, 120);
+  const auto b = node_b.complete("reader", greedy(prompt, 8));
+  const auto reference_reply = http_request(reference.port(), "POST", "/v1/completions", greedy(prompt, 8).dump());
+  CHECK(b["choices"][0]["token_ids"] == json::parse(reference_reply.body)["choices"][0]["token_ids"]);
+  CHECK(b["kvrelay"]["cached_tokens"] == 0);
+  const auto decision = node_b.decisions(1).at(0);
+  CHECK(decision["outcome"] == "miss");
+  REQUIRE(decision["fetch"].size() == 1);
+  CHECK(decision["fetch"][0]["result"].get<std::string>().find("timeout") != std::string::npos);
+  const auto peers = http_request(node_b.http_port(), "GET", "/admin/peers");
+  REQUIRE(peers.status == 200);
+  CHECK(json::parse(peers.body)["peers"][0]["state"] == "unreachable");
+  ::close(silent);
 }

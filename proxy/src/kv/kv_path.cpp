@@ -273,7 +273,7 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       break;
     }
     const auto started = Clock::now();
-    auto fetched = peers_->fetch(peer_id, fetch, left);
+    auto fetched = peers_->fetch(peer_id, fetch, left, policy.limits.kv_store_bytes);
     if (!fetched) {
       attempts.push_back({{"peer", peer_id}, {"result", fetched.error().to_string()}});
       continue;

@@ -118,8 +118,10 @@ std::vector<std::string> PeerLinks::candidates(std::uint64_t model_id, std::span
 
 Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std::string& peer_id,
                                                                        const peer::FetchRequest& request,
-                                                                       std::chrono::milliseconds timeout) {
-  auto fetched = with_client(peer_id, kFetch, timeout, [&](peer::PeerClient& client) { return client.fetch(request); });
+                                                                       std::chrono::milliseconds timeout,
+                                                                       std::uint64_t max_frame_bytes) {
+  auto fetched = with_client(peer_id, kFetch, timeout,
+                             [&](peer::PeerClient& client) { return client.fetch(request, max_frame_bytes); });
   if (fetched) {
     std::lock_guard lock(mutex_);
     ++peers_[peer_id]->fetches;

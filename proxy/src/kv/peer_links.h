@@ -45,7 +45,8 @@ class PeerLinks {
   [[nodiscard]] std::vector<std::string> candidates(std::uint64_t model_id, std::span<const std::uint64_t> hashes);
   [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch(const std::string& peer_id,
                                                                             const peer::FetchRequest& request,
-                                                                            std::chrono::milliseconds timeout);
+                                                                            std::chrono::milliseconds timeout,
+                                                                            std::uint64_t max_frame_bytes);
   [[nodiscard]] Status push(const std::string& peer_id, std::uint64_t transfer_id, const shm::EntryKey& key,
                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
   // Asks every peer now (what the prober does each interval).

@@ -40,6 +40,17 @@ struct PeerClient::State {
   Hello remote;
   bool broken = false;  // after an error mid-protocol the stream position is unknown
 
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  // Lets the watchdog see the connection closed and finish before the io_context goes.
+  ~State() {
+    if (!connection) return;
+    connection->close();
+    io.restart();
+    io.run();
+  }
+
   // Runs one coroutine to completion on this thread.
   template <class T>
   Result<T> run(asio::awaitable<Result<T>> task) {
@@ -47,7 +58,10 @@ struct PeerClient::State {
     std::optional<Result<T>> result;
     io.restart();
     asio::co_spawn(io, store_result(std::move(task), &result), asio::detached);
-    io.run();
+    // Until this task is done, not until the io_context runs dry: the connection's watchdog
+    // stays suspended on its timer between calls.
+    while (!result && io.run_one() > 0) {
+    }
     if (!result) return fail(ErrorCode::kInternal, "peer client task did not finish");
     if (!result->has_value()) broken = true;
     return std::move(*result);
@@ -210,7 +224,8 @@ asio::awaitable<Result<PeerServerStats>> stats_once(PeerClient::State* state) {
 }
 
 asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(PeerClient::State* state,
-                                                                            FetchRequest request) {
+                                                                            FetchRequest request,
+                                                                            std::uint64_t max_frame_bytes) {
   auto& connection = *state->connection;
   const auto timeout = state->options.read_timeout;
   const auto frame = encode_fetch(request);
@@ -230,6 +245,11 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
       std::find(request.hashes.begin(), request.hashes.end(), found.key.context_hash) != request.hashes.end();
   if (found.key.model_id != request.model_id || !requested) {
     co_return fail(ErrorCode::kProtocol, "fetch reply for a key that was not asked for");
+  }
+  if (found.frame_bytes > max_frame_bytes) {
+    co_return fail(
+        ErrorCode::kResourceExhausted,
+        fmt::format("peer announces a {}-byte frame, more than the {} allowed", found.frame_bytes, max_frame_bytes));
   }
   PeerClient::FetchedFrame fetched;
   fetched.key = found.key;
@@ -294,13 +314,7 @@ PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& pe
 }
 
 PeerClient::PeerClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
-PeerClient::~PeerClient() {
-  if (state_ && state_->connection) {
-    state_->connection->close();
-    state_->io.restart();
-    state_->io.run();  // let the watchdog see the closed socket and finish
-  }
-}
+PeerClient::~PeerClient() = default;  // State's destructor closes the connection
 PeerClient::PeerClient(PeerClient&&) noexcept = default;
 PeerClient& PeerClient::operator=(PeerClient&&) noexcept = default;
 
@@ -347,8 +361,9 @@ Result<PeerServerStats> PeerClient::stats() {
   return state_->run(stats_once(state_.get()));
 }
 
-Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request) {
-  return state_->run(fetch_once(state_.get(), request));
+Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request,
+                                                                  std::uint64_t max_frame_bytes) {
+  return state_->run(fetch_once(state_.get(), request, max_frame_bytes));
 }
 
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,

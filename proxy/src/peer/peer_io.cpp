@@ -18,12 +18,13 @@
 namespace kvrelay::proxy::peer::detail {
 
 asio::awaitable<void> watchdog(std::shared_ptr<PeerConnection> connection) {
-  while (connection->socket.is_open()) {
+  while (!connection->closed) {
     connection->timer.expires_at(connection->deadline);
     [[maybe_unused]] auto [ec] = co_await connection->timer.async_wait(kNoThrow);
-    if (!connection->socket.is_open()) break;
+    if (connection->closed) break;
     if (connection->deadline <= std::chrono::steady_clock::now()) {
       connection->timed_out = true;
+      connection->closed = true;
       boost::system::error_code ignored;
       connection->socket.close(ignored);
       break;

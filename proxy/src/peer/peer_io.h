@@ -30,12 +30,16 @@ struct PeerConnection {
   asio::steady_timer timer;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   bool timed_out = false;
+  // Set by close() (or the watchdog on a timeout); the watchdog runs until then. Not "socket
+  // closed": a client's socket is not open yet when its watchdog starts.
+  bool closed = false;
 
   void arm(std::chrono::milliseconds timeout) {
     deadline = std::chrono::steady_clock::now() + timeout;
     timer.cancel();  // the watchdog re-reads the new deadline
   }
   void close() {
+    closed = true;
     boost::system::error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
@@ -43,7 +47,7 @@ struct PeerConnection {
   }
 };
 
-// Runs until the connection is closed; closes it when a deadline passes.
+// Runs until close(); closes the socket when a deadline passes.
 asio::awaitable<void> watchdog(std::shared_ptr<PeerConnection> connection);
 
 // TCP_NODELAY (acks and pings are tiny) and kernel keep-alive probes on idle links.

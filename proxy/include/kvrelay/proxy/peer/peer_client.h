@@ -57,12 +57,13 @@ class PeerClient {
   [[nodiscard]] Result<std::chrono::microseconds> ping();
 
   // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
-  // `key` (nullopt: the peer holds none).
+  // `key` (nullopt: the peer holds none). A frame announced larger than `max_frame_bytes` is
+  // refused before anything is allocated for it.
   struct FetchedFrame {
     shm::EntryKey key;
     std::vector<std::uint8_t> frame;
   };
-  [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request);
+  [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes);
   // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.
   [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,
                                     std::span<const std::uint8_t> frame);
