@@ -57,11 +57,6 @@ const char* builtin_error_text(int code) noexcept;
 void load_floats(const std::uint8_t* source, DType dtype, std::size_t count, float* destination) noexcept;
 void store_floats(const float* source, DType dtype, std::size_t count, std::uint8_t* destination) noexcept;
 
-// Min and max of `count` floats (NaN ignored unless all are NaN).
-void min_max(const float* values, std::size_t count, float& min_value, float& max_value) noexcept;
-// Max of |x| over `count` floats.
-[[nodiscard]] float abs_max(const float* values, std::size_t count) noexcept;
-
 // memcpy that accepts empty ranges with null pointers (empty tensors have no storage).
 inline void copy_bytes(void* destination, const void* source, std::size_t count) noexcept {
   if (count != 0) std::memcpy(destination, source, count);

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__F16C__)
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -103,14 +103,19 @@ void store_row(const float* __restrict row, std::size_t count, std::uint8_t* __r
   }
 }
 
-// Eight floats as one GCC vector (two SSE registers in the baseline build, one AVX register in
-// the AVX2 build): reductions over a run keep eight independent lanes, which needs no
-// -ffast-math, then fold them with shuffles.
+// One register of floats as a GCC vector (4 lanes in the baseline build, 8 in the AVX2 build):
+// reductions over a run keep independent lanes, which needs no -ffast-math, then fold them with
+// in-register shuffles (an 8-lane type in the baseline build would fold through memory).
+#if defined(__AVX__)
 typedef float Lanes __attribute__((vector_size(32)));
 typedef std::int32_t LaneIndex __attribute__((vector_size(32)));
-constexpr std::size_t kLanes = 8;
+#else
+typedef float Lanes __attribute__((vector_size(16)));
+typedef std::int32_t LaneIndex __attribute__((vector_size(16)));
+#endif
+constexpr std::size_t kLanes = sizeof(Lanes) / sizeof(float);
 
-// Loads 8 floats from an unaligned address.
+// Loads kLanes floats from an unaligned address.
 inline __attribute__((always_inline)) Lanes load_lanes(const float* x) {
   Lanes v;
   std::memcpy(&v, x, sizeof v);
@@ -126,24 +131,51 @@ inline __attribute__((always_inline)) Lanes lane_max(Lanes a, Lanes b) {
   return a > b ? a : b;
 }
 
+// Folds the lanes: with AVX first the two 128-bit halves, then within four lanes.
+typedef float Quad __attribute__((vector_size(16)));
+typedef std::int32_t QuadIndex __attribute__((vector_size(16)));
+
+inline __attribute__((always_inline)) Quad fold_halves_min(Lanes v) {
+#if defined(__AVX__)
+  const Quad low = _mm256_castps256_ps128(v);
+  const Quad high = _mm256_extractf128_ps(v, 1);
+  return low < high ? low : high;
+#else
+  return v;
+#endif
+}
+inline __attribute__((always_inline)) Quad fold_halves_max(Lanes v) {
+#if defined(__AVX__)
+  const Quad low = _mm256_castps256_ps128(v);
+  const Quad high = _mm256_extractf128_ps(v, 1);
+  return low > high ? low : high;
+#else
+  return v;
+#endif
+}
+
 inline __attribute__((always_inline)) float fold_min(Lanes v) {
-  v = lane_min(v, __builtin_shuffle(v, LaneIndex{4, 5, 6, 7, 0, 1, 2, 3}));
-  v = lane_min(v, __builtin_shuffle(v, LaneIndex{2, 3, 0, 1, 6, 7, 4, 5}));
-  v = lane_min(v, __builtin_shuffle(v, LaneIndex{1, 0, 3, 2, 5, 4, 7, 6}));
-  return v[0];
+  Quad m = fold_halves_min(v);
+  Quad swapped = __builtin_shuffle(m, QuadIndex{2, 3, 0, 1});
+  m = m < swapped ? m : swapped;
+  swapped = __builtin_shuffle(m, QuadIndex{1, 0, 3, 2});
+  m = m < swapped ? m : swapped;
+  return m[0];
 }
 inline __attribute__((always_inline)) float fold_max(Lanes v) {
-  v = lane_max(v, __builtin_shuffle(v, LaneIndex{4, 5, 6, 7, 0, 1, 2, 3}));
-  v = lane_max(v, __builtin_shuffle(v, LaneIndex{2, 3, 0, 1, 6, 7, 4, 5}));
-  v = lane_max(v, __builtin_shuffle(v, LaneIndex{1, 0, 3, 2, 5, 4, 7, 6}));
-  return v[0];
+  Quad m = fold_halves_max(v);
+  Quad swapped = __builtin_shuffle(m, QuadIndex{2, 3, 0, 1});
+  m = m > swapped ? m : swapped;
+  swapped = __builtin_shuffle(m, QuadIndex{1, 0, 3, 2});
+  m = m > swapped ? m : swapped;
+  return m[0];
 }
 
 // Min and max of a short run (NaN ignored unless all are NaN: then +inf / -inf).
 inline __attribute__((always_inline)) void min_max(const float* __restrict x, std::size_t count, float& lo_out,
                                                    float& hi_out) {
   const float inf = __builtin_inff();
-  Lanes lo = {inf, inf, inf, inf, inf, inf, inf, inf};
+  Lanes lo = Lanes{} + inf;
   Lanes hi = -lo;
   std::size_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
@@ -165,8 +197,7 @@ inline __attribute__((always_inline)) void min_max(const float* __restrict x, st
 
 // Max of |x| over a short run (0 for an empty run; NaN ignored).
 inline __attribute__((always_inline)) float abs_max(const float* __restrict x, std::size_t count) {
-  const LaneIndex no_sign = {0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF,
-                             0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF};
+  const LaneIndex no_sign = LaneIndex{} + 0x7FFFFFFF;
   Lanes hi = {};
   std::size_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
