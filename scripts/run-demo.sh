@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main command: installs dependencies, builds kvrelay and the reference worker, and
-# runs the demo (two reference workers behind one kvrelay sidecar; see scripts/demo.py).
+# runs the demo (three reference workers, two peered kvrelay sidecars; see scripts/demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
