@@ -215,6 +215,17 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
     CHECK(bad["kvrelay"]["cached_tokens"] == 0);
     CHECK(node.decisions(1).at(0)["error"].get<std::string>().find("treatment.medium") != std::string::npos);
   }
+
+  {  // DELETE /admin/kv drops what the sidecar stores: the same handoff then finds nothing to import.
+    const auto a_prompt = context_prompt(++seed);
+    const auto a = node.complete("writer", greedy(a_prompt, 20, true));
+    const auto dropped = json::parse(http_request(node.http_port(), "DELETE", "/admin/kv").body);
+    CHECK(dropped["dropped_entries"].get<int>() >= 1);
+    CHECK(dropped["dropped_bytes"].get<double>() > 0);
+    const auto b = node.complete("reader", greedy(handoff_prompt(a_prompt, a), 4));
+    CHECK(b["kvrelay"]["cached_tokens"] == 0);
+    CHECK(json::parse(http_request(node.http_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >= 1);  // B's own
+  }
 }
 
 TEST_CASE("a peer that never answers costs a lookup at most its time bound, then B prefills",
