@@ -72,7 +72,7 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 
 }  // namespace
 
-TEST_CASE("audit analyze renders JSON, Markdown and a well-formed SVG", "[audit][cli][process]") {
+TEST_CASE("audit analyze renders JSON and Markdown and a well-formed SVG", "[audit][cli][process]") {
   TempDir dir;
   write_file(dir / "trials.jsonl", replay_trials());
   const auto as_json =
