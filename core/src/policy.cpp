@@ -365,6 +365,7 @@ void read_limits(const json& value, const std::string& pointer, LimitsPolicy& ou
   reader.read_u32("max_connections", out.max_connections, 1, 1U << 20);
   reader.read_u32("max_queued_responses", out.max_queued_responses, 1, 1U << 16);
   reader.read_u64("kv_store_bytes", out.kv_store_bytes, 0, 1ULL << 50);
+  reader.read_millis("probe_interval_ms", out.probe_interval, 50, 3'600'000);
   reader.reject_unknown_keys();
 }
 

@@ -77,9 +77,8 @@ Result<MediumId> DecisionEngine::add_medium(MediumSpec spec) {
   if (media_.empty() && spec.kind != MediumKind::kTokens) {
     return fail(ErrorCode::kInvalidArgument, "the first medium must be tokens");
   }
-  if (!(spec.profile.fidelity > 0.0 && spec.profile.fidelity <= 1.0) ||
-      !(spec.profile.extra_decode_fraction >= 0.0) || spec.profile.encode_bytes_per_s < 0.0 ||
-      spec.profile.decode_bytes_per_s < 0.0) {
+  if (!(spec.profile.fidelity > 0.0 && spec.profile.fidelity <= 1.0) || !(spec.profile.extra_decode_fraction >= 0.0) ||
+      spec.profile.encode_bytes_per_s < 0.0 || spec.profile.decode_bytes_per_s < 0.0) {
     return fail(ErrorCode::kInvalidArgument, "medium '" + spec.name + "' has an invalid codec profile");
   }
   for (const double ratio : spec.profile.ratio) {
@@ -124,7 +123,10 @@ void DecisionEngine::refresh_hot(AgentId agent) noexcept {
   hot.kv_bytes_per_token = state.params.kv_bytes_per_token;
   const double decode_rate = state.decode_tokens.per_second();
   hot.decode_s_per_token = decode_rate > 0.0 ? 1.0 / decode_rate : state.params.decode_s_per_token;
-  hot.prefill = state.prefill.coefficients();
+  // Scaling every coefficient scales the prediction: predict() is linear in them.
+  const double load_weight = 1.0 + state.requests_waiting;
+  const PrefillCoefficients fit = state.prefill.coefficients();
+  hot.prefill = PrefillCoefficients{fit.a * load_weight, fit.b * load_weight, fit.c * load_weight};
   hot.accepts_sparse = state.params.accepts_sparse;
   hot.dtype_index = state.params.dtype == DType::kFloat32 ? 0 : (state.params.dtype == DType::kFloat16 ? 1 : 2);
 }
@@ -185,8 +187,7 @@ Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link
 namespace {
 
 template <class Map>
-auto find_id(const Map& map, std::string_view key, std::string_view what)
-    -> Result<typename Map::mapped_type> {
+auto find_id(const Map& map, std::string_view key, std::string_view what) -> Result<typename Map::mapped_type> {
   const auto it = map.find(std::string(key));
   if (it == map.end()) {
     return fail(ErrorCode::kNotFound, std::string(what) + " '" + std::string(key) + "' not registered");
@@ -199,9 +200,15 @@ auto find_id(const Map& map, std::string_view key, std::string_view what)
 Result<MediumId> DecisionEngine::find_medium(std::string_view name) const {
   return find_id(medium_ids_, name, "medium");
 }
-Result<AgentId> DecisionEngine::find_agent(std::string_view id) const { return find_id(agent_ids_, id, "agent"); }
-Result<LinkId> DecisionEngine::find_link(std::string_view id) const { return find_id(link_ids_, id, "link"); }
-Result<RouteId> DecisionEngine::find_route(std::string_view id) const { return find_id(route_ids_, id, "route"); }
+Result<AgentId> DecisionEngine::find_agent(std::string_view id) const {
+  return find_id(agent_ids_, id, "agent");
+}
+Result<LinkId> DecisionEngine::find_link(std::string_view id) const {
+  return find_id(link_ids_, id, "link");
+}
+Result<RouteId> DecisionEngine::find_route(std::string_view id) const {
+  return find_id(route_ids_, id, "route");
+}
 
 std::size_t DecisionEngine::regime_of(std::uint64_t tokens) noexcept {
   std::size_t regime = 0;
@@ -248,8 +255,8 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       const double enc = m.encode.per_second();
       const double dec = m.decode.per_second();
       c.codec_s = (enc > 0.0 ? raw_kv_bytes / enc : 0.0) + (dec > 0.0 ? raw_kv_bytes / dec : 0.0);
-      c.loss_s = m.spec.profile.extra_decode_fraction * static_cast<double>(shape.expected_output_tokens) *
-                 decode_s_per_token;
+      c.loss_s =
+          m.spec.profile.extra_decode_fraction * static_cast<double>(shape.expected_output_tokens) * decode_s_per_token;
     }
     c.total_s = c.comm_s + c.codec_s + c.comp_s + c.loss_s;
 
@@ -266,8 +273,8 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.excluded = Exclusion::kSparseUnsupported;
     } else if (!m.spec.lossless() && refresh) {
       c.excluded = Exclusion::kPrecisionRefresh;
-    } else if (!m.spec.lossless() && (fidelity < route.quality_floor ||
-                                      shape.chain_fidelity * fidelity < route.quality_floor)) {
+    } else if (!m.spec.lossless() &&
+               (fidelity < route.quality_floor || shape.chain_fidelity * fidelity < route.quality_floor)) {
       c.excluded = Exclusion::kBelowQualityFloor;
     }
     if (c.excluded == Exclusion::kNone && c.total_s < best) {
@@ -324,7 +331,8 @@ Status DecisionEngine::decide_into(RouteId route_id, const TransferShape& shape,
     out.reason = DecisionReason::kPreviousIneligible;
   } else {
     const double previous_cost = out.candidates[previous].total_s;
-    const double gain = previous_cost > 0.0 ? (previous_cost - out.candidates[out.argmin].total_s) / previous_cost : 0.0;
+    const double gain =
+        previous_cost > 0.0 ? (previous_cost - out.candidates[out.argmin].total_s) / previous_cost : 0.0;
     out.predicted_gain = gain;
     if (gain <= route.threshold) {
       out.chosen = previous;
@@ -358,6 +366,13 @@ void DecisionEngine::observe_prefill(AgentId receiver, std::uint64_t new_tokens,
                                      double seconds) noexcept {
   if (receiver < agents_.size()) {
     agents_[receiver].prefill.observe(new_tokens, cached_tokens, seconds);
+    refresh_hot(receiver);
+  }
+}
+
+void DecisionEngine::observe_load(AgentId receiver, double requests_waiting) noexcept {
+  if (receiver < agents_.size() && std::isfinite(requests_waiting) && requests_waiting >= 0.0) {
+    agents_[receiver].requests_waiting = requests_waiting;
     refresh_hot(receiver);
   }
 }

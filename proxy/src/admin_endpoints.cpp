@@ -57,6 +57,22 @@ HttpResponse error_for(const Error& error, const HttpRequest& request) {
                          request.keep_alive());
 }
 
+nlohmann::json codecs_to_json(const codec::CodecRegistry& registry,
+                              const std::vector<codec::PluginLoadFailure>& failures) {
+  nlohmann::json codecs = nlohmann::json::array();
+  for (const auto& codec : registry.codecs()) {
+    codecs.push_back({{"name", codec->name()},
+                      {"id", codec->id()},
+                      {"flags", codec->flag_names()},
+                      {"lossless", codec->lossless()},
+                      {"origin", codec->origin()}});
+  }
+  nlohmann::json refused = nlohmann::json::array();
+  for (const auto& failure : failures)
+    refused.push_back({{"path", failure.path.string()}, {"error", failure.error.to_string()}});
+  return {{"codecs", codecs}, {"refused_plugins", refused}};
+}
+
 }  // namespace
 
 std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
@@ -64,6 +80,11 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
   const auto registry = context.registry;
   const auto is_ready = context.is_ready;
   const auto online_audit = context.audit;
+  const auto codecs = context.codecs;
+  const auto prober = context.upstream_prober;
+  // Fixed after start-up (plugins load once), so rendered once.
+  const auto codecs_body =
+      codecs ? codecs_to_json(*codecs, context.codec_load_failures).dump() : std::string(R"({"codecs":[]})");
   return {
       {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
        [](const HttpRequest& request) { return make_json_response(http::status::ok, R"({"status":"ok"})", request); }},
@@ -102,6 +123,16 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
          auto updated = policy->update_route(route_id.substr(0, route_id.find('?')), changes);
          if (!updated) return error_for(updated.error(), request);
          return make_json_response(http::status::ok, route_to_json(updated.value()).dump(), request);
+       }},
+      {http::verb::get, "/admin/codecs", "Codecs this daemon can use (built-in and plugins) and plugins it refused",
+       [codecs_body](const HttpRequest& request) {
+         return make_json_response(http::status::ok, codecs_body, request);
+       }},
+      {http::verb::get, "/admin/upstreams",
+       "Load last read from each agent's engine metrics page (limits.probe_interval_ms)",
+       [prober](const HttpRequest& request) {
+         const auto body = prober ? prober->snapshot_json() : nlohmann::json{{"agents", nlohmann::json::object()}};
+         return make_json_response(http::status::ok, body.dump(), request);
        }},
       {http::verb::get, "/admin/audit/report",
        "Online audit: effects of each treatment vs T0 with CIs (?format=json|markdown|svg)",

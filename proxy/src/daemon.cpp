@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
@@ -23,6 +24,7 @@
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
 #include "kvrelay/proxy/peer/peer_server.h"
+#include "kvrelay/proxy/upstream_prober.h"
 #include "kvrelay/proxy/version.h"
 #include "kvrelay/shm_transport/entry_store.h"
 #include "kvrelay/shm_transport/server.h"
@@ -74,8 +76,25 @@ int run_daemon(const DaemonOptions& options) {
   auto runtime_policy = std::make_shared<RuntimePolicy>(options.config_path, initial_policy, *registry);
   auto online_audit = std::make_shared<OnlineAudit>();
   auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit);
-  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(
-      {runtime_policy, registry, [state] { return state->ready.load() && !state->draining.load(); }, online_audit}));
+
+  auto codecs = std::make_shared<codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
+  std::vector<codec::PluginLoadFailure> codec_load_failures;
+  for (const auto& directory : policy->codecs.plugin_dirs) {
+    // A refused plugin is logged by the loader and listed at /admin/codecs; the daemon runs on.
+    auto failures = codecs->load_directory(directory);
+    codec_load_failures.insert(codec_load_failures.end(), failures.begin(), failures.end());
+  }
+  auto upstream_prober = std::make_shared<UpstreamProber>(io, runtime_policy, *registry);
+
+  AdminContext admin_context;
+  admin_context.policy = runtime_policy;
+  admin_context.registry = registry;
+  admin_context.is_ready = [state] { return state->ready.load() && !state->draining.load(); };
+  admin_context.codecs = codecs;
+  admin_context.codec_load_failures = std::move(codec_load_failures);
+  admin_context.upstream_prober = upstream_prober;
+  admin_context.audit = online_audit;
+  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
   };
@@ -143,6 +162,7 @@ int run_daemon(const DaemonOptions& options) {
     }
   }
   state->ready = true;
+  upstream_prober->start();
 
   // SIGHUP reloads the policy file; a rejected policy leaves the current one serving.
   asio::signal_set reload_signal(io, SIGHUP);
@@ -176,6 +196,7 @@ int run_daemon(const DaemonOptions& options) {
     state->draining = true;
     *drain_started = std::chrono::steady_clock::now();
     reload_signal.cancel();
+    upstream_prober->stop();
     main_server.drain();
     if (admin_server) admin_server->drain();
     // In-flight peer transfers fail (the sender retries elsewhere); nothing partial is kept.

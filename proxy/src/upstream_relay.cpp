@@ -108,11 +108,14 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
                               if (ec) return self->retry_or_fail("read", ec);
                               self->outcome_.time_to_first_byte = std::chrono::steady_clock::now() - self->started_;
-                              self->write_header();
+                              self->prepare_header();
                             });
   }
 
-  void write_header() {
+  // The response header is not written on its own: it goes out with the first body bytes in one
+  // gathered write (one syscall and one segment instead of two per response). A client of an
+  // event stream sees headers when the first event is ready, which is when it can act anyway.
+  void prepare_header() {
     const auto& upstream_header = parser_->get();
     response_.result(upstream_header.result_int());
     response_.version(11);
@@ -131,11 +134,7 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     response_.body().data = nullptr;
     response_.body().more = true;
     serializer_.emplace(response_);
-    client_->expires_after(timeout_);
-    http::async_write_header(*client_, *serializer_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
-      if (ec) return self->finish_client_error(ec);
-      self->relay_body();
-    });
+    relay_body();
   }
 
   void relay_body() {
@@ -143,13 +142,31 @@ class UpstreamRelay final : public StreamingResponder, public std::enable_shared
     parser_->get().body().data = chunk_.data();
     parser_->get().body().size = chunk_.size();
     upstream_stream_->expires_after(timeout_);
-    http::async_read_some(*upstream_stream_, upstream_buffer_, *parser_,
-                          [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                            if (ec == http::error::need_buffer) ec = {};
-                            if (ec) return self->fail_mid_stream("read", ec);
-                            const std::size_t received = self->chunk_.size() - self->parser_->get().body().size;
-                            self->write_body_chunk(received);
-                          });
+    http::async_read_some(
+        *upstream_stream_, upstream_buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+          if (ec == http::error::need_buffer) ec = {};
+          if (ec) return self->fail_mid_stream("read", ec);
+          const std::size_t received = self->drain_buffered(self->chunk_.size() - self->parser_->get().body().size, ec);
+          if (ec) return self->fail_mid_stream("read", ec);
+          self->write_body_chunk(received);
+        });
+  }
+
+  // Body bytes that already sit in the read buffer (several events of a stream arriving in one
+  // segment) are parsed into the same outgoing chunk, so they cost one client write, not one each.
+  std::size_t drain_buffered(std::size_t received, beast::error_code& ec) {
+    auto& body = parser_->get().body();
+    while (!parser_->is_done() && upstream_buffer_.size() > 0 && received < chunk_.size()) {
+      body.data = chunk_.data() + received;
+      body.size = chunk_.size() - received;
+      const std::size_t consumed = parser_->put(upstream_buffer_.data(), ec);
+      upstream_buffer_.consume(consumed);
+      received = chunk_.size() - body.size;
+      // need_more: the rest of a chunk header or event is still in flight; the next read brings it.
+      if (ec == http::error::need_buffer || ec == http::error::need_more) ec = {};
+      if (ec || consumed == 0) break;
+    }
+    return received;
   }
 
   void write_body_chunk(std::size_t bytes) {

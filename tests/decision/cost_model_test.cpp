@@ -1,9 +1,9 @@
 #include <catch2/catch.hpp>
-
 #include <nlohmann/json.hpp>
 
-#include "engine_fixture.h"
 #include "kvrelay/decision/decision_json.h"
+
+#include "engine_fixture.h"
 
 using namespace kvrelay::decision;
 using kvrelay::DType;
@@ -39,8 +39,7 @@ TEST_CASE("Cost terms follow the model over the blocks the receiver lacks") {
   const auto& q = d.cost_of(f.id("kv_int8"));
   const double raw_bytes = missing * 100e3;
   CHECK(q.wire_bytes == Approx(raw_bytes * int8.profile.ratio_for(DType::kFloat16)));
-  CHECK(q.codec_s ==
-        Approx(raw_bytes / int8.profile.encode_bytes_per_s + raw_bytes / int8.profile.decode_bytes_per_s));
+  CHECK(q.codec_s == Approx(raw_bytes / int8.profile.encode_bytes_per_s + raw_bytes / int8.profile.decode_bytes_per_s));
   CHECK(q.loss_s == Approx(int8.profile.extra_decode_fraction * 100 * 0.01));
   CHECK(q.total_s == Approx(q.comm_s + q.codec_s + q.comp_s + q.loss_s));
 
@@ -229,9 +228,8 @@ TEST_CASE("The decision log record carries every term, the winner and why the ot
     for (const char* key : {"c_comm_s", "c_codec_s", "c_comp_s", "c_loss_s", "total_s", "wire_bytes"}) {
       CHECK(c.contains(key));
     }
-    CHECK(c.at("total_s").get<double>() ==
-          Approx(c.at("c_comm_s").get<double>() + c.at("c_codec_s").get<double>() +
-                 c.at("c_comp_s").get<double>() + c.at("c_loss_s").get<double>()));
+    CHECK(c.at("total_s").get<double>() == Approx(c.at("c_comm_s").get<double>() + c.at("c_codec_s").get<double>() +
+                                                  c.at("c_comp_s").get<double>() + c.at("c_loss_s").get<double>()));
     if (c.at("medium") != j.at("chosen")) {
       CHECK(c.contains("lost_because"));
       ++losers;
@@ -254,4 +252,39 @@ TEST_CASE("A chosen medium predicted past the route deadline is flagged") {
   loose.deadline = std::chrono::milliseconds(60'000);
   CHECK_FALSE(f.engine.decide(f.route(loose), TransferShape{8192, 0, 1.0, 0.0, 0}).value().deadline_miss);
   CHECK_FALSE(f.engine.decide(f.route(), TransferShape{8192, 0, 1.0, 0.0, 0}).value().deadline_miss);
+}
+
+TEST_CASE("Receiver load stretches the re-prefill cost, not the KV media") {
+  EngineFixture f;
+  const RouteId r = f.route();
+  TransferShape shape;
+  shape.tokens = 2048;
+  const Decision idle = f.engine.predict(r, shape).value();
+
+  f.engine.observe_load(f.receiver, 3.0);
+  const Decision loaded = f.engine.predict(r, shape).value();
+  CHECK(loaded.cost_of(kTokensMedium).comp_s == Approx(4.0 * idle.cost_of(kTokensMedium).comp_s));
+  CHECK(loaded.cost_of(f.id("kv_raw")).total_s == Approx(idle.cost_of(f.id("kv_raw")).total_s));
+  // The fitted model itself is unchanged: load is a condition of the moment, not of the receiver.
+  CHECK(f.engine.prefill_coefficients(f.receiver).b == Approx(1e-4));
+
+  // Nonsense readings (they come from a scraped page) are ignored.
+  f.engine.observe_load(f.receiver, -1.0);
+  f.engine.observe_load(f.receiver, std::nan(""));
+  CHECK(f.engine.predict(r, shape).value().cost_of(kTokensMedium).comp_s ==
+        Approx(loaded.cost_of(kTokensMedium).comp_s));
+
+  f.engine.observe_load(f.receiver, 0.0);
+  CHECK(f.engine.predict(r, shape).value().cost_of(kTokensMedium).comp_s == Approx(idle.cost_of(kTokensMedium).comp_s));
+}
+
+TEST_CASE("Under load the break-even length moves toward shorter contexts") {
+  EngineFixture f({}, true, false, testing::kAttentionBound);
+  const RouteId r = f.route();
+  // Find a length that goes as tokens when the receiver is idle.
+  TransferShape shape;
+  shape.tokens = 64;
+  REQUIRE(f.engine.predict(r, shape).value().argmin == kTokensMedium);
+  f.engine.observe_load(f.receiver, 50.0);
+  CHECK(f.engine.predict(r, shape).value().argmin != kTokensMedium);
 }

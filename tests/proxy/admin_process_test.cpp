@@ -1,5 +1,6 @@
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <set>
 
 #include "daemon_fixture.h"
@@ -146,4 +147,30 @@ TEST_CASE("GET /admin lists the endpoint table", "[proxy][admin][process]") {
        {"/healthz", "/readyz", "/metrics", "/admin/routes", "/admin/routes/*", "/admin/reload"}) {
     CHECK(paths.count(expected) == 1);
   }
+}
+
+TEST_CASE("/admin/codecs lists built-in and plugin codecs and the plugins refused", "[proxy][admin][process]") {
+  auto policy = policy_with_routes();
+  const auto plugins = binary_dir() / "tests" / "codec_plugins" / "plugins";
+  policy["codecs"]["plugin_dirs"] = {(plugins / "good").string(), (plugins / "bad").string()};
+  DaemonUnderTest daemon(policy);
+  const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin/codecs").body);
+  std::map<std::string, json> codecs;
+  for (const auto& codec : listing["codecs"])
+    codecs[codec["name"].get<std::string>()] = codec;
+  for (const char* builtin : {"raw", "lossless", "fp8", "int8", "int4", "sparse"}) {
+    INFO(builtin);
+    REQUIRE(codecs.count(builtin) == 1);
+    CHECK(codecs[builtin]["origin"] == "built-in");
+  }
+  CHECK(codecs["lossless"]["lossless"] == true);
+  CHECK(codecs["int4"]["lossless"] == false);
+  REQUIRE(codecs.count("xor") == 1);
+  CHECK_THAT(codecs["xor"]["origin"].get<std::string>(), Catch::EndsWith(".so"));
+  // The bad directory holds a wrong ABI version, a wrong struct size, a missing entry symbol and a
+  // plugin claiming a built-in id:
+  // each is refused with its reason and the daemon serves on.
+  REQUIRE(listing["refused_plugins"].size() == 4);
+  CHECK_THAT(listing["refused_plugins"].dump(), Catch::Contains("version") && Catch::Contains("size"));
+  CHECK(http_request(daemon.http_port(), "GET", "/healthz").status == 200);
 }

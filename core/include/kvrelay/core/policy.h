@@ -111,6 +111,7 @@ struct LimitsPolicy {
   std::uint32_t max_connections = 1024;
   std::uint32_t max_queued_responses = 64;
   std::uint64_t kv_store_bytes = 1ULL << 30;
+  std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url
 };
 
 struct CodecPolicy {

@@ -8,6 +8,8 @@
 // Agents, links, routes and media are interned to dense ids at setup; decide() touches only
 // vectors indexed by those ids and fills a fixed-size Decision, so it allocates nothing.
 
+#include <boost/unordered/unordered_flat_map.hpp>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -15,8 +17,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <boost/unordered/unordered_flat_map.hpp>
 
 #include "kvrelay/core/dtype.h"
 #include "kvrelay/core/policy.h"
@@ -34,25 +34,25 @@ inline constexpr MediumId kNoMedium = 0xFF;
 // Why a candidate could not be chosen (kNone: it was eligible).
 enum class Exclusion : std::uint8_t {
   kNone,
-  kRouteDisabled,       // the route is disabled: context moves as tokens only
-  kNotAllowed,          // not in the route's allowed_media
-  kNotForced,           // the route forces another medium
-  kFingerprintMismatch, // KV needs identical sender and receiver fingerprints
-  kSparseUnsupported,   // receiver did not declare position-sparse KV support
-  kBelowQualityFloor,   // codec fidelity (times the chain so far) below the route's floor
-  kPrecisionRefresh,    // chain fidelity already below the floor: lossless only
+  kRouteDisabled,        // the route is disabled: context moves as tokens only
+  kNotAllowed,           // not in the route's allowed_media
+  kNotForced,            // the route forces another medium
+  kFingerprintMismatch,  // KV needs identical sender and receiver fingerprints
+  kSparseUnsupported,    // receiver did not declare position-sparse KV support
+  kBelowQualityFloor,    // codec fidelity (times the chain so far) below the route's floor
+  kPrecisionRefresh,     // chain fidelity already below the floor: lossless only
 };
 [[nodiscard]] std::string_view exclusion_name(Exclusion exclusion) noexcept;
 
 // How the chosen medium came about.
 enum class DecisionReason : std::uint8_t {
-  kFirstDecision,      // no previous choice for this route and length regime
-  kArgmin,             // the argmin equals the previous choice
-  kSwitched,           // the argmin beat the previous choice by more than the threshold
-  kHysteresisHeld,     // gain below the threshold: previous choice kept
-  kDwellHeld,          // gain above the threshold but the minimum dwell has not passed
-  kPreviousIneligible, // previous choice is now excluded, argmin taken
-  kForced,             // the route forces this medium
+  kFirstDecision,       // no previous choice for this route and length regime
+  kArgmin,              // the argmin equals the previous choice
+  kSwitched,            // the argmin beat the previous choice by more than the threshold
+  kHysteresisHeld,      // gain below the threshold: previous choice kept
+  kDwellHeld,           // gain above the threshold but the minimum dwell has not passed
+  kPreviousIneligible,  // previous choice is now excluded, argmin taken
+  kForced,              // the route forces this medium
   kRouteDisabled,
 };
 [[nodiscard]] std::string_view decision_reason_name(DecisionReason reason) noexcept;
@@ -70,10 +70,10 @@ struct CandidateCost {
 
 // One context move as the engine sees it.
 struct TransferShape {
-  std::uint64_t tokens = 0;           // context length at the sender
-  std::uint64_t receiver_cached = 0;  // leading tokens the receiver already holds (block aligned)
-  double chain_fidelity = 1.0;        // product of lossy-hop fidelities this context went through
-  double now_s = 0.0;                 // caller's clock (monotonic or virtual), for the dwell
+  std::uint64_t tokens = 0;                    // context length at the sender
+  std::uint64_t receiver_cached = 0;           // leading tokens the receiver already holds (block aligned)
+  double chain_fidelity = 1.0;                 // product of lossy-hop fidelities this context went through
+  double now_s = 0.0;                          // caller's clock (monotonic or virtual), for the dwell
   std::uint32_t expected_output_tokens = 256;  // scales the decode cost of quality loss
 };
 
@@ -107,7 +107,7 @@ struct AgentParams {
 
 struct LinkParams {
   std::string id;
-  bool shm = false;               // same host: the prior is the measured copy bandwidth
+  bool shm = false;  // same host: the prior is the measured copy bandwidth
   double prior_bytes_per_s = 1.25e8;
   double prior_rtt_s = 5e-4;
 };
@@ -153,10 +153,14 @@ class DecisionEngine {
   void observe_prefill(AgentId receiver, std::uint64_t new_tokens, std::uint64_t cached_tokens,
                        double seconds) noexcept;
   void observe_decode(AgentId receiver, std::uint64_t tokens, double seconds) noexcept;
+  // The receiver's engine load (its metrics page: requests waiting for a slot). A re-prefill on a
+  // receiver with n requests waiting delays each of them by its own duration, so the compute term
+  // is charged (1 + n) times: the latency it adds across the node, not only to this transfer.
+  void observe_load(AgentId receiver, double requests_waiting) noexcept;
   void observe_link(LinkId link, double bytes, double seconds) noexcept;
   void observe_rtt(LinkId link, double seconds) noexcept;
-  void observe_codec(MediumId medium, DType dtype, double raw_bytes, double encoded_bytes,
-                     double encode_s, double decode_s) noexcept;
+  void observe_codec(MediumId medium, DType dtype, double raw_bytes, double encoded_bytes, double encode_s,
+                     double decode_s) noexcept;
 
   // Current windowed estimates, for the decision log and tests.
   [[nodiscard]] double link_bytes_per_s(LinkId link) const;
@@ -179,6 +183,7 @@ class DecisionEngine {
     AgentParams params;
     PrefillFit prefill;
     WindowedRate decode_tokens;
+    double requests_waiting = 0.0;
   };
   // What evaluate() reads about an agent, one cache line, refreshed when estimates change.
   struct AgentHot {

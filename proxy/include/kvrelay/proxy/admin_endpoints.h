@@ -4,17 +4,22 @@
 #include <memory>
 #include <vector>
 
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/proxy/admin_router.h"
 #include "kvrelay/proxy/online_audit.h"
 #include "kvrelay/proxy/runtime_policy.h"
+#include "kvrelay/proxy/upstream_prober.h"
 
 namespace kvrelay::proxy {
 
 struct AdminContext {
   std::shared_ptr<RuntimePolicy> policy;
   std::shared_ptr<metrics::Registry> registry;
-  std::function<bool()> is_ready;      // listening and not draining
+  std::function<bool()> is_ready;  // listening and not draining
+  std::shared_ptr<const codec::CodecRegistry> codecs;
+  std::vector<codec::PluginLoadFailure> codec_load_failures;  // plugins refused at start-up
+  std::shared_ptr<const UpstreamProber> upstream_prober;
   std::shared_ptr<OnlineAudit> audit;  // online audit trials; the report endpoint is empty without it
 };
 

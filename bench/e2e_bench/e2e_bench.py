@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""End-to-end handoff benchmark: per context length, agent B's time to first token with A's context
+as tokens and as each KV medium (TCP between two sidecars, and kv_raw over shared memory on one
+node), the decision engine's choice, and its regret against the best medium measured in the same
+run. Prints one JSON object. Usage: e2e_bench.py [BUILD_DIR] [--lengths ...] [--repeats N]
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import handoff  # noqa: E402
+
+KV_MEDIA = ["kv_raw", "kv_lossless", "kv_int8", "kv_int4"]
+
+
+def machine():
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "load_average": os.getloadavg()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("build", nargs="?", default="build/default")
+    parser.add_argument("--lengths", default="64,256,512,1024,2048")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per length (medians are reported)")
+    parser.add_argument("--shape", default=handoff.DEMO_SHAPE)
+    args = parser.parse_args()
+    lengths = [int(value) for value in args.lengths.split(",")]
+
+    result = {"bench": "e2e_bench", "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ"),
+              "machine": machine(), "shape": args.shape, "repeats": args.repeats, "lengths": []}
+    with handoff.Cluster(args.build, args.shape) as cluster:
+        seed = 0
+        for length in lengths:
+            samples = []
+            for _ in range(args.repeats):
+                samples.append(handoff.run_length(cluster, length, seed))
+                seed += 1
+            labels = samples[0]["runs"].keys()
+            ttft = {label: statistics.median(s["runs"][label]["ttft_ms"] for s in samples) for label in labels}
+            forced = ["tokens"] + KV_MEDIA
+            best_label = min(forced, key=lambda label: ttft[label])
+            engine_choices = [s["runs"]["engine"]["medium"] for s in samples]
+            result["lengths"].append({
+                "length": length,
+                "ttft_ms": ttft,
+                "best_medium": best_label,
+                "engine_choice": max(set(engine_choices), key=engine_choices.count),
+                "engine_regret": ttft["engine"] / ttft[best_label] - 1,
+                "engine_vs_tokens": ttft["engine"] / ttft["tokens"] - 1,
+                "kv_raw_shm_speedup_vs_tokens": ttft["tokens"] / ttft["kv_raw_shm"],
+                "kv_raw_tcp_speedup_vs_tokens": ttft["tokens"] / ttft["kv_raw"],
+                "top1_agreement": {label: statistics.mean(s["runs"][label]["top1_agreement"] for s in samples)
+                                   for label in labels},
+                "cached_tokens": {label: samples[-1]["runs"][label]["cached_tokens"] for label in labels},
+            })
+    longest = result["lengths"][-1]
+    short = [entry for entry in result["lengths"] if entry["length"] <= 256]
+    result["goals"] = {
+        "kv_raw_shm_speedup_at_longest": {"goal": ">= 10", "value": longest["kv_raw_shm_speedup_vs_tokens"],
+                                          "length": longest["length"]},
+        "engine_regret_max": {"goal": "<= 0.10", "value": max(entry["engine_regret"] for entry in result["lengths"])},
+        "engine_vs_tokens_short_max": {"goal": "<= 0.05",
+                                       "value": max((entry["engine_vs_tokens"] for entry in short), default=None)},
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

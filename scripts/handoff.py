@@ -1,0 +1,184 @@
+"""Agent A -> agent B context handoff on real processes: the orchestration shared by the demo
+(scripts/demo.py, the README's main command) and bench/e2e_bench.
+
+Two nodes on loopback. node-a's sidecar fronts agent A and agent B-local (a second worker on the
+same node: KV moves over shared memory); node-b's sidecar fronts agent B (KV comes from node-a over
+the TCP peer plane, encoded with the route's codec). Every worker is a kvrelay-refworker with the
+same synthetic model and its KV connector pointed at its node's sidecar.
+
+For one context length: A answers a prompt; then B gets A's prompt + A's answer + a follow-up with
+the route's medium forced to each of tokens, kv_raw, kv_lossless, kv_int8, kv_int4 in turn, then
+left to the decision engine; B-local gets the same with kv_raw over shared memory. Before each B
+run node-b's KV store is flushed (DELETE /admin/kv) so every medium starts from the same state: A's
+KV on node-a, nothing on node-b.
+"""
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+DEMO_SHAPE = "layers=8,dim=512,heads=8,kv_heads=4,ffn=1376,vocab=512,seq_len=4096"
+FORCED_MEDIA = ["tokens", "kv_raw", "kv_lossless", "kv_int8", "kv_int4"]
+FOLLOW_UP = [300, 301, 302, 303, 304, 305, 306, 307]
+A_ANSWER_TOKENS = 16
+B_ANSWER_TOKENS = 8
+
+
+def shape_model(shape):
+    fields = dict(item.split("=") for item in shape.split(","))
+    heads, dim = int(fields["heads"]), int(fields["dim"])
+    return {"architecture": "llama", "layers": int(fields["layers"]), "kv_heads": int(fields["kv_heads"]),
+            "head_dim": dim // heads, "dtype": "fp32", "weights": f"synthetic:{shape}:1"}
+
+
+def http(port, method, path, body=None, timeout=600):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        text = response.read().decode()
+    return json.loads(text) if text else {}
+
+
+def wait_ready(path, process, what, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and path.stat().st_size > 0:
+            return json.loads(path.read_text())
+        if process.poll() is not None:
+            sys.exit(f"{what} exited with {process.returncode}; see {path.parent}")
+        time.sleep(0.05)
+    sys.exit(f"{what} did not start within {timeout} s")
+
+
+class Cluster:
+    """Three workers and two sidecars, torn down on exit."""
+
+    def __init__(self, build, shape=DEMO_SHAPE):
+        self.build = pathlib.Path(build)
+        self.shape = shape
+        self.work = pathlib.Path(tempfile.mkdtemp(prefix="kvrelay-handoff-"))
+        self.processes = []
+
+    def __enter__(self):
+        kvrelay = self.build / "proxy" / "kvrelay"
+        refworker = self.build / "refworker" / "kvrelay-refworker"
+        sockets = {"node-a": str(self.work / "node-a.sock"), "node-b": str(self.work / "node-b.sock")}
+        # Sidecars first: workers connect to their socket when they start.
+        peer_ports = {}
+        self.sidecar_ports = {}
+        model = shape_model(self.shape)
+        workers = {"agent-a": "node-a", "agent-b-local": "node-a", "agent-b": "node-b"}
+        # Worker ports are not known before the workers start, and workers need the sockets: start
+        # the sidecars with placeholder upstreams, then reload them with the real ones.
+        policies = {}
+        for node in ("node-a", "node-b"):
+            policies[node] = {
+                "schema_version": 1,
+                "node": {"id": node},
+                "listen": {"http": "127.0.0.1:0", "peer": "127.0.0.1:0", "unix_socket": sockets[node]},
+                "peers": [],
+                "agents": [],
+                "routes": [],
+                "limits": {"kv_lookup_timeout_ms": 30000, "peer_summary_interval_ms": 200},
+                "logging": {"level": "warn"},
+            }
+            self._write(node, policies[node])
+            process = self._spawn(node, [str(kvrelay), "serve", "--config", str(self.work / f"{node}.json"),
+                                         "--ready-file", str(self.work / f"{node}.ready")])
+            ready = wait_ready(self.work / f"{node}.ready", process, f"kvrelay {node}")
+            self.sidecar_ports[node] = ready["http"]
+            peer_ports[node] = ready["peer"]
+        worker_ports = {}
+        for agent, node in workers.items():
+            process = self._spawn(agent, [str(refworker), "serve", "--synthetic", self.shape, "--seed", "1",
+                                          "--model-name", "demo", "--ready-file", str(self.work / f"{agent}.ready"),
+                                          "--kvrelay-socket", sockets[node]])
+            self.worker_processes = getattr(self, "worker_processes", {})
+            self.worker_processes[agent] = process
+        for agent in workers:
+            worker_ports[agent] = wait_ready(self.work / f"{agent}.ready", self.worker_processes[agent], agent)["http"]
+        for node in ("node-a", "node-b"):
+            other = "node-b" if node == "node-a" else "node-a"
+            policy = policies[node]
+            policy["peers"] = [{"id": other, "address": f"127.0.0.1:{peer_ports[other]}"}]
+            policy["agents"] = [
+                {"id": agent, "upstream": f"http://127.0.0.1:{worker_ports[agent]}", "model": model,
+                 "kv_connector": True, "metrics_url": f"http://127.0.0.1:{worker_ports[agent]}/metrics",
+                 **({} if agent_node == node else {"node": agent_node})}
+                for agent, agent_node in workers.items()]
+            policy["routes"] = [{"id": "a-to-b", "from": "agent-a", "to": "agent-b"},
+                                {"id": "a-to-b-local", "from": "agent-a", "to": "agent-b-local"}]
+            self._write(node, policy)
+            http(self.sidecar_ports[node], "POST", "/admin/reload")
+        return self
+
+    def __exit__(self, *exc):
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        return False
+
+    def _write(self, node, policy):
+        (self.work / f"{node}.json").write_text(json.dumps(policy, indent=2))
+
+    def _spawn(self, name, argv):
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.work / f"{name}.log", "w"))
+        self.processes.append(process)
+        return process
+
+    def complete(self, node, agent, prompt, max_tokens):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return http(self.sidecar_ports[node], "POST", f"/agents/{agent}/v1/completions", body)
+
+    def force(self, node, route, medium):
+        http(self.sidecar_ports[node], "PUT", f"/admin/routes/{route}", {"forced_medium": medium})
+
+    def flush(self, node):
+        http(self.sidecar_ports[node], "DELETE", "/admin/kv")
+
+    def last_decision(self, node):
+        decisions = http(self.sidecar_ports[node], "GET", "/admin/decisions?limit=1")["decisions"]
+        return decisions[0] if decisions else {}  # newest first
+
+
+def context_prompt(length, seed):
+    return [1] + [3 + (index * 37 + seed * 101) % 500 for index in range(length - 1)]
+
+
+def run_length(cluster, length, seed):
+    """B's time to first token under every medium for one context length."""
+    prompt = context_prompt(length, seed)
+    a_reply = cluster.complete("node-a", "agent-a", prompt, A_ANSWER_TOKENS)
+    b_prompt = prompt + a_reply["choices"][0]["token_ids"] + FOLLOW_UP
+    runs = {}
+
+    def run_b(label, node, agent, route, medium):
+        cluster.force(node, route, medium)
+        if node == "node-b":
+            cluster.flush("node-b")
+        reply = cluster.complete(node, agent, b_prompt, B_ANSWER_TOKENS)
+        stats = reply["kvrelay"]
+        decision = cluster.last_decision(node) if medium != "tokens" else {}
+        runs[label] = {"ttft_ms": stats["ttft_ms"], "cached_tokens": stats.get("cached_tokens", 0),
+                       "prefill_tokens": stats.get("prefill_tokens", 0),
+                       "token_ids": reply["choices"][0]["token_ids"],
+                       "medium": decision.get("medium", medium) if medium is None else medium}
+
+    for medium in FORCED_MEDIA:
+        run_b(medium, "node-b", "agent-b", "a-to-b", medium)
+    run_b("engine", "node-b", "agent-b", "a-to-b", None)
+    run_b("kv_raw_shm", "node-a", "agent-b-local", "a-to-b-local", "kv_raw")
+    reference = runs["tokens"]["token_ids"]
+    for run in runs.values():
+        run["top1_agreement"] = sum(x == y for x, y in zip(run["token_ids"], reference)) / max(1, len(reference))
+    return {"length": length, "b_prompt_tokens": len(b_prompt), "runs": runs}

@@ -1,0 +1,71 @@
+// The load figures read from engines' metrics pages. vLLM's names are also exported by the
+// reference worker (see upstream_probe_test.cpp for the live probe); TGI cannot run here, so its
+// page is checked as text.
+#include "kvrelay/proxy/upstream_load.h"
+
+#include <catch2/catch.hpp>
+
+using kvrelay::proxy::HistogramTotals;
+using kvrelay::proxy::mean_between;
+using kvrelay::proxy::parse_upstream_metrics;
+
+TEST_CASE("vLLM load metrics are summed over models and histogram totals kept", "[proxy][probe]") {
+  const auto page = R"(# HELP vllm:num_requests_waiting Requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="a"} 3.0
+vllm:num_requests_waiting{model_name="b,\"odd\" name}"} 2
+vllm:num_requests_running{model_name="a"} 1 1700000000000
+vllm:kv_cache_usage_perc{model_name="a"} 0.25
+vllm:kv_cache_usage_perc{model_name="b"} 0.75
+vllm:time_to_first_token_seconds_bucket{model_name="a",le="+Inf"} 4
+vllm:time_to_first_token_seconds_sum{model_name="a"} 0.5
+vllm:time_to_first_token_seconds_count{model_name="a"} 4
+vllm:unrelated_total NaN
+)";
+  const auto load = parse_upstream_metrics(page);
+  REQUIRE(load);
+  CHECK(load.value().requests_waiting == 5.0);
+  CHECK(load.value().requests_running == 1.0);
+  CHECK(load.value().kv_cache_usage == 0.75);  // the busiest cache
+  REQUIRE(load.value().time_to_first_token);
+  CHECK(load.value().time_to_first_token->sum == 0.5);
+  CHECK(load.value().time_to_first_token->count == 4.0);
+}
+
+TEST_CASE("TGI's queue and batch sizes map onto waiting and running", "[proxy][probe]") {
+  const auto load = parse_upstream_metrics("tgi_queue_size 7\r\ntgi_batch_current_size 2\r\n");
+  REQUIRE(load);
+  CHECK(load.value().requests_waiting == 7.0);
+  CHECK(load.value().requests_running == 2.0);
+  CHECK_FALSE(load.value().kv_cache_usage);
+}
+
+TEST_CASE("A page with nothing recognisable parses but says so", "[proxy][probe]") {
+  const auto load = parse_upstream_metrics("# only comments\n\nprocess_cpu_seconds_total 12.5\n");
+  REQUIRE(load);
+  CHECK_FALSE(load.value().recognised_anything());
+}
+
+TEST_CASE("Malformed exposition lines are errors naming the line", "[proxy][probe]") {
+  const auto no_value = parse_upstream_metrics("vllm:num_requests_waiting 1\nvllm:num_requests_running\n");
+  REQUIRE_FALSE(no_value);
+  CHECK_THAT(no_value.error().message, Catch::Contains("line 2") && Catch::Contains("no value"));
+
+  const auto open_labels = parse_upstream_metrics("vllm:num_requests_waiting{model_name=\"a 1\n");
+  REQUIRE_FALSE(open_labels);
+  CHECK_THAT(open_labels.error().message, Catch::Contains("line 1") && Catch::Contains("unterminated"));
+
+  const auto not_number = parse_upstream_metrics("tgi_queue_size many\n");
+  REQUIRE_FALSE(not_number);
+  CHECK_THAT(not_number.error().message, Catch::Contains("not a number"));
+
+  const auto no_name = parse_upstream_metrics("{le=\"1\"} 3\n");
+  REQUIRE_FALSE(no_name);
+  CHECK_THAT(no_name.error().message, Catch::Contains("no metric name"));
+}
+
+TEST_CASE("Recent TTFT is the mean between two scrapes", "[proxy][probe]") {
+  CHECK(mean_between(HistogramTotals{1.0, 10.0}, HistogramTotals{1.6, 13.0}) == Approx(0.2));
+  CHECK_FALSE(mean_between(HistogramTotals{1.0, 10.0}, HistogramTotals{1.0, 10.0}));  // nothing new
+  CHECK_FALSE(mean_between(HistogramTotals{5.0, 10.0}, HistogramTotals{0.1, 1.0}));   // engine restarted
+}
