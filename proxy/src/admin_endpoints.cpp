@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvrelay/audit/calibrate.h"
 #include "kvrelay/audit/render.h"
 #include "kvrelay/proxy/version.h"
 
@@ -136,6 +137,13 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
       {http::verb::get, "/admin/audit/report",
        "Online audit: effects of each treatment vs T0 with CIs (?format=json|markdown|svg)",
        [online_audit](const HttpRequest& request) { return audit_report(online_audit, request); }},
+      {http::verb::get, "/admin/audit/calibration",
+       "Cost-model parameters from the online audit's trials, as a policy fragment to review (docs/audit.md)",
+       [online_audit](const HttpRequest& request) {
+         const auto trials = online_audit ? online_audit->snapshot() : audit::TrialSet{};
+         return make_json_response(http::status::ok, audit::calibrate(trials, audit::CalibrationOptions{}).dump(),
+                                   request);
+       }},
       {http::verb::post, "/admin/reload",
        "Re-read the policy file; a bad policy is rejected and the old one keeps serving",
        [policy](const HttpRequest& request) {

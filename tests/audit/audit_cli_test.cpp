@@ -72,7 +72,7 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 
 }  // namespace
 
-TEST_CASE("audit analyze renders JSON, Markdown and a well-formed SVG", "[audit][cli][process]") {
+TEST_CASE("audit analyze renders JSON and Markdown and a well-formed SVG", "[audit][cli][process]") {
   TempDir dir;
   write_file(dir / "trials.jsonl", replay_trials());
   const auto as_json =
@@ -259,6 +259,11 @@ TEST_CASE("online audit: assignments precede outcomes in the trials file and fee
   const auto markdown = http_request(port, "GET", "/admin/audit/report?format=markdown", "");
   CHECK((markdown.status == 200 || markdown.status == 409));
   CHECK(http_request(port, "GET", "/admin/audit/report?format=pdf", "").status == 400);
+  const auto calibration = http_request(port, "GET", "/admin/audit/calibration", "");
+  REQUIRE(calibration.status == 200);
+  const auto fragment = json::parse(calibration.body);
+  CHECK(fragment["calibration"]["trials"] == kRequests);
+  CHECK(fragment["cost_model"].contains("agents"));
 }
 
 namespace {

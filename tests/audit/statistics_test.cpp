@@ -106,7 +106,7 @@ TEST_CASE("Quantiles interpolate between order statistics (type 7)", "[audit][st
   CHECK(sample_variance(values) == Approx(5.0 / 3.0));
 }
 
-TEST_CASE("Degenerate samples give defined results, not exceptions", "[audit][statistics]") {
+TEST_CASE("Degenerate samples give defined results and no exceptions", "[audit][statistics]") {
   const std::vector<double> one{1.0};
   const std::vector<double> flat{2.0, 2.0, 2.0};
   const std::vector<double> flat_higher{3.0, 3.0, 3.0};
@@ -122,7 +122,7 @@ TEST_CASE("Degenerate samples give defined results, not exceptions", "[audit][st
   CHECK(std::isnan(percent_change(1.0, 0.0)));
 }
 
-TEST_CASE("Bootstrap intervals are seeded, bracket the estimate and pairing narrows them", "[audit][statistics]") {
+TEST_CASE("Bootstrap intervals are seeded and bracket the estimate and pairing narrows them", "[audit][statistics]") {
   // Contexts differ a lot; the treatment takes 10 off each one: pairs carry the information.
   std::vector<double> baseline;
   std::vector<double> treatment;

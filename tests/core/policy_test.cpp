@@ -180,7 +180,7 @@ TEST_CASE("host:port and URL parsing", "[core][policy]") {
   CHECK_FALSE(kvrelay::parse_http_url("http://worker:0"));
 }
 
-TEST_CASE("route audit block: treatments, trials file and the audit_fraction shorthand", "[core][policy]") {
+TEST_CASE("route audit block: treatments and trials file and the audit_fraction shorthand", "[core][policy]") {
   auto document = minimal_policy();
   document["routes"][0]["audit"] = json::parse(R"({"fraction": 0.2, "trials_file": "/tmp/t.jsonl",
       "treatments": [{"name": "T0", "medium": "tokens", "span": "none"},
@@ -225,7 +225,7 @@ TEST_CASE("bad audit blocks are rejected with pointers", "[core][policy]") {
       Contains("/routes/2/audit/treatments/0/medium: expected a medium listed in allowed_media, got \"kv_int4\""));
 }
 
-TEST_CASE("cost_model section: calibrated prefill, decode and codec quality", "[core][policy]") {
+TEST_CASE("cost_model section: calibrated prefill and decode and codec quality", "[core][policy]") {
   auto document = minimal_policy();
   document["cost_model"] = json::parse(R"({
       "agents": {"b": {"prefill_s": {"a": 0.004, "b": 3e-5, "c": 2e-9}, "decode_s_per_token": 0.0025}},

@@ -57,7 +57,7 @@ TEST_CASE("prompt length and worker stats for audit covariates", "[proxy][audit]
   CHECK_FALSE(worker_stats_from_tail(R"("kvrelay":{"cut)"));
 }
 
-TEST_CASE("online audit draws at the route's fraction, uniformly over treatments", "[proxy][audit]") {
+TEST_CASE("online audit draws at the route's fraction and uniformly over treatments", "[proxy][audit]") {
   OnlineAudit audit(1000, 42);
   const auto route = audited_route(0.25, "");
   std::map<std::string, int> counts;

@@ -172,8 +172,12 @@ Result<Response> post(const HttpUrl& base, const std::string& path, const std::s
   }
 }
 
-json treatment_json(const audit::Treatment& treatment) {
-  return {{"name", treatment.name}, {"medium", treatment.medium}, {"span", treatment.span}};
+// `prompt_tokens` (A's prompt length) lets the sidecar serve only A's prompt span for span "prompt".
+json treatment_json(const audit::Treatment& treatment, std::size_t prompt_tokens) {
+  return {{"name", treatment.name},
+          {"medium", treatment.medium},
+          {"span", treatment.span},
+          {"prompt_tokens", prompt_tokens}};
 }
 
 // The last SSE event that carries the worker's kvrelay stats.
@@ -242,10 +246,12 @@ int run(const RunOptions& options) {
         const auto request_base = fmt::format("audit-{}-{}-{}", options.seed, pair_id, treatment.name);
         std::vector<std::int64_t> a_prompt = context.prompt;
         a_prompt.insert(a_prompt.end(), context.a_followup.begin(), context.a_followup.end());
-        const json a_body{{"prompt", a_prompt},
-                          {"max_tokens", options.a_max_tokens},
-                          {"temperature", 0},
-                          {"kv_transfer_params", {{"kvrelay", {{"treatment", treatment_json(treatment)}}}}}};
+        const json a_body{
+            {"prompt", a_prompt},
+            {"max_tokens", options.a_max_tokens},
+            {"temperature", 0},
+            {"ignore_eos", true},
+            {"kv_transfer_params", {{"kvrelay", {{"treatment", treatment_json(treatment, a_prompt.size())}}}}}};
         auto a = post(sidecar_a, fmt::format("/agents/{}/v1/completions", options.agent_a), a_body.dump(),
                       request_base + "-a", timeout);
         if (!a) return report_error(a.error().message);
@@ -268,11 +274,13 @@ int run(const RunOptions& options) {
           if (token.is_number_integer()) b_prompt.push_back(token.get<std::int64_t>());
         }
         b_prompt.insert(b_prompt.end(), context.b_followup.begin(), context.b_followup.end());
-        const json b_body{{"prompt", b_prompt},
-                          {"max_tokens", options.b_max_tokens},
-                          {"temperature", 0},
-                          {"stream", true},
-                          {"kv_transfer_params", {{"kvrelay", {{"treatment", treatment_json(treatment)}}}}}};
+        const json b_body{
+            {"prompt", b_prompt},
+            {"max_tokens", options.b_max_tokens},
+            {"temperature", 0},
+            {"ignore_eos", true},
+            {"stream", true},
+            {"kv_transfer_params", {{"kvrelay", {{"treatment", treatment_json(treatment, a_prompt.size())}}}}}};
         auto b = post(sidecar_b, fmt::format("/agents/{}/v1/completions", options.agent_b), b_body.dump(),
                       request_base + "-b", timeout);
         if (!b) return report_error(b.error().message);
