@@ -376,10 +376,9 @@ TEST_CASE("audit run replays contexts under each treatment as a paired design", 
   }
 }
 
-// Needs the sidecar's lookup to honor kv_transfer_params.kvrelay.treatment (T0 => a miss), which
-// the kvpath work adds; until then T0 imports A's KV like T3 and the two cannot differ. Hidden
-// from ctest (tag [.]); run with: audit_process_tests "[kvpath]".
-TEST_CASE("audit run finds T3 faster than T0 at long lengths", "[.][kvpath][audit][run][process]") {
+// The sidecar's lookup honors kv_transfer_params.kvrelay.treatment (T0 => a miss, T3 => all of
+// A's KV), so the paired replay can tell the two apart.
+TEST_CASE("audit run finds T3 faster than T0 at long lengths", "[kvpath][audit][run][process]") {
   TempDir dir;
   const auto replay = replay_through_sidecar(dir, 3);
   INFO(replay.run.err);
