@@ -24,7 +24,6 @@ std::string route_link_id(const Policy& policy, const RoutePolicy& route) {
   return from != nullptr ? link_id_for(policy, *from) : std::string("local");
 }
 
-
 namespace {
 
 const AgentCostModel* agent_cost_model(const Policy& policy, const std::string& agent_id) {

@@ -90,7 +90,8 @@ TEST_CASE("lossless codecs are bit-exact for every dtype and shape even on rando
         const auto kv = synthetic_kv(layout, 17).value();
         CHECK(round_trip(registry, spec, layout, kv, {}) == kv);
         std::vector<std::uint8_t> noise(kv.size());
-        for (auto& byte : noise) byte = static_cast<std::uint8_t>(random());
+        for (auto& byte : noise)
+          byte = static_cast<std::uint8_t>(random());
         CHECK(round_trip(registry, spec, layout, noise, {}) == noise);
       }
     }
@@ -116,8 +117,8 @@ TEST_CASE("lossy codecs keep sinks and the recent window exact and stay within b
     double rel_l2_bound;  // documented in docs/codecs.md for Gaussian KV with outlier channels
     double max_code;      // 0 for fp8
   };
-  const Case cases[] = {{"fp8", 32, 0.06, 0},         {"int8", 64, 0.012, 255},    {"int8", 32, 0.012, 255},
-                        {"int4", 32, 0.2, 15},        {"int4", 64, 0.2, 15},       {"int4+zstd", 32, 0.2, 15},
+  const Case cases[] = {{"fp8", 32, 0.06, 0},     {"int8", 64, 0.012, 255}, {"int8", 32, 0.012, 255},
+                        {"int4", 32, 0.2, 15},    {"int4", 64, 0.2, 15},    {"int4+zstd", 32, 0.2, 15},
                         {"fp8+zstd", 32, 0.06, 0}};
   for (const auto& c : cases) {
     const auto spec = resolve_codec(registry, c.name).value();
@@ -146,9 +147,9 @@ TEST_CASE("lossy codecs keep sinks and the recent window exact and stay within b
         // rounding of scale and zero (2^-11 relative) and the output dtype's rounding.
         const Extent e = extent(layout, kv);
         const double output_rounding = dtype == DType::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;
-        const double bound = c.max_code > 0
-                                 ? e.range * (0.5 / c.max_code + 1.0 / 1024) + e.abs_max * (1.0 / 1024 + output_rounding)
-                                 : e.abs_max * (1.0 / 16 + output_rounding);
+        const double bound =
+            c.max_code > 0 ? e.range * (0.5 / c.max_code + 1.0 / 1024) + e.abs_max * (1.0 / 1024 + output_rounding)
+                           : e.abs_max * (1.0 / 16 + output_rounding);
         CHECK(report.keys.max_abs <= bound);
         CHECK(report.values.max_abs <= bound);
       }
@@ -187,9 +188,10 @@ TEST_CASE("sparse keeps the top key norms per head exactly and records positions
       std::vector<std::uint8_t> decoded(kv.size());
       REQUIRE(decode_frame(registry, frame, decoded));
       const auto header = inspect_frame(frame).value();
-      const auto mask = sparse_kept_mask(layout, header.params,
-                                         {frame.data() + kFrameHeaderSize + header.params.size(), header.payload_length})
-                            .value();
+      const auto mask =
+          sparse_kept_mask(layout, header.params,
+                           {frame.data() + kFrameHeaderSize + header.params.size(), header.payload_length})
+              .value();
       const std::size_t tokens = layout.tokens;
       const std::size_t heads = layout.kv_heads;
       const std::size_t dim = layout.head_dim;
@@ -213,7 +215,8 @@ TEST_CASE("sparse keeps the top key norms per head exactly and records positions
               const std::size_t v = v_base + t * heads * dim + h * dim + d;
               const double x = load_element(kv, dtype, k);
               norm += x * x;
-              exact = exact && load_element(decoded, dtype, k) == x && load_element(decoded, dtype, v) == load_element(kv, dtype, v);
+              exact = exact && load_element(decoded, dtype, k) == x &&
+                      load_element(decoded, dtype, v) == load_element(kv, dtype, v);
               zero = zero && load_element(decoded, dtype, k) == 0 && load_element(decoded, dtype, v) == 0;
             }
             if (t < sink || t >= tokens - recent) {
@@ -256,7 +259,8 @@ TEST_CASE("lossless stores near-random planes as raw zstd blocks and restores th
   for (const std::uint64_t tokens : {1023U, 1024U, 1025U, 2500U, 9000U}) {
     const KvLayout layout{1, 1, 64, DType::kBFloat16, tokens};
     std::vector<std::uint8_t> noise(layout.total_bytes().value());
-    for (auto& byte : noise) byte = static_cast<std::uint8_t>(random());
+    for (auto& byte : noise)
+      byte = static_cast<std::uint8_t>(random());
     INFO(layout.describe());
     CHECK(round_trip(registry, spec, layout, noise, {}) == noise);
     const auto frame = encode_frame(*spec.codec, layout, noise).value();

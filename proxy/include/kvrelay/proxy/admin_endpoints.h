@@ -20,7 +20,7 @@ struct AdminContext {
   std::shared_ptr<const codec::CodecRegistry> codecs;
   std::vector<codec::PluginLoadFailure> codec_load_failures;  // plugins refused at start-up
   std::shared_ptr<const UpstreamProber> upstream_prober;
-  std::shared_ptr<OnlineAudit> audit;  // online audit trials; the report endpoint is empty without it
+  std::shared_ptr<OnlineAudit> audit;          // online audit trials; the report endpoint is empty without it
   std::vector<AdminEndpoint> extra_endpoints;  // rows other parts of the daemon declare (KV path)
 };
 
