@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import handoff  # noqa: E402
 
-COLUMNS = ["tokens", "kv_raw", "kv_lossless", "kv_int8", "kv_int4"]
+COLUMNS = ["tokens", "kv_raw", "kv_lossless", "kv_fp8", "kv_int8", "kv_int4"]
 
 
 def main():

@@ -22,7 +22,7 @@ import time
 import urllib.request
 
 DEMO_SHAPE = "layers=8,dim=512,heads=8,kv_heads=4,ffn=1376,vocab=512,seq_len=4096"
-FORCED_MEDIA = ["tokens", "kv_raw", "kv_lossless", "kv_int8", "kv_int4"]
+FORCED_MEDIA = ["tokens", "kv_raw", "kv_lossless", "kv_fp8", "kv_int8", "kv_int4"]
 FOLLOW_UP = [300, 301, 302, 303, 304, 305, 306, 307]
 A_ANSWER_TOKENS = 16
 B_ANSWER_TOKENS = 8

@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import handoff  # noqa: E402
 
-KV_MEDIA = ["kv_raw", "kv_lossless", "kv_int8", "kv_int4"]
+KV_MEDIA = ["kv_raw", "kv_lossless", "kv_fp8", "kv_int8", "kv_int4"]
 
 
 def machine():

@@ -75,13 +75,16 @@ bool same_fingerprint(const Policy& policy, const RoutePolicy& route) {
 
 // Identity of what the engine was built from: agents, fingerprints, routes (with their live
 // settings) and peers. A change rebuilds the engine, which starts its estimates afresh.
+// What the engine is built from. A route's forced medium and enabled flag are left out on purpose:
+// choose() applies them itself, so switching them live (PUT /admin/routes) keeps everything the
+// engine has learned — link throughput, prefill fit, codec ratios, load.
 std::string engine_signature(const Policy& policy) {
   std::string signature = policy.node_id;
   for (const auto& agent : policy.agents)
     signature += fmt::format("|a:{}:{:x}:{}", agent.id, agent.model.id(), agent.node);
   for (const auto& route : policy.routes) {
-    signature += fmt::format("|r:{}:{}:{}:{}:{}:{}", route.id, route.from_agent, route.to_agent,
-                             fmt::join(route.allowed_media, ","), route.forced_medium.value_or(""), route.enabled);
+    signature += fmt::format("|r:{}:{}:{}:{}", route.id, route.from_agent, route.to_agent,
+                             fmt::join(route.allowed_media, ","));
   }
   for (const auto& peer : policy.peers)
     signature += fmt::format("|p:{}:{}", peer.id, peer.same_host);
@@ -178,7 +181,12 @@ void KvPath::ensure_engine_locked(const Policy& policy) {
   if (engine_ && signature == engine_signature_) return;
   decision::LinkPriors priors;
   priors.shm_bytes_per_s = copy_bytes_per_s_;
-  auto built = decision::engine_from_policy(policy, priors);
+  Policy unforced = policy;
+  for (auto& route : unforced.routes) {
+    route.forced_medium.reset();
+    route.enabled = true;
+  }
+  auto built = decision::engine_from_policy(unforced, priors);
   if (!built) {
     spdlog::error("KV path: no decision engine for this policy ({}); routes without a forced medium use kv_raw",
                   built.error().to_string());
