@@ -83,8 +83,8 @@ std::string engine_signature(const Policy& policy) {
   for (const auto& agent : policy.agents)
     signature += fmt::format("|a:{}:{:x}:{}", agent.id, agent.model.id(), agent.node);
   for (const auto& route : policy.routes) {
-    signature += fmt::format("|r:{}:{}:{}:{}", route.id, route.from_agent, route.to_agent,
-                             fmt::join(route.allowed_media, ","));
+    signature +=
+        fmt::format("|r:{}:{}:{}:{}", route.id, route.from_agent, route.to_agent, fmt::join(route.allowed_media, ","));
   }
   for (const auto& peer : policy.peers)
     signature += fmt::format("|p:{}:{}", peer.id, peer.same_host);
