@@ -13,9 +13,10 @@
 #include <numeric>
 #include <vector>
 
-#include "codec_common.h"
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 #include "kvrelay/codec_plugins/sparse.h"
+
+#include "codec_common.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -40,13 +41,13 @@ int make_plan(const kvrelay_codec_layout* layout, const void* params, std::size_
   if (const int code = detail::parse_params(params, params_size, plan.params); code != KVRELAY_CODEC_OK) return code;
   plan.split = detail::split_tokens(plan.shape.tokens, plan.params);
   // Rounded up, in 64-bit arithmetic: middle is below 2^53 here, so the product cannot overflow.
-  plan.kept = static_cast<std::size_t>((static_cast<unsigned __int128>(plan.split.middle) * plan.params.keep_permille + 999) /
-                                       1000);
+  plan.kept = static_cast<std::size_t>(
+      (static_cast<unsigned __int128>(plan.split.middle) * plan.params.keep_permille + 999) / 1000);
   plan.bitmap_bytes = (plan.split.middle + 7) / 8;
   plan.head_row_bytes = static_cast<std::size_t>(plan.shape.layout.head_dim) * plan.shape.element_size;
   plan.per_head = plan.bitmap_bytes + 2 * plan.kept * plan.head_row_bytes;
-  plan.per_layer = 2 * (plan.split.sink + plan.split.recent) * plan.shape.row_bytes +
-                   plan.per_head * plan.shape.layout.kv_heads;
+  plan.per_layer =
+      2 * (plan.split.sink + plan.split.recent) * plan.shape.row_bytes + plan.per_head * plan.shape.layout.kv_heads;
   plan.total = plan.per_layer * plan.shape.layout.layers;
   return KVRELAY_CODEC_OK;
 }
@@ -65,7 +66,8 @@ std::size_t put_exact(const Plan& plan, const std::uint8_t* tensor, std::uint8_t
   const std::size_t sink_bytes = plan.split.sink * plan.shape.row_bytes;
   const std::size_t recent_bytes = plan.split.recent * plan.shape.row_bytes;
   detail::copy_bytes(out, tensor, sink_bytes);
-  detail::copy_bytes(out + sink_bytes, tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, recent_bytes);
+  detail::copy_bytes(out + sink_bytes, tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes,
+                     recent_bytes);
   return sink_bytes + recent_bytes;
 }
 
@@ -73,7 +75,8 @@ std::size_t get_exact(const Plan& plan, const std::uint8_t* in, std::uint8_t* te
   const std::size_t sink_bytes = plan.split.sink * plan.shape.row_bytes;
   const std::size_t recent_bytes = plan.split.recent * plan.shape.row_bytes;
   detail::copy_bytes(tensor, in, sink_bytes);
-  detail::copy_bytes(tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, in + sink_bytes, recent_bytes);
+  detail::copy_bytes(tensor + (plan.shape.tokens - plan.split.recent) * plan.shape.row_bytes, in + sink_bytes,
+                     recent_bytes);
   return sink_bytes + recent_bytes;
 }
 
@@ -104,16 +107,19 @@ int sparse_encode(const kvrelay_codec_layout* layout, const void* params, std::s
           detail::load_floats(key_middle + t * plan.shape.row_bytes + h * plan.head_row_bytes, plan.shape.layout.dtype,
                               dim, row.data());
           float sum = 0.0F;
-          for (std::size_t d = 0; d < dim; ++d) sum += row[d] * row[d];
+          for (std::size_t d = 0; d < dim; ++d)
+            sum += row[d] * row[d];
           norms[t] = sum == sum ? sum : 0.0F;  // NaN ranks lowest
         }
         std::iota(order.begin(), order.end(), std::size_t{0});
         // Largest norm first; ties by position so the choice is deterministic.
-        std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(plan.kept), order.end(),
-                         [&](std::size_t a, std::size_t b) { return norms[a] > norms[b] || (norms[a] == norms[b] && a < b); });
+        std::nth_element(
+            order.begin(), order.begin() + static_cast<std::ptrdiff_t>(plan.kept), order.end(),
+            [&](std::size_t a, std::size_t b) { return norms[a] > norms[b] || (norms[a] == norms[b] && a < b); });
         std::uint8_t* bitmap = out;
         std::memset(bitmap, 0, plan.bitmap_bytes);
-        for (std::size_t i = 0; i < plan.kept; ++i) bitmap[order[i] / 8] |= static_cast<std::uint8_t>(1U << (order[i] % 8));
+        for (std::size_t i = 0; i < plan.kept; ++i)
+          bitmap[order[i] / 8] |= static_cast<std::uint8_t>(1U << (order[i] % 8));
         std::uint8_t* key_rows = bitmap + plan.bitmap_bytes;
         std::uint8_t* value_rows = key_rows + plan.kept * plan.head_row_bytes;
         std::size_t written = 0;
@@ -135,7 +141,8 @@ int sparse_encode(const kvrelay_codec_layout* layout, const void* params, std::s
 // Checks one head's bitmap: exactly `kept` bits set, padding bits clear.
 bool bitmap_valid(const std::uint8_t* bitmap, const Plan& plan) {
   std::size_t count = 0;
-  for (std::size_t i = 0; i < plan.bitmap_bytes; ++i) count += static_cast<std::size_t>(std::popcount(bitmap[i]));
+  for (std::size_t i = 0; i < plan.bitmap_bytes; ++i)
+    count += static_cast<std::size_t>(std::popcount(bitmap[i]));
   if (count != plan.kept) return false;
   const std::size_t tail_bits = plan.split.middle % 8;
   return tail_bits == 0 || (bitmap[plan.bitmap_bytes - 1] >> tail_bits) == 0;
@@ -152,7 +159,8 @@ int sparse_decode(const kvrelay_codec_layout* layout, const void* params, std::s
     const auto* in = static_cast<const std::uint8_t*>(input);
     // Validate every bitmap before writing anything.
     for (std::size_t layer = 0; layer < plan.shape.layout.layers; ++layer) {
-      const std::uint8_t* heads = in + layer * plan.per_layer + 2 * (plan.split.sink + plan.split.recent) * plan.shape.row_bytes;
+      const std::uint8_t* heads =
+          in + layer * plan.per_layer + 2 * (plan.split.sink + plan.split.recent) * plan.shape.row_bytes;
       for (std::size_t h = 0; h < plan.shape.layout.kv_heads; ++h) {
         if (!bitmap_valid(heads + h * plan.per_head, plan)) return KVRELAY_CODEC_E_CORRUPT;
       }
@@ -187,15 +195,23 @@ int sparse_decode(const kvrelay_codec_layout* layout, const void* params, std::s
 
 const auto kSparseWire = BuiltinParams{}.serialize();
 
-const kvrelay_codec_plugin kSparse = {
-    KVRELAY_CODEC_ABI_VERSION, sizeof(kvrelay_codec_plugin), "sparse", kSparseCodecId,
-    KVRELAY_CODEC_FLAG_HOST_MEMORY | KVRELAY_CODEC_FLAG_POSITION_SPARSE, kSparseWire.data(),
-    static_cast<std::uint32_t>(kSparseWire.size()), sparse_max_size, sparse_encode, sparse_decode,
-    detail::builtin_error_text};
+const kvrelay_codec_plugin kSparse = {KVRELAY_CODEC_ABI_VERSION,
+                                      sizeof(kvrelay_codec_plugin),
+                                      "sparse",
+                                      kSparseCodecId,
+                                      KVRELAY_CODEC_FLAG_HOST_MEMORY | KVRELAY_CODEC_FLAG_POSITION_SPARSE,
+                                      kSparseWire.data(),
+                                      static_cast<std::uint32_t>(kSparseWire.size()),
+                                      sparse_max_size,
+                                      sparse_encode,
+                                      sparse_decode,
+                                      detail::builtin_error_text};
 
 }  // namespace
 
-const kvrelay_codec_plugin* sparse_codec() noexcept { return &kSparse; }
+const kvrelay_codec_plugin* sparse_codec() noexcept {
+  return &kSparse;
+}
 
 Result<std::vector<std::uint8_t>> sparse_kept_mask(const KvLayout& layout, std::span<const std::uint8_t> params,
                                                    std::span<const std::uint8_t> payload) {
@@ -205,7 +221,8 @@ Result<std::vector<std::uint8_t>> sparse_kept_mask(const KvLayout& layout, std::
   if (const int code = make_plan(&c_layout, params.data(), params.size(), plan); code != KVRELAY_CODEC_OK) {
     return fail(static_cast<ErrorCode>(code), "sparse: invalid layout or params");
   }
-  if (payload.size() != plan.total) return fail(ErrorCode::kLayoutMismatch, "sparse: payload size disagrees with layout");
+  if (payload.size() != plan.total)
+    return fail(ErrorCode::kLayoutMismatch, "sparse: payload size disagrees with layout");
   const std::size_t heads = plan.shape.layout.kv_heads;
   std::vector<std::uint8_t> mask(plan.shape.layout.layers * heads * plan.shape.tokens, 0);
   for (std::size_t layer = 0; layer < plan.shape.layout.layers; ++layer) {
@@ -215,9 +232,12 @@ Result<std::vector<std::uint8_t>> sparse_kept_mask(const KvLayout& layout, std::
       const std::uint8_t* bitmap = head_data + h * plan.per_head;
       if (!bitmap_valid(bitmap, plan)) return fail(ErrorCode::kCorrupt, "sparse: bad kept-position bitmap");
       std::uint8_t* row = mask.data() + (layer * heads + h) * plan.shape.tokens;
-      for (std::size_t t = 0; t < plan.split.sink; ++t) row[t] = 1;
-      for (std::size_t t = plan.shape.tokens - plan.split.recent; t < plan.shape.tokens; ++t) row[t] = 1;
-      for (std::size_t t = 0; t < plan.split.middle; ++t) row[plan.split.sink + t] = kept_bit(bitmap, t) ? 1 : 0;
+      for (std::size_t t = 0; t < plan.split.sink; ++t)
+        row[t] = 1;
+      for (std::size_t t = plan.shape.tokens - plan.split.recent; t < plan.shape.tokens; ++t)
+        row[t] = 1;
+      for (std::size_t t = 0; t < plan.split.middle; ++t)
+        row[plan.split.sink + t] = kept_bit(bitmap, t) ? 1 : 0;
     }
   }
   return mask;

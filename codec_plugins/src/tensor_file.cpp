@@ -1,11 +1,11 @@
 #include "kvrelay/codec_plugins/tensor_file.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cstdio>
 #include <memory>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "codec_common.h"
 
@@ -34,7 +34,8 @@ Result<std::vector<std::uint8_t>> read_binary_file(const std::filesystem::path& 
   const auto size = std::filesystem::file_size(path, error);
   if (error) return fail(ErrorCode::kIo, fmt::format("cannot stat {}: {}", path.string(), error.message()));
   if (size > max_bytes) {
-    return fail(ErrorCode::kResourceExhausted, fmt::format("{} has {} bytes, above {}", path.string(), size, max_bytes));
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("{} has {} bytes, above {}", path.string(), size, max_bytes));
   }
   std::vector<std::uint8_t> bytes(size);
   if (size != 0 && std::fread(bytes.data(), 1, size, file.get()) != size) {

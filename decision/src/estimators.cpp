@@ -41,8 +41,7 @@ double WindowedRate::per_second() const noexcept {
   return sum_amount_ / sum_seconds_;
 }
 
-WindowedMean::WindowedMean(std::size_t window, double prior)
-    : ring_(std::max<std::size_t>(window, 1)), prior_(prior) {}
+WindowedMean::WindowedMean(std::size_t window, double prior) : ring_(std::max<std::size_t>(window, 1)), prior_(prior) {}
 
 void WindowedMean::observe(double value) noexcept {
   if (!std::isfinite(value)) {
@@ -189,8 +188,7 @@ void PrefillFit::refit() noexcept {
     double residual = 0.0;
     for (std::size_t i = 0; i < count_; ++i) {
       const Sample& s = ring_[i];
-      const double predicted =
-          theta[0] + theta[1] * s.n / kScaleB + theta[2] * s.n * (s.n + 2.0 * s.cached) / kScaleC;
+      const double predicted = theta[0] + theta[1] * s.n / kScaleB + theta[2] * s.n * (s.n + 2.0 * s.cached) / kScaleC;
       residual += relative_weight(s.seconds) * (predicted - s.seconds) * (predicted - s.seconds);
     }
     if (best_residual < 0.0 || residual < best_residual) {

@@ -1,11 +1,11 @@
 #include "kvrelay/decision/kv_store_policy.h"
 
+#include <zstd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
-
-#include <zstd.h>
 
 namespace kvrelay::decision {
 

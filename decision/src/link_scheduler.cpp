@@ -53,7 +53,9 @@ Status LinkScheduler::submit(const TransferSpec& spec) {
   return ok();
 }
 
-void LinkScheduler::advance_to(double time_s) noexcept { now_ = std::max(now_, time_s); }
+void LinkScheduler::advance_to(double time_s) noexcept {
+  now_ = std::max(now_, time_s);
+}
 
 double LinkScheduler::weight(const Active& t) const noexcept {
   const double delay = std::max(0.0, now_ - t.submitted_s - t.served_s);

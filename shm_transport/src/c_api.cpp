@@ -50,7 +50,9 @@ bool valid_dtype(const kvrelay_layout& layout) {
 
 extern "C" {
 
-int kvrelay_abi_version(void) { return KVRELAY_CLIENT_ABI_VERSION; }
+int kvrelay_abi_version(void) {
+  return KVRELAY_CLIENT_ABI_VERSION;
+}
 
 int kvrelay_client_connect(const char* socket_path, kvrelay_client** out) {
   if (socket_path == nullptr || out == nullptr) return KVRELAY_E_INVALID_ARGUMENT;
@@ -63,7 +65,9 @@ int kvrelay_client_connect(const char* socket_path, kvrelay_client** out) {
   return KVRELAY_OK;
 }
 
-void kvrelay_client_close(kvrelay_client* client) { delete client; }
+void kvrelay_client_close(kvrelay_client* client) {
+  delete client;
+}
 
 const char* kvrelay_last_error(const kvrelay_client* client) {
   return client == nullptr ? "" : client->last_error.c_str();
@@ -141,7 +145,9 @@ const void* kvrelay_entry_data(const kvrelay_entry* entry) {
   return entry == nullptr ? nullptr : entry->entry.mapping.data();
 }
 
-uint64_t kvrelay_entry_size(const kvrelay_entry* entry) { return entry == nullptr ? 0 : entry->entry.info.bytes; }
+uint64_t kvrelay_entry_size(const kvrelay_entry* entry) {
+  return entry == nullptr ? 0 : entry->entry.info.bytes;
+}
 
 void kvrelay_entry_layout(const kvrelay_entry* entry, kvrelay_layout* out) {
   if (entry == nullptr || out == nullptr) return;
@@ -150,7 +156,9 @@ void kvrelay_entry_layout(const kvrelay_entry* entry, kvrelay_layout* out) {
                         layout.layers == 0 ? 0U : static_cast<uint32_t>(layout.dtype), layout.tokens};
 }
 
-void kvrelay_entry_release(kvrelay_entry* entry) { delete entry; }
+void kvrelay_entry_release(kvrelay_entry* entry) {
+  delete entry;
+}
 
 int kvrelay_small_call(kvrelay_client* client, const void* message, size_t size, void* answer, size_t capacity,
                        size_t* answer_size) {

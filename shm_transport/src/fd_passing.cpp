@@ -2,10 +2,10 @@
 
 #include <sys/socket.h>
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace kvrelay::shm {
 
@@ -86,7 +86,8 @@ Result<ReceivedMessage> receive_message(int socket_fd) {
     return fail(ErrorCode::kProtocol, "control message exceeds the maximum size");
   }
   if (received.fds.size() > kMaxFdsPerMessage) {
-    return fail(ErrorCode::kProtocol, fmt::format("{} fds attached, at most {}", received.fds.size(), kMaxFdsPerMessage));
+    return fail(ErrorCode::kProtocol,
+                fmt::format("{} fds attached, at most {}", received.fds.size(), kMaxFdsPerMessage));
   }
   if (got == 0 && received.fds.empty()) received.closed = true;
   received.bytes.resize(static_cast<std::size_t>(got));

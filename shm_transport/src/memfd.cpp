@@ -6,17 +6,19 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstring>
 #include <utility>
-
-#include <fmt/format.h>
 
 namespace kvrelay::shm {
 
 namespace {
 
-std::string errno_text(int error) { return std::strerror(error); }
+std::string errno_text(int error) {
+  return std::strerror(error);
+}
 
 }  // namespace
 

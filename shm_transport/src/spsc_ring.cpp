@@ -1,9 +1,9 @@
 #include "kvrelay/shm_transport/spsc_ring.h"
 
+#include <fmt/format.h>
+
 #include <bit>
 #include <cstring>
-
-#include <fmt/format.h>
 
 namespace kvrelay::shm {
 
@@ -93,6 +93,8 @@ Result<std::optional<std::size_t>> SpscRing::pop(std::span<std::byte> out) {
   return std::optional<std::size_t>{length};
 }
 
-bool SpscRing::empty() const { return load(kHeadOffset) == own_tail_; }
+bool SpscRing::empty() const {
+  return load(kHeadOffset) == own_tail_;
+}
 
 }  // namespace kvrelay::shm

@@ -1,11 +1,11 @@
 #include <catch2/catch.hpp>
-
 #include <nlohmann/json.hpp>
 
 #include <string>
 #include <vector>
 
 #include "kvrelay/codec_plugins/metrics.h"
+
 #include "support/child_process.h"
 #include "support/test_paths.h"
 
@@ -14,7 +14,9 @@ using namespace kvrelay::test;
 
 namespace {
 
-std::string as_string(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+std::string as_string(const std::vector<std::uint8_t>& bytes) {
+  return {bytes.begin(), bytes.end()};
+}
 
 CommandResult kvrelay_cli(const TempDir& dir, std::vector<std::string> args) {
   args.insert(args.begin(), kvrelay_binary().string());
@@ -25,7 +27,8 @@ CommandResult kvrelay_cli(const TempDir& dir, std::vector<std::string> args) {
 
 TEST_CASE("kvrelay codec list shows built-ins and plugins with their origin", "[codec][cli]") {
   TempDir dir;
-  const auto result = kvrelay_cli(dir, {"codec", "--plugin-dir", std::string(KVRELAY_TEST_PLUGIN_DIR) + "/good", "list"});
+  const auto result =
+      kvrelay_cli(dir, {"codec", "--plugin-dir", std::string(KVRELAY_TEST_PLUGIN_DIR) + "/good", "list"});
   INFO(result.err);
   REQUIRE(result.exit_status == 0);
   CHECK(result.out.find("lossless") != std::string::npos);

@@ -1,6 +1,8 @@
 // `kvrelay codec list|encode|decode|eval`: offline access to the codec layer, so KV dumps can be
 // compressed, any frame checked and a codec's quality measured from the command line.
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,14 +11,13 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "commands.h"
 #include "kvrelay/codec_plugins/builtin_params.h"
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/codec_plugins/tensor_file.h"
+
+#include "commands.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -67,7 +68,8 @@ void add_codec_params(CLI::App* command, CodecOptions& options) {
   command->add_option("--sink", options.params.sink_tokens, "Leading tokens kept exact (lossy codecs)");
   command->add_option("--recent", options.params.recent_tokens, "Trailing tokens kept exact (lossy codecs)");
   command->add_option("--group", options.params.group_size, "int8/int4 group size");
-  command->add_option("--keep", options.keep_fraction, "sparse: fraction of middle tokens kept")->check(CLI::Range(0.0, 1.0));
+  command->add_option("--keep", options.keep_fraction, "sparse: fraction of middle tokens kept")
+      ->check(CLI::Range(0.0, 1.0));
   command->add_option("--zstd-level", options.params.zstd_level, "lossless: zstd level per byte plane");
 }
 
@@ -108,9 +110,11 @@ int run_decode(const CodecOptions& options) {
   if (!frame) return report(frame.error());
   auto decoded = codec::decode_frame(registry, frame.value(), options.max_bytes);
   if (!decoded) return report(decoded.error());
-  if (auto written = codec::write_binary_file(options.output, decoded.value()); !written) return report(written.error());
+  if (auto written = codec::write_binary_file(options.output, decoded.value()); !written)
+    return report(written.error());
   const auto header = codec::inspect_frame(frame.value()).value();
-  std::printf("%s: %s\n", std::string(registry.find(header.codec_id)->name()).c_str(), header.layout.describe().c_str());
+  std::printf("%s: %s\n", std::string(registry.find(header.codec_id)->name()).c_str(),
+              header.layout.describe().c_str());
   return 0;
 }
 
@@ -125,24 +129,28 @@ int run_eval(const CodecOptions& options) {
   const auto registry = make_registry(options);
   auto layout = codec::parse_layout_spec(options.layout, options.tokens);
   if (!layout) return report(layout.error());
-  Result<std::vector<std::uint8_t>> kv = options.input.empty() ? codec::synthetic_kv(layout.value(), options.seed)
-                                                               : codec::read_binary_file(options.input, options.max_bytes);
+  Result<std::vector<std::uint8_t>> kv = options.input.empty()
+                                             ? codec::synthetic_kv(layout.value(), options.seed)
+                                             : codec::read_binary_file(options.input, options.max_bytes);
   if (!kv) return report(kv.error());
   const std::uint32_t query_heads = options.query_heads == 0 ? layout.value().kv_heads : options.query_heads;
   codec::QuerySet queries;
   if (!options.queries.empty()) {
     auto bytes = codec::read_binary_file(options.queries, options.max_bytes);
     if (!bytes) return report(bytes.error());
-    const std::size_t per_set = static_cast<std::size_t>(layout.value().layers) * query_heads * layout.value().head_dim * 4;
+    const std::size_t per_set =
+        static_cast<std::size_t>(layout.value().layers) * query_heads * layout.value().head_dim * 4;
     if (bytes.value().empty() || bytes.value().size() % per_set != 0) {
-      return report(Error{ErrorCode::kLayoutMismatch, "queries file is not fp32 [layers][count][query_heads][head_dim]"});
+      return report(
+          Error{ErrorCode::kLayoutMismatch, "queries file is not fp32 [layers][count][query_heads][head_dim]"});
     }
     queries.query_heads = query_heads;
     queries.count = static_cast<std::uint32_t>(bytes.value().size() / per_set);
     queries.data.resize(bytes.value().size() / 4);
     std::memcpy(queries.data.data(), bytes.value().data(), bytes.value().size());
   } else {
-    auto sampled = codec::sample_queries(layout.value(), kv.value(), options.sampled_queries, query_heads, options.seed);
+    auto sampled =
+        codec::sample_queries(layout.value(), kv.value(), options.sampled_queries, query_heads, options.seed);
     if (!sampled) return report(sampled.error());
     queries = std::move(sampled.value());
   }
@@ -161,7 +169,8 @@ int run_eval(const CodecOptions& options) {
     const auto& q = quality.value();
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& layer : q.layers) {
-      layers.push_back({{"k", error_json(layer.keys)}, {"v", error_json(layer.values)}, {"attn_rel_err", layer.attn_rel_err}});
+      layers.push_back(
+          {{"k", error_json(layer.keys)}, {"v", error_json(layer.values)}, {"attn_rel_err", layer.attn_rel_err}});
     }
     out.push_back({{"codec", q.codec},
                    {"layout", q.layout.describe()},
@@ -190,7 +199,8 @@ void add_codec_command(CLI::App& app, int& exit_code) {
   auto* list = codec_command->add_subcommand("list", "Print every codec with its flags and origin");
   list->callback([options, &exit_code] { exit_code = run_list(*options); });
 
-  auto* encode = codec_command->add_subcommand("encode", "Encode a raw KV file (K then V, layer by layer) into a frame");
+  auto* encode =
+      codec_command->add_subcommand("encode", "Encode a raw KV file (K then V, layer by layer) into a frame");
   encode->add_option("--codec", options->codec, "Codec, e.g. int4 or int4+zstd")->required();
   encode->add_option("--layout", options->layout, "L,H,D,DTYPE (DTYPE: fp32, fp16, bf16)")->required();
   encode->add_option("--tokens", options->tokens, "Token count")->required();

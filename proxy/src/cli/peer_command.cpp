@@ -12,10 +12,11 @@
 #include <memory>
 #include <vector>
 
-#include "commands.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/proxy/peer/peer_client.h"
 #include "kvrelay/shm_transport/memfd.h"
+
+#include "commands.h"
 
 namespace kvrelay::cli {
 
@@ -23,7 +24,7 @@ namespace {
 
 struct SendOptions {
   std::string to;
-  std::string config;   // with peer_id: address and same_host come from the policy
+  std::string config;  // with peer_id: address and same_host come from the policy
   std::string peer_id;
   std::uint64_t transfer_id = 0;
   std::uint64_t model_id = 1;
@@ -78,7 +79,8 @@ int run_send(const SendOptions& options) {
   client_options.rate_limit_bytes_per_s = static_cast<std::uint64_t>(options.rate_limit_mib_per_s * 1024 * 1024);
   if (options.progress) {
     client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
-      std::printf("progress %llu %llu\n", static_cast<unsigned long long>(done), static_cast<unsigned long long>(total));
+      std::printf("progress %llu %llu\n", static_cast<unsigned long long>(done),
+                  static_cast<unsigned long long>(total));
       std::fflush(stdout);
     };
   }
@@ -89,9 +91,9 @@ int run_send(const SendOptions& options) {
   auto sent = client.value().send(options.transfer_id, key, KvLayout{}, mapping.value().bytes());
   if (!sent) return fail_with(sent.error().to_string());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const char* outcome = sent.value() == proxy::peer::TransferOutcome::kCommitted           ? "committed"
+  const char* outcome = sent.value() == proxy::peer::TransferOutcome::kCommitted          ? "committed"
                         : sent.value() == proxy::peer::TransferOutcome::kAlreadyCommitted ? "already_committed"
-                                                                                           : "committed_shm";
+                                                                                          : "committed_shm";
   nlohmann::json result{{"outcome", outcome},
                         {"transfer_id", options.transfer_id},
                         {"bytes", mapping.value().size()},
@@ -116,20 +118,19 @@ int run_probe(const ProbeOptions& options) {
   auto stats = client.value().stats();
   if (!stats) return fail_with(stats.error().to_string());
   const auto& remote = client.value().remote();
-  nlohmann::json result{
-      {"node", remote.node_id},
-      {"protocol_version", remote.protocol_version},
-      {"capabilities", remote.capabilities},
-      {"shm_socket", remote.shm_socket},
-      {"rtt_us_min", rtts.front()},
-      {"rtt_us_p50", rtts[rtts.size() / 2]},
-      {"stats",
-       {{"sessions", stats.value().sessions},
-        {"active_transfers", stats.value().active_transfers},
-        {"committed_transfers", stats.value().committed_transfers},
-        {"duplicate_transfers", stats.value().duplicate_transfers},
-        {"failed_transfers", stats.value().failed_transfers},
-        {"bytes_received", stats.value().bytes_received}}}};
+  nlohmann::json result{{"node", remote.node_id},
+                        {"protocol_version", remote.protocol_version},
+                        {"capabilities", remote.capabilities},
+                        {"shm_socket", remote.shm_socket},
+                        {"rtt_us_min", rtts.front()},
+                        {"rtt_us_p50", rtts[rtts.size() / 2]},
+                        {"stats",
+                         {{"sessions", stats.value().sessions},
+                          {"active_transfers", stats.value().active_transfers},
+                          {"committed_transfers", stats.value().committed_transfers},
+                          {"duplicate_transfers", stats.value().duplicate_transfers},
+                          {"failed_transfers", stats.value().failed_transfers},
+                          {"bytes_received", stats.value().bytes_received}}}};
   std::printf("%s\n", result.dump().c_str());
   return 0;
 }

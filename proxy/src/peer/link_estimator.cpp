@@ -15,7 +15,8 @@ void LinkEstimator::add_rtt(const std::string& peer, std::chrono::microseconds r
   std::lock_guard lock(mutex_);
   auto& samples = peers_[peer].rtts;
   samples.push_back(rtt);
-  while (samples.size() > window_) samples.pop_front();
+  while (samples.size() > window_)
+    samples.pop_front();
 }
 
 void LinkEstimator::add_transfer(const std::string& peer, std::uint64_t bytes, std::chrono::microseconds elapsed) {
@@ -23,7 +24,8 @@ void LinkEstimator::add_transfer(const std::string& peer, std::uint64_t bytes, s
   std::lock_guard lock(mutex_);
   auto& samples = peers_[peer].transfers;
   samples.emplace_back(bytes, elapsed);
-  while (samples.size() > window_) samples.pop_front();
+  while (samples.size() > window_)
+    samples.pop_front();
 }
 
 std::optional<LinkEstimate> LinkEstimator::estimate(const std::string& peer) const {

@@ -1,21 +1,23 @@
+#include <unistd.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <memory>
 
-#include "cli_util.h"
-#include "commands.h"
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/refworker/completion_server.h"
 #include "kvrelay/refworker/kv_connector.h"
 #include "kvrelay/refworker/sidecar_kv_connector.h"
+
+#include "cli_util.h"
+#include "commands.h"
 
 namespace kvrelay::refworker::cli {
 

@@ -9,13 +9,13 @@
 // back on the next access. Prefetch hints (a route A->B is about to run) fetch stubs back early
 // and raise the entries' priority so they are not the next to go.
 
+#include <boost/unordered/unordered_flat_map.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <vector>
-
-#include <boost/unordered/unordered_flat_map.hpp>
 
 #include "kvrelay/core/result.h"
 
@@ -42,7 +42,7 @@ enum class EntryState : std::uint8_t { kAbsent, kResident, kSpilled };
 struct KvStoreStats {
   std::uint64_t evictions = 0;  // dropped for good
   std::uint64_t spills = 0;
-  std::uint64_t fetches = 0;    // stubs brought back
+  std::uint64_t fetches = 0;  // stubs brought back
   std::uint64_t spilled_bytes_raw = 0;
   std::uint64_t spilled_bytes_compressed = 0;
 };

@@ -27,7 +27,7 @@ struct SchedulerConfig {
   std::uint32_t slice_chunks = 4;
   double base = 1.0;
   double alpha = 1.0;
-  double beta = 10.0;       // per second of queue delay
+  double beta = 10.0;          // per second of queue delay
   double max_exponent = 40.0;  // caps exp() so weights stay finite; aged transfers then share fairly
   double preempt_factor = 2.0;
   double preempt_max_done = 0.5;
@@ -74,9 +74,9 @@ class LinkScheduler {
     TransferSpec spec;
     std::uint64_t sent = 0;
     double submitted_s = 0.0;
-    double served_s = 0.0;           // time spent being sent
+    double served_s = 0.0;  // time spent being sent
     std::uint64_t link_bytes_at_submit = 0;
-    double credit = 0.0;             // smooth WRR state
+    double credit = 0.0;  // smooth WRR state
   };
 
   [[nodiscard]] double weight(const Active& transfer) const noexcept;

@@ -21,10 +21,10 @@ inline constexpr std::size_t kMaxMedia = 16;
 inline constexpr MediumId kTokensMedium = 0;
 
 enum class MediumKind : std::uint8_t {
-  kTokens,     // send token ids; the receiver prefills what it lacks
-  kKvLossless, // KV, bit exact (kv_raw, kv_lossless)
-  kKvLossy,    // KV through a lossy codec (kv_fp8, kv_int8, kv_int4, plugins)
-  kKvSparse,   // a subset of token positions; receiver must declare support
+  kTokens,      // send token ids; the receiver prefills what it lacks
+  kKvLossless,  // KV, bit exact (kv_raw, kv_lossless)
+  kKvLossy,     // KV through a lossy codec (kv_fp8, kv_int8, kv_int4, plugins)
+  kKvSparse,    // a subset of token positions; receiver must declare support
 };
 
 struct CodecProfile {

@@ -21,8 +21,7 @@ static_assert(std::endian::native == std::endian::little, "wire formats assume a
 class ByteWriter {
  public:
   template <class Int>
-    requires std::is_integral_v<Int>
-  ByteWriter& put(Int value) {
+  requires std::is_integral_v<Int> ByteWriter& put(Int value) {
     const auto offset = bytes_.size();
     bytes_.resize(offset + sizeof(Int));
     std::memcpy(bytes_.data() + offset, &value, sizeof(Int));
@@ -55,7 +54,7 @@ class ByteReader {
   explicit ByteReader(std::span<const std::byte> data) : data_(data) {}
 
   template <class Int>
-    requires std::is_integral_v<Int>
+  requires std::is_integral_v<Int>
   [[nodiscard]] std::optional<Int> get() {
     if (data_.size() - offset_ < sizeof(Int)) return std::nullopt;
     Int value{};

@@ -74,8 +74,8 @@ int kvrelay_region_commit(kvrelay_client* client, kvrelay_region* region, const 
 int kvrelay_region_abort(kvrelay_client* client, kvrelay_region* region);
 
 /* Copies `size` bytes into a fresh region and commits them. */
-int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
-                    const void* data, uint64_t size);
+int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout, const void* data,
+                    uint64_t size);
 
 /* KVRELAY_E_NOT_FOUND on a miss. The entry is a read-only mapping until released. */
 int kvrelay_lookup(kvrelay_client* client, const kvrelay_key* key, kvrelay_entry** out);

@@ -15,7 +15,7 @@
 namespace kvrelay::proxy::peer {
 
 struct LinkEstimate {
-  std::chrono::microseconds rtt{0};  // median of the window
+  std::chrono::microseconds rtt{0};   // median of the window
   double throughput_bytes_per_s = 0;  // total bytes / total time of the windowed transfers
   std::size_t rtt_samples = 0;
   std::size_t transfer_samples = 0;
