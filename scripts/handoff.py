@@ -93,15 +93,13 @@ class Cluster:
             ready = wait_ready(self.work / f"{node}.ready", process, f"kvrelay {node}")
             self.sidecar_ports[node] = ready["http"]
             peer_ports[node] = ready["peer"]
-        worker_ports = {}
-        for agent, node in workers.items():
-            process = self._spawn(agent, [str(refworker), "serve", "--synthetic", self.shape, "--seed", "1",
-                                          "--model-name", "demo", "--ready-file", str(self.work / f"{agent}.ready"),
-                                          "--kvrelay-socket", sockets[node]])
-            self.worker_processes = getattr(self, "worker_processes", {})
-            self.worker_processes[agent] = process
-        for agent in workers:
-            worker_ports[agent] = wait_ready(self.work / f"{agent}.ready", self.worker_processes[agent], agent)["http"]
+        worker_processes = {
+            agent: self._spawn(agent, [str(refworker), "serve", "--synthetic", self.shape, "--seed", "1",
+                                       "--model-name", "demo", "--ready-file", str(self.work / f"{agent}.ready"),
+                                       "--kvrelay-socket", sockets[node]])
+            for agent, node in workers.items()}
+        worker_ports = {agent: wait_ready(self.work / f"{agent}.ready", process, agent)["http"]
+                        for agent, process in worker_processes.items()}
         for node in ("node-a", "node-b"):
             other = "node-b" if node == "node-a" else "node-a"
             policy = policies[node]

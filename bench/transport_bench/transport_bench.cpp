@@ -53,33 +53,14 @@ std::vector<std::byte> make_payload(std::size_t size) {
   return bytes;
 }
 
-// memcpy into pages never touched before (a fresh memfd, as a publish gets): the limit for
-// writing a new entry, first-touch costs included.
-double bench_memcpy_fresh(const std::vector<std::byte>& source) {
+// memcpy into a fresh memfd through a new mapping, best of kRepeats. `written_before`: the pages
+// were already written once through another mapping, since unmapped.
+double bench_memcpy_new_mapping(const std::vector<std::byte>& source, bool written_before) {
   double best = 0;
   for (int repeat = 0; repeat < kRepeats; ++repeat) {
     auto memfd = shm::create_sealed_memfd("bench", source.size());
     if (!memfd) return 0;
-    const auto start = Clock::now();
-    auto mapping = shm::Mapping::map(memfd.value().get(), source.size(), true);
-    if (!mapping) return 0;
-    std::memcpy(mapping.value().data(), source.data(), source.size());
-    best = std::max(best, gbps(source.size(), seconds_since(start)));
-  }
-  return best;
-}
-
-// memcpy into pages that were already written once, through a new mapping of them: what a
-// segment handed over from another process costs when allocation is free. On hosts whose
-// virtualisation builds page tables lazily (nested or shadow paging) this is close to the fresh
-// case — the cost is per page per new mapping, not per allocation — which is why a pool of
-// pre-allocated segments does not help there (tried 2026-11-29; see docs/transports.md).
-double bench_memcpy_remapped(const std::vector<std::byte>& source) {
-  double best = 0;
-  for (int repeat = 0; repeat < kRepeats; ++repeat) {
-    auto memfd = shm::create_sealed_memfd("bench", source.size());
-    if (!memfd) return 0;
-    {
+    if (written_before) {
       auto first = shm::Mapping::map(memfd.value().get(), source.size(), true);
       if (!first) return 0;
       std::memset(first.value().data(), 0, source.size());
@@ -91,6 +72,21 @@ double bench_memcpy_remapped(const std::vector<std::byte>& source) {
     best = std::max(best, gbps(source.size(), seconds_since(start)));
   }
   return best;
+}
+
+// Pages never touched before (a fresh memfd, as a publish gets): the limit for writing a new
+// entry, first-touch costs included.
+double bench_memcpy_fresh(const std::vector<std::byte>& source) {
+  return bench_memcpy_new_mapping(source, false);
+}
+
+// Pages already written once, through a new mapping of them: what a segment handed over from
+// another process costs when allocation is free. On hosts whose virtualisation builds page tables
+// lazily (nested or shadow paging) this is close to the fresh case — the cost is per page per new
+// mapping, not per allocation — which is why a pool of pre-allocated segments does not help there
+// (tried 2026-11-29; see docs/transports.md).
+double bench_memcpy_remapped(const std::vector<std::byte>& source) {
+  return bench_memcpy_new_mapping(source, true);
 }
 
 double bench_memcpy(const std::vector<std::byte>& source) {

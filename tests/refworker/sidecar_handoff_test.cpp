@@ -42,13 +42,17 @@ TEST_CASE("same-node handoff: B imports A's KV from the sidecar and answers iden
   RefworkerUnderTest cold({"--model", model->string()});  // no sidecar: the tokens medium
 
   json prompt = json::array({1});
-  for (int index = 1; index < 200; ++index) prompt.push_back(3 + (index * 37) % 500);
-  const auto a = complete(agent_a.port(), {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}, {"ignore_eos", true}});
+  for (int index = 1; index < 200; ++index)
+    prompt.push_back(3 + (index * 37) % 500);
+  const auto a =
+      complete(agent_a.port(), {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}, {"ignore_eos", true}});
   CHECK(a["kvrelay"]["published_tokens"].get<int>() >= 200);
 
   json b_prompt = prompt;
-  for (const auto& id : a["choices"][0]["token_ids"]) b_prompt.push_back(id);
-  for (const int id : {300, 301, 302, 303, 304}) b_prompt.push_back(id);  // B's follow-up
+  for (const auto& id : a["choices"][0]["token_ids"])
+    b_prompt.push_back(id);
+  for (const int id : {300, 301, 302, 303, 304})
+    b_prompt.push_back(id);  // B's follow-up
   const json b_request{{"prompt", b_prompt}, {"max_tokens", 16}, {"temperature", 0}};
   const auto b = complete(agent_b.port(), b_request);
   const auto reference = complete(cold.port(), b_request);
@@ -71,7 +75,8 @@ TEST_CASE("a worker whose sidecar is gone still answers, from tokens", "[refwork
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
   TempDir dir;
   RefworkerUnderTest worker({"--model", model->string()}, {"--kvrelay-socket", (dir / "missing.sock").string()});
-  const auto reply = complete(worker.port(), {{"prompt", json::array({1, 2, 3})}, {"max_tokens", 4}, {"temperature", 0}});
+  const auto reply =
+      complete(worker.port(), {{"prompt", json::array({1, 2, 3})}, {"max_tokens", 4}, {"temperature", 0}});
   CHECK(reply["choices"][0]["token_ids"].size() == 4);
   CHECK(reply["kvrelay"]["cached_tokens"] == 0);
 }
