@@ -73,6 +73,10 @@ int run_daemon(const DaemonOptions& options) {
                policy->source, policy->agents.size(), policy->routes.size(), policy->peers.size());
 
   asio::io_context io;
+  // Signals are claimed before anything can announce readiness: a supervisor that sends SIGHUP
+  // or SIGTERM as soon as the ready file appears must not meet the default action (exit).
+  asio::signal_set reload_signal(io, SIGHUP);
+  asio::signal_set signals(io, SIGINT, SIGTERM);
   auto state = std::make_shared<DaemonState>();
   const auto limits = HttpServerLimits::from_policy(policy->limits);
 
@@ -185,7 +189,6 @@ int run_daemon(const DaemonOptions& options) {
   upstream_prober->start();
 
   // SIGHUP reloads the policy file; a rejected policy leaves the current one serving.
-  asio::signal_set reload_signal(io, SIGHUP);
   std::function<void()> wait_for_reload = [&] {
     reload_signal.async_wait([&](boost::system::error_code ec, int) {
       if (ec) return;
@@ -196,7 +199,6 @@ int run_daemon(const DaemonOptions& options) {
   };
   wait_for_reload();
 
-  asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::steady_timer drain_timer(io);
   const auto drain_started = std::make_shared<std::chrono::steady_clock::time_point>();
   std::function<void()> poll_drain = [&] {
