@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -79,8 +81,14 @@ struct ShmServer::Connection {
   Mapping ring_memory;
   std::optional<SpscRing> requests;
   std::optional<SpscRing> responses;
-  UniqueFd wake_server;  // client writes after pushing a request
-  UniqueFd wake_client;  // we write after pushing a response
+  UniqueFd wake_server;    // client writes after pushing a request
+  UniqueFd wake_client;    // we write after pushing a response
+  bool resolving = false;  // a pooled resolve owns the socket until it has replied
+};
+
+struct ShmServer::ResolvePool {
+  explicit ResolvePool(std::uint32_t threads) : pool(threads) {}
+  boost::asio::thread_pool pool;
 };
 
 ShmServer::ShmServer(ShmServerOptions options, std::shared_ptr<EntryStore> store)
@@ -133,7 +141,11 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
     return fail(ErrorCode::kIo, fmt::format("listen {}: {}", path, std::strerror(errno)));
   }
   server->stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!server->stop_fd_) return fail(ErrorCode::kIo, "eventfd failed");
+  server->resolved_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!server->stop_fd_ || !server->resolved_fd_) return fail(ErrorCode::kIo, "eventfd failed");
+  if (server->options_.resolve_threads > 0) {
+    server->resolve_pool_ = std::make_unique<ResolvePool>(server->options_.resolve_threads);
+  }
   return server;
 }
 
@@ -147,6 +159,8 @@ void ShmServer::stop() {
     [[maybe_unused]] const auto written = ::write(stop_fd_.get(), &one, sizeof(one));
   }
   if (thread_.joinable()) thread_.join();
+  // Pooled resolves hold connection pointers: they finish before any connection is destroyed.
+  if (resolve_pool_) resolve_pool_->pool.join();
 }
 
 bool ShmServer::uid_allowed(std::uint32_t uid) const {
@@ -178,7 +192,9 @@ void ShmServer::run() {
     owners.clear();
     polled.push_back({stop_fd_.get(), POLLIN, 0});
     polled.push_back({listen_fd_.get(), POLLIN, 0});
+    polled.push_back({resolved_fd_.get(), POLLIN, 0});
     for (auto& connection : connections_) {
+      if (connection->resolving) continue;
       polled.push_back({connection->socket.get(), POLLIN, 0});
       owners.emplace_back(connection.get(), false);
       if (connection->wake_server) {
@@ -195,9 +211,11 @@ void ShmServer::run() {
     if ((polled[0].revents & POLLIN) != 0) return;
     if ((polled[1].revents & POLLIN) != 0) accept_connections();
     std::vector<Connection*> dropped;
-    for (std::size_t index = 2; index < polled.size(); ++index) {
+    if ((polled[2].revents & POLLIN) != 0) collect_resolved(dropped);
+    constexpr std::size_t kFixedFds = 3;
+    for (std::size_t index = kFixedFds; index < polled.size(); ++index) {
       if (polled[index].revents == 0) continue;
-      auto [connection, is_ring] = owners[index - 2];
+      auto [connection, is_ring] = owners[index - kFixedFds];
       if (std::find(dropped.begin(), dropped.end(), connection) != dropped.end()) continue;
       const bool keep = is_ring ? serve_ring(*connection) : serve_connection(*connection);
       if (!keep) dropped.push_back(connection);
@@ -247,6 +265,60 @@ void ShmServer::close_connection(std::size_t index) {
   --connections_count_;
 }
 
+void ShmServer::resolve_reply(std::uint32_t id, Result<ResolvedEntry> resolved, std::vector<std::byte>& reply,
+                              std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
+  if (!resolved) {
+    // A miss is an answer, not a rejected message.
+    if (resolved.error().code != ErrorCode::kNotFound) ++rejected_;
+    reply = encode_error(id, resolved.error());
+    return;
+  }
+  const auto& entry = *resolved.value().entry;
+  reply_owned_fd.reset(::fcntl(entry.fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!reply_owned_fd) {
+    ++rejected_;
+    reply = encode_error(id, Error{ErrorCode::kResourceExhausted, "cannot duplicate entry fd"});
+    return;
+  }
+  ByteWriter out;
+  encode_layout(out, entry.info.layout);
+  out.put(entry.info.bytes).put(entry.info.checksum).put(resolved.value().meta.blocks);
+  out.put_string(resolved.value().meta.medium);
+  reply = encode_frame(MessageType::kResolved, id, out.bytes());
+  reply_fds.push_back(reply_owned_fd.get());
+}
+
+void ShmServer::dispatch_resolve(Connection& connection, std::uint32_t id, ResolveRequest request) {
+  connection.resolving = true;
+  boost::asio::post(resolve_pool_->pool, [this, client = &connection, id, request = std::move(request)] {
+    std::vector<std::byte> reply;
+    std::vector<int> reply_fds;
+    UniqueFd owned;
+    resolve_reply(id, hooks_->resolve(request), reply, reply_fds, owned);
+    const bool sent = send_message(client->socket.get(), reply, reply_fds).has_value();
+    {
+      std::lock_guard lock(resolved_mutex_);
+      resolved_.push_back({client, sent});
+    }
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto written = ::write(resolved_fd_.get(), &one, sizeof(one));
+  });
+}
+
+void ShmServer::collect_resolved(std::vector<Connection*>& dropped) {
+  std::uint64_t count = 0;
+  [[maybe_unused]] const auto drained = ::read(resolved_fd_.get(), &count, sizeof(count));
+  std::vector<ResolveDone> done;
+  {
+    std::lock_guard lock(resolved_mutex_);
+    done.swap(resolved_);
+  }
+  for (const auto& finished : done) {
+    finished.connection->resolving = false;
+    if (!finished.keep) dropped.push_back(finished.connection);
+  }
+}
+
 bool ShmServer::serve_connection(Connection& connection) {
   auto received = receive_message(connection.socket.get());
   if (!received) {
@@ -266,6 +338,7 @@ bool ShmServer::serve_connection(Connection& connection) {
     reply = encode_error(0, frame.error());
   } else {
     handle_frame(connection, frame.value(), received.value().fds, reply, reply_fds, owned);
+    if (connection.resolving) return true;  // the pool thread replies
   }
   return send_message(connection.socket.get(), reply, reply_fds).has_value();
 }
@@ -364,25 +437,9 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     case MessageType::kResolve: {
       auto request = decode_resolve(frame.payload);
       if (!request) return refuse(request.error().code, request.error().message);
+      if (hooks_ && resolve_pool_) return dispatch_resolve(connection, id, std::move(request).value());
       auto resolved = hooks_ ? hooks_->resolve(request.value()) : resolve_from_store(*store_, request.value());
-      if (!resolved) {
-        // A miss is an answer, not a rejected message.
-        if (resolved.error().code == ErrorCode::kNotFound) {
-          reply = encode_error(id, resolved.error());
-          return;
-        }
-        return refuse(resolved.error().code, resolved.error().message);
-      }
-      const auto& entry = *resolved.value().entry;
-      ByteWriter out;
-      encode_layout(out, entry.info.layout);
-      out.put(entry.info.bytes).put(entry.info.checksum).put(resolved.value().meta.blocks);
-      out.put_string(resolved.value().meta.medium);
-      reply = encode_frame(MessageType::kResolved, id, out.bytes());
-      reply_owned_fd.reset(::fcntl(entry.fd.get(), F_DUPFD_CLOEXEC, 0));
-      if (!reply_owned_fd) return refuse(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
-      reply_fds.push_back(reply_owned_fd.get());
-      return;
+      return resolve_reply(id, std::move(resolved), reply, reply_fds, reply_owned_fd);
     }
     case MessageType::kPrefillReport: {
       auto report = decode_prefill_report(frame.payload);

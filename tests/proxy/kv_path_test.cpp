@@ -137,6 +137,34 @@ TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with 
     CHECK(node_a.metric_sum("kvrelay_kv_bytes_total", {"direction=\"served\""}) == served_before);
   }
 
+  {  // B already holds the opening of A's context (say a shared preamble): only the blocks after
+     // it cross the link, joined to B's own prefix.
+    node_b.force_medium("writer-to-reader", "kv_raw");
+    const auto a_prompt = context_prompt(++seed);
+    const json opening(a_prompt.begin(), a_prompt.begin() + 100);
+    const auto b_opening = node_b.complete("reader", greedy(opening, 1));
+    REQUIRE(b_opening["kvrelay"]["published_tokens"].get<int>() >= 96);  // 6 full blocks in B's store
+    const double served_before = node_a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"served\""});
+    const auto a = node_a.complete("writer", greedy(a_prompt, 20, true));
+    const auto b_prompt = handoff_prompt(a_prompt, a);
+    const auto b = node_b.complete("reader", greedy(b_prompt, kAnswerTokens));
+    const auto reference_reply =
+        http_request(reference.port(), "POST", "/v1/completions", greedy(b_prompt, kAnswerTokens).dump());
+    CHECK(b["choices"][0]["token_ids"] == json::parse(reference_reply.body)["choices"][0]["token_ids"]);
+    CHECK(b["kvrelay"]["cached_tokens"] == 208);
+    const auto decision = node_b.decisions(1).at(0);
+    CHECK(decision["kv_from"] == "local+peer:node-a");
+    CHECK(decision["outcome"] == "hit_peer");
+    const auto fetch = decision["fetch"].back();
+    CHECK(fetch["result"] == "fetched");
+    CHECK(fetch["held_tokens"] == 96);
+    CHECK(fetch["fetched_tokens"] == 208 - 96);
+    constexpr int kBytesPerToken = 5 * 2 * 4 * 8 * 4;  // stories260K, fp32
+    CHECK(fetch["raw_bytes"] == (208 - 96) * kBytesPerToken);
+    CHECK(node_a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"served\""}) - served_before ==
+          (208 - 96) * kBytesPerToken);
+  }
+
   {  // A push route sends A's KV ahead on publish; B's lookup then finds it locally.
     json push_routes = routes;
     push_routes[0]["push"] = true;

@@ -28,6 +28,21 @@ TEST_CASE("fetch requests round-trip; truncated or lying ones are refused", "[pr
     CHECK_FALSE(decode_fetch(std::span(payload.data(), length)));
   }
   CHECK_FALSE(decode_fetch(payload_of(encode_fetch({1, 7, "", {1}}))));  // no codec named
+  CHECK(decoded.value().skip_tokens == 0);
+}
+
+TEST_CASE("a delta fetch carries the tokens the asker already holds", "[proxy][peer][unit]") {
+  const FetchRequest request{43, 7, "raw", {9, 8}, 96};
+  const auto payload = payload_of(encode_fetch(request));
+  const auto full = payload_of(encode_fetch({43, 7, "raw", {9, 8}}));
+  CHECK(payload.size() == full.size() + 8);  // a full fetch is what peers without deltas send
+  const auto decoded = decode_fetch(payload);
+  REQUIRE(decoded);
+  CHECK(decoded.value().skip_tokens == 96);
+  CHECK(decoded.value().hashes == std::vector<std::uint64_t>{9, 8});
+  for (std::size_t length = full.size() + 1; length < payload.size(); ++length) {
+    CHECK_FALSE(decode_fetch(std::span(payload.data(), length)));  // a torn skip field
+  }
 }
 
 TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[proxy][peer][unit]") {

@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
 #include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/shm_transport/memfd.h"
 
 namespace kvrelay::proxy::kv {
@@ -12,6 +11,10 @@ namespace kvrelay::proxy::kv {
 namespace {
 
 constexpr std::string_view kPluginPrefix = "codec:";
+
+std::span<const std::byte> mapped_bytes(const shm::Mapping& mapping) {
+  return {mapping.data(), static_cast<std::size_t>(mapping.size())};
+}
 
 std::span<const std::uint8_t> as_u8(const shm::Mapping& mapping) {
   return {reinterpret_cast<const std::uint8_t*>(mapping.data()), static_cast<std::size_t>(mapping.size())};
@@ -41,20 +44,29 @@ std::string medium_for_codec(std::string_view codec) {
 Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens) {
   const KvLayout& layout = entry.info.layout;
   if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
-  if (tokens > layout.tokens) {
-    return fail(ErrorCode::kOutOfRange, fmt::format("slice of {} tokens from an entry of {}", tokens, layout.tokens));
-  }
   KVRELAY_TRY(const auto mapping, shm::Mapping::map(entry.fd.get(), entry.info.bytes, false));
-  KVRELAY_TRY(const std::uint64_t row_bytes, layout.bytes_per_token());
-  const std::uint64_t tensor_row = row_bytes / (2ULL * layout.layers);  // one token of one K or V tensor
   const KvLayout sliced = layout.with_tokens(tokens);
   KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
   std::vector<std::byte> bytes(static_cast<std::size_t>(total));
-  for (std::uint64_t tensor = 0; tensor < 2ULL * layout.layers; ++tensor) {
-    std::memcpy(bytes.data() + tensor * tokens * tensor_row, mapping.data() + tensor * layout.tokens * tensor_row,
-                static_cast<std::size_t>(tokens * tensor_row));
-  }
+  KVRELAY_TRY(copy_token_range(layout, mapped_bytes(mapping), 0, tokens, bytes));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(sliced, bytes));
+  return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
+}
+
+Result<std::shared_ptr<const shm::StoredEntry>> join_entries(const shm::StoredEntry& head,
+                                                             const shm::StoredEntry& tail) {
+  if (head.info.layout.layers == 0 || tail.info.layout.layers == 0) {
+    return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
+  }
+  KVRELAY_TRY(const auto head_mapping, shm::Mapping::map(head.fd.get(), head.info.bytes, false));
+  KVRELAY_TRY(const auto tail_mapping, shm::Mapping::map(tail.fd.get(), tail.info.bytes, false));
+  KVRELAY_TRY(const std::uint64_t tokens, checked_add(head.info.layout.tokens, tail.info.layout.tokens));
+  const KvLayout joined = head.info.layout.with_tokens(tokens);
+  KVRELAY_TRY(const std::uint64_t total, joined.total_bytes());
+  std::vector<std::byte> bytes(static_cast<std::size_t>(total));
+  KVRELAY_TRY(
+      join_tokens(head.info.layout, mapped_bytes(head_mapping), tail.info.layout, mapped_bytes(tail_mapping), bytes));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

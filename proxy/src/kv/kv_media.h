@@ -28,6 +28,11 @@ namespace kvrelay::proxy::kv {
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry,
                                                                           std::uint64_t tokens);
 
+// The KV of `head` followed token-wise by that of `tail` (same model shape), as a new sealed entry:
+// a prefix this sidecar held joined to the rest fetched from a peer.
+[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entries(const shm::StoredEntry& head,
+                                                                           const shm::StoredEntry& tail);
+
 // Encodes an entry's KV with `codec_spec` into a KV frame.
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,
                                                              std::string_view codec_spec,

@@ -261,16 +261,20 @@ KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, co
 }
 
 std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, const shm::ResolveRequest& request,
-                                                        std::size_t longer_than, const std::string& codec,
+                                                        const std::shared_ptr<const shm::StoredEntry>& held,
+                                                        std::size_t held_blocks, const std::string& codec,
                                                         const std::string& medium, const std::string& route,
                                                         json& record) {
-  if (policy.peers.empty() || request.block_hashes.size() <= longer_than) return std::nullopt;
+  if (policy.peers.empty() || request.block_hashes.size() <= held_blocks) return std::nullopt;
   const auto deadline = Clock::now() + policy.limits.kv_lookup_timeout;
   peer::FetchRequest fetch;
   fetch.request_id = std::random_device{}();
   fetch.model_id = request.model_id;
   fetch.codec = codec;
-  for (std::size_t blocks = request.block_hashes.size(); blocks > longer_than; --blocks) {
+  // Only the blocks this sidecar lacks cross the link; the held prefix is joined back below.
+  const std::uint64_t held_tokens = held ? held->info.layout.tokens : 0;
+  fetch.skip_tokens = held_tokens;
+  for (std::size_t blocks = request.block_hashes.size(); blocks > held_blocks; --blocks) {
     fetch.hashes.push_back(request.block_hashes[blocks - 1]);
   }
   json attempts = json::array();
@@ -295,15 +299,24 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
         std::find(request.block_hashes.begin(), request.block_hashes.end(), fetched.value()->key.context_hash);
     const auto blocks = static_cast<std::size_t>(position - request.block_hashes.begin()) + 1;
     auto decoded = decode_entry(*codecs_, frame, policy.limits.kv_store_bytes);
-    if (!decoded || decoded.value()->info.layout.tokens != blocks * request.block_tokens) {
+    if (!decoded || decoded.value()->info.layout.tokens + held_tokens != blocks * request.block_tokens) {
       attempts.push_back(
           {{"peer", peer_id},
            {"result", decoded ? std::string("entry does not cover its blocks") : decoded.error().to_string()}});
       continue;
     }
+    const std::uint64_t fetched_raw_bytes = decoded.value()->info.bytes;
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    if (held) {
+      auto joined = join_entries(*held, *decoded.value());
+      if (!joined) {
+        attempts.push_back({{"peer", peer_id}, {"result", joined.error().to_string()}});
+        continue;
+      }
+      decoded = std::move(joined);
+    }
     metrics_.wire_bytes.with({"fetched", medium, codec}).inc(static_cast<double>(frame.size()));
-    metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(decoded.value()->info.bytes));
+    metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(fetched_raw_bytes));
     metrics_.fetch_seconds.with({route}).observe(seconds);
     {
       std::lock_guard lock(engine_mutex_);
@@ -315,8 +328,10 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     }
     attempts.push_back({{"peer", peer_id},
                         {"result", "fetched"},
+                        {"held_tokens", held_tokens},
+                        {"fetched_tokens", blocks * request.block_tokens - held_tokens},
                         {"frame_bytes", frame.size()},
-                        {"raw_bytes", decoded.value()->info.bytes},
+                        {"raw_bytes", fetched_raw_bytes},
                         {"seconds", seconds}});
     record["fetch"] = std::move(attempts);
     return Fetched{std::move(decoded).value(), blocks, peer_id};
@@ -399,10 +414,11 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   std::string from = entry ? "local" : "";
   bool already_encoded = false;
   if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr) {
-    if (auto fetched = fetch_from_peers(*policy, request, entry_blocks, codec, choice.medium, route->id, record)) {
+    if (auto fetched =
+            fetch_from_peers(*policy, request, entry, entry_blocks, codec, choice.medium, route->id, record)) {
       entry = std::move(fetched->entry);
       entry_blocks = fetched->blocks;
-      from = "peer:" + fetched->peer;
+      from = (entry ? "local+peer:" : "peer:") + fetched->peer;  // local+: a held prefix joined to a delta
       already_encoded = true;
       // Only bit-exact KV is filed under the chain's key: a lossy copy must not answer later
       // lookups that chose a lossless medium.

@@ -120,8 +120,11 @@ class KvPath final : public shm::DataPlaneHooks {
     std::size_t blocks = 0;
     std::string peer;
   };
+  // Fetches the blocks after the `held_blocks` this sidecar holds (`held`, may be null) and returns
+  // the whole prefix: a delta fetch joined to what was held, or a full fetch without a held prefix.
   [[nodiscard]] std::optional<Fetched> fetch_from_peers(const Policy& policy, const shm::ResolveRequest& request,
-                                                        std::size_t longer_than, const std::string& codec,
+                                                        const std::shared_ptr<const shm::StoredEntry>& held,
+                                                        std::size_t held_blocks, const std::string& codec,
                                                         const std::string& medium, const std::string& route,
                                                         nlohmann::json& record);
   void run_pusher();

@@ -162,6 +162,8 @@ std::vector<std::byte> encode_fetch(const FetchRequest& request) {
   writer.put(static_cast<std::uint32_t>(request.hashes.size()));
   for (const std::uint64_t hash : request.hashes)
     writer.put(hash);
+  // Optional trailing field: a full fetch stays byte-identical to what older peers send.
+  if (request.skip_tokens != 0) writer.put(request.skip_tokens);
   return encode_peer_frame(PeerMessage::kFetch, writer.bytes());
 }
 
@@ -173,7 +175,8 @@ Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
   auto codec = reader.get_string();
   const auto count = reader.get<std::uint32_t>();
   if (!count) return fail(ErrorCode::kTruncated, "fetch request truncated");
-  if (std::uint64_t{*count} * 8 != reader.remaining()) {
+  const std::uint64_t hash_bytes = std::uint64_t{*count} * 8;
+  if (hash_bytes != reader.remaining() && hash_bytes + 8 != reader.remaining()) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("fetch request announces {} hashes but carries {} bytes", *count, reader.remaining()));
   }
@@ -184,6 +187,7 @@ Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
   request.hashes.reserve(*count);
   for (std::uint32_t index = 0; index < *count; ++index)
     request.hashes.push_back(*reader.get<std::uint64_t>());
+  if (reader.remaining() != 0) request.skip_tokens = *reader.get<std::uint64_t>();
   return request;
 }
 

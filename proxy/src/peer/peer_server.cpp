@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/memfd.h"
 
@@ -201,7 +202,8 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
     if (entry && entry->info.layout.layers != 0) break;
     entry = nullptr;
   }
-  if (!entry) {
+  // A held prefix that adds nothing to what the asker has is a miss, like no prefix at all.
+  if (!entry || entry->info.layout.tokens <= request.skip_tokens) {
     const auto miss = encode_fetch_reply(request.request_id, nullptr);
     co_return co_await send_frame(connection, miss, options.read_timeout);
   }
@@ -209,9 +211,23 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   if (!mapping) co_return outcome::failure(mapping.error());
   codec::EncodeOptions encode_options;
   encode_options.zstd_stage = spec.value().zstd_stage;
-  const auto raw = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(mapping.value().data()),
-                                                 static_cast<std::size_t>(entry->info.bytes));
-  auto frame = codec::encode_frame(*spec.value().codec, entry->info.layout, raw, encode_options);
+  const auto whole = std::span<const std::byte>(mapping.value().data(), static_cast<std::size_t>(entry->info.bytes));
+  KvLayout layout = entry->info.layout;
+  std::vector<std::byte> tail;
+  if (request.skip_tokens != 0) {
+    // Delta: only the tokens after the asker's prefix, every layer's K and V.
+    layout = layout.with_tokens(layout.tokens - request.skip_tokens);
+    auto tail_bytes = layout.total_bytes();
+    if (!tail_bytes) co_return outcome::failure(tail_bytes.error());
+    tail.resize(static_cast<std::size_t>(tail_bytes.value()));
+    if (auto copied = copy_token_range(entry->info.layout, whole, request.skip_tokens, entry->info.layout.tokens, tail);
+        !copied) {
+      co_return copied;
+    }
+  }
+  const auto source = request.skip_tokens != 0 ? std::span<const std::byte>(tail) : whole;
+  const auto raw = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(source.data()), source.size());
+  auto frame = codec::encode_frame(*spec.value().codec, layout, raw, encode_options);
   if (!frame) co_return outcome::failure(frame.error());
   EncodedEntryHeader header;
   header.id = request.request_id;
@@ -224,7 +240,7 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   if (auto sent = co_await write_encoded_chunks(connection, header, frame.value(), options.read_timeout); !sent) {
     co_return sent;
   }
-  if (options.on_kv_bytes) options.on_kv_bytes("served", request.codec, header.frame_bytes, entry->info.bytes);
+  if (options.on_kv_bytes) options.on_kv_bytes("served", request.codec, header.frame_bytes, raw.size());
   co_return ok();
 }
 

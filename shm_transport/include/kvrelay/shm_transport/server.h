@@ -2,12 +2,14 @@
 
 // The sidecar end of the worker data plane: a Unix SOCK_SEQPACKET listener that hands out
 // sealed memfd regions, validates commits, answers lookups and serves small messages over
-// shared-memory rings. One thread runs a poll loop over every connection.
+// shared-memory rings. One thread runs a poll loop over every connection; resolves, which may
+// wait on a peer, run on a small pool.
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -28,6 +30,9 @@ struct ShmServerOptions {
   std::uint64_t max_pending_bytes_per_connection = 64ULL << 30;
   std::uint32_t max_connections = 256;
   RingGeometry ring{};
+  // Resolves run on this many threads, so one waiting on a peer never holds up other clients
+  // (each connection still gets its answers in order); 0 runs them on the poll thread.
+  std::uint32_t resolve_threads = 4;
 };
 
 // What a Resolve answers with: an entry (from the store, fetched from a peer, or converted for
@@ -37,8 +42,9 @@ struct ResolvedEntry {
   ResolvedMeta meta;
 };
 
-// The sidecar's KV policy behind the data plane (the daemon's KV path). Called on the server's
-// thread; a slow call delays this server's other clients, so implementations bound their time.
+// The sidecar's KV policy behind the data plane (the daemon's KV path). resolve() is called on
+// the server's resolve threads, concurrently for different connections, so implementations are
+// thread-safe and bound their time; the other hooks run on the poll thread.
 class DataPlaneHooks {
  public:
   virtual ~DataPlaneHooks() = default;
@@ -96,6 +102,19 @@ class ShmServer {
                                                              bool with_context);
   void close_connection(std::size_t index);
   [[nodiscard]] bool uid_allowed(std::uint32_t uid) const;
+  // The Resolved (with the entry's fd) or error reply to a resolve.
+  void resolve_reply(std::uint32_t id, Result<ResolvedEntry> resolved, std::vector<std::byte>& reply,
+                     std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
+  // Runs a resolve on the pool; the connection is not polled until its reply is sent.
+  void dispatch_resolve(Connection& connection, std::uint32_t id, ResolveRequest request);
+  // Puts connections whose pooled resolve finished back into the poll set (or drops them).
+  void collect_resolved(std::vector<Connection*>& dropped);
+
+  struct ResolvePool;
+  struct ResolveDone {
+    Connection* connection = nullptr;
+    bool keep = true;
+  };
 
   ShmServerOptions options_;
   std::shared_ptr<EntryStore> store_;
@@ -106,6 +125,10 @@ class ShmServer {
   std::vector<std::unique_ptr<Connection>> connections_;
   std::thread thread_;
   std::uint64_t next_region_id_ = 1;
+  std::unique_ptr<ResolvePool> resolve_pool_;
+  UniqueFd resolved_fd_;  // eventfd: a pooled resolve finished
+  std::mutex resolved_mutex_;
+  std::vector<ResolveDone> resolved_;
 
   std::atomic<std::uint64_t> connections_count_{0};
   std::atomic<std::uint64_t> pending_regions_{0};

@@ -94,11 +94,14 @@ void encode_chunk_header(std::span<std::byte, kChunkHeaderBytes> out, const Chun
 
 // "Send me the longest prefix of this chain you hold, encoded with `codec`." `hashes` are the
 // chain's block hashes, longest prefix first (hashes[i] names the entry of its own prefix).
+// `skip_tokens` > 0: the asker already holds that many leading tokens of the chain; only the
+// tokens after them are sent (and a held prefix no longer than that is "not found").
 struct FetchRequest {
   std::uint64_t request_id = 0;
   std::uint64_t model_id = 0;
   std::string codec;  // a codec spec of the registry: "raw", "lossless", "int8", "int4+zstd", ...
   std::vector<std::uint64_t> hashes;
+  std::uint64_t skip_tokens = 0;
 };
 [[nodiscard]] std::vector<std::byte> encode_fetch(const FetchRequest& request);
 [[nodiscard]] Result<FetchRequest> decode_fetch(std::span<const std::byte> payload);

@@ -1,0 +1,28 @@
+#pragma once
+
+// Token ranges of a whole cache laid out as KvLayout describes (K0 V0 K1 V1 ..., each tensor
+// [tokens, kv_heads, head_dim]). A token range is not contiguous across tensors, so slicing a
+// cache and joining two caches copy tensor by tensor. Used to move only the blocks a receiver
+// lacks: the sender slices the tail, the receiver joins it to the prefix it already holds.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kvrelay/core/kv_layout.h"
+#include "kvrelay/core/result.h"
+
+namespace kvrelay {
+
+// Copies tokens [begin, end) of every K and V tensor of `kv` (laid out by `layout`) into `out`,
+// laid out by layout.with_tokens(end - begin). Sizes are checked against the layouts.
+[[nodiscard]] Status copy_token_range(const KvLayout& layout, std::span<const std::byte> kv, std::uint64_t begin,
+                                      std::uint64_t end, std::span<std::byte> out);
+
+// Writes `head` followed token-wise by `tail` into `out` (laid out for head + tail tokens). Both
+// must share layers, kv_heads, head_dim and dtype.
+[[nodiscard]] Status join_tokens(const KvLayout& head_layout, std::span<const std::byte> head,
+                                 const KvLayout& tail_layout, std::span<const std::byte> tail,
+                                 std::span<std::byte> out);
+
+}  // namespace kvrelay

@@ -1,0 +1,70 @@
+#include "kvrelay/core/kv_tokens.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace kvrelay {
+
+namespace {
+
+Status expect_bytes(std::string_view what, const KvLayout& layout, std::size_t actual) {
+  KVRELAY_TRY(const std::uint64_t expected, layout.total_bytes());
+  if (expected != actual) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("{} holds {} bytes, its layout ({}) needs {}", what, actual, layout.describe(), expected));
+  }
+  return ok();
+}
+
+// Bytes of one token of one K or V tensor.
+Result<std::uint64_t> tensor_row_bytes(const KvLayout& layout) {
+  KVRELAY_TRY(layout.validate());
+  KVRELAY_TRY(const std::uint64_t elements, layout.elements_per_token_row());
+  return checked_mul(elements, dtype_size(layout.dtype));
+}
+
+}  // namespace
+
+Status copy_token_range(const KvLayout& layout, std::span<const std::byte> kv, std::uint64_t begin, std::uint64_t end,
+                        std::span<std::byte> out) {
+  if (begin > end || end > layout.tokens) {
+    return fail(ErrorCode::kOutOfRange,
+                fmt::format("token range [{}, {}) outside a cache of {} tokens", begin, end, layout.tokens));
+  }
+  KVRELAY_TRY(expect_bytes("source cache", layout, kv.size()));
+  KVRELAY_TRY(expect_bytes("destination", layout.with_tokens(end - begin), out.size()));
+  KVRELAY_TRY(const std::uint64_t row, tensor_row_bytes(layout));
+  const std::uint64_t tensors = 2ULL * layout.layers;
+  const std::uint64_t count = (end - begin) * row;
+  for (std::uint64_t tensor = 0; tensor < tensors; ++tensor) {
+    std::memcpy(out.data() + tensor * count, kv.data() + (tensor * layout.tokens + begin) * row,
+                static_cast<std::size_t>(count));
+  }
+  return ok();
+}
+
+Status join_tokens(const KvLayout& head_layout, std::span<const std::byte> head, const KvLayout& tail_layout,
+                   std::span<const std::byte> tail, std::span<std::byte> out) {
+  if (head_layout.with_tokens(0) != tail_layout.with_tokens(0)) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("cannot join a cache of {} to one of {}", tail_layout.describe(), head_layout.describe()));
+  }
+  KVRELAY_TRY(const std::uint64_t tokens, checked_add(head_layout.tokens, tail_layout.tokens));
+  KVRELAY_TRY(expect_bytes("head cache", head_layout, head.size()));
+  KVRELAY_TRY(expect_bytes("tail cache", tail_layout, tail.size()));
+  KVRELAY_TRY(expect_bytes("destination", head_layout.with_tokens(tokens), out.size()));
+  KVRELAY_TRY(const std::uint64_t row, tensor_row_bytes(head_layout));
+  const std::uint64_t head_bytes = head_layout.tokens * row;
+  const std::uint64_t tail_bytes = tail_layout.tokens * row;
+  for (std::uint64_t tensor = 0; tensor < 2ULL * head_layout.layers; ++tensor) {
+    std::byte* target = out.data() + tensor * (head_bytes + tail_bytes);
+    if (head_bytes != 0) std::memcpy(target, head.data() + tensor * head_bytes, static_cast<std::size_t>(head_bytes));
+    if (tail_bytes != 0) {
+      std::memcpy(target + head_bytes, tail.data() + tensor * tail_bytes, static_cast<std::size_t>(tail_bytes));
+    }
+  }
+  return ok();
+}
+
+}  // namespace kvrelay
