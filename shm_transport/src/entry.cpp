@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
 #include "kvrelay/shm_transport/memfd.h"
 
 namespace kvrelay::shm {
@@ -29,11 +27,10 @@ Status validate_entry_info(const EntryInfo& info) {
 Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, std::span<const std::byte> bytes) {
   const EntryInfo info{layout, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())};
   KVRELAY_TRY(validate_entry_info(info));
-  KVRELAY_TRY(auto fd, create_sealed_memfd("kvrelay-entry", bytes.size()));
-  {
-    KVRELAY_TRY(auto mapping, Mapping::map(fd.get(), bytes.size(), true));
-    if (!bytes.empty()) std::memcpy(mapping.data(), bytes.data(), bytes.size());
-  }  // unmapped before sealing: the kernel refuses F_SEAL_WRITE while a writable mapping exists
+  // Filled through the kernel, never mapped here: no first-touch page faults, and nothing
+  // writable mapped when F_SEAL_WRITE goes on.
+  KVRELAY_TRY(auto fd, create_sealed_memfd_to_fill("kvrelay-entry", bytes.size()));
+  KVRELAY_TRY(write_memfd(fd.get(), 0, bytes));
   KVRELAY_TRY(seal_contents(fd.get()));
   auto entry = std::make_shared<StoredEntry>();
   entry->info = info;

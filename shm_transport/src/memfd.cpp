@@ -5,12 +5,17 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <utility>
+#include <vector>
 
 namespace kvrelay::shm {
 
@@ -36,6 +41,58 @@ Result<UniqueFd> create_sealed_memfd(const std::string& name, std::uint64_t size
     return fail(ErrorCode::kIo, fmt::format("F_ADD_SEALS: {}", errno_text(errno)));
   }
   return fd;
+}
+
+Result<UniqueFd> create_sealed_memfd_to_fill(const std::string& name, std::uint64_t size) {
+  if (size > static_cast<std::uint64_t>(INT64_MAX)) return fail(ErrorCode::kOverflow, "segment size too large");
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return fail(ErrorCode::kResourceExhausted, fmt::format("memfd_create: {}", errno_text(errno)));
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return fail(ErrorCode::kResourceExhausted, fmt::format("ftruncate {} bytes: {}", size, errno_text(errno)));
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    return fail(ErrorCode::kIo, fmt::format("F_ADD_SEALS: {}", errno_text(errno)));
+  }
+  return fd;
+}
+
+Status write_memfd(int fd, std::uint64_t offset, std::span<const std::byte> bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const auto written = ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      const ErrorCode code = errno == ENOSPC || errno == ENOMEM ? ErrorCode::kResourceExhausted : ErrorCode::kIo;
+      return fail(
+          code, fmt::format("write {} bytes at offset {}: {}", bytes.size() - done, offset + done, errno_text(errno)));
+    }
+    if (written == 0) return fail(ErrorCode::kIo, fmt::format("write at offset {} made no progress", offset + done));
+    done += static_cast<std::size_t>(written);
+  }
+  return ok();
+}
+
+Result<std::uint64_t> checksum_memfd(int fd, std::uint64_t size) {
+  // Small enough to stay in cache between the read and the hash; one per thread, kept for the
+  // thread's lifetime so its pages are mapped once.
+  constexpr std::size_t kPieceBytes = 256 * 1024;
+  thread_local std::vector<std::byte> piece(kPieceBytes);
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  XXH3_64bits_reset(state.get());
+  std::uint64_t offset = 0;
+  while (offset < size) {
+    const auto wanted = static_cast<std::size_t>(std::min<std::uint64_t>(kPieceBytes, size - offset));
+    const auto got = ::pread(fd, piece.data(), wanted, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return fail(ErrorCode::kIo, fmt::format("read at offset {}: {}", offset, errno_text(errno)));
+    }
+    if (got == 0) return fail(ErrorCode::kTruncated, fmt::format("segment ends at {} of {} bytes", offset, size));
+    XXH3_64bits_update(state.get(), piece.data(), static_cast<std::size_t>(got));
+    offset += static_cast<std::uint64_t>(got);
+  }
+  return XXH3_64bits_digest(state.get());
 }
 
 Result<unsigned> get_seals(int fd) {

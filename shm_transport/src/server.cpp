@@ -517,8 +517,8 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
                 fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
   }
   KVRELAY_TRY(seal_contents(region.fd.get()));
-  KVRELAY_TRY(auto view, Mapping::map(region.fd.get(), region.size, false));
-  const std::uint64_t actual = XXH3_64bits(view.data(), static_cast<std::size_t>(view.size()));
+  // Read through the kernel rather than a new mapping (see checksum_memfd).
+  KVRELAY_TRY(const std::uint64_t actual, checksum_memfd(region.fd.get(), region.size));
   if (actual != info.checksum) {
     return fail(ErrorCode::kChecksumMismatch,
                 fmt::format("region checksum 0x{:016x} != committed 0x{:016x}", actual, info.checksum));

@@ -115,7 +115,8 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
 }
 
 asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, Begin begin,
-                                                     std::span<const std::byte> bytes) {
+                                                     std::span<const std::byte> bytes,
+                                                     const std::vector<std::uint64_t>* chunk_checksums) {
   auto& connection = *state->connection;
   const auto& options = state->options;
   const auto begin_frame = encode_begin(begin);
@@ -153,7 +154,8 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
       encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(header.data(), kPeerHeaderBytes), PeerMessage::kChunk,
                          static_cast<std::uint32_t>(kChunkHeaderBytes + length));
       encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-                          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next), XXH3_64bits(data, length)});
+                          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next),
+                                      (*chunk_checksums)[static_cast<std::size_t>(next)]});
       if (auto sent =
               co_await write_all(connection, asio::buffer(header), asio::buffer(data, length), options.read_timeout);
           !sent) {
@@ -338,7 +340,7 @@ Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::E
   Begin begin;
   begin.transfer_id = transfer_id;
   begin.key = key;
-  begin.info = shm::EntryInfo{layout, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())};
+  begin.info = shm::EntryInfo{layout, bytes.size(), 0};
   begin.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
   KVRELAY_TRY(shm::validate_entry_info(begin.info));
   if (state_->options.allow_shared_memory && (state_->remote.capabilities & kCapSharedMemory) != 0 &&
@@ -348,7 +350,11 @@ Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::E
     KVRELAY_TRY(local.publish(key, layout, bytes));
     return TransferOutcome::kCommittedViaSharedMemory;
   }
-  return state_->run(send_chunks(state_.get(), begin, bytes));
+  // Every checksum up front, in one pass: Begin carries the whole one, and the send loop then
+  // only writes.
+  const auto checksums = checksum_chunks(bytes, begin.chunk_bytes);
+  begin.info.checksum = checksums.whole;
+  return state_->run(send_chunks(state_.get(), begin, bytes, &checksums.chunks));
 }
 
 Result<std::chrono::microseconds> PeerClient::ping() {

@@ -90,6 +90,25 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
   co_return frame;
 }
 
+ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t chunk_bytes) {
+  ChunkChecksums sums;
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> whole(XXH3_createState(), &XXH3_freeState);
+  if (!whole) {  // out of memory for 576 bytes: fall back to two passes
+    sums.whole = XXH3_64bits(bytes.data(), bytes.size());
+  } else {
+    XXH3_64bits_reset(whole.get());
+  }
+  for (std::uint64_t offset = 0; offset < bytes.size(); offset += chunk_bytes) {
+    const auto chunk =
+        bytes.subspan(static_cast<std::size_t>(offset),
+                      static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, bytes.size() - offset)));
+    if (whole) XXH3_64bits_update(whole.get(), chunk.data(), chunk.size());
+    sums.chunks.push_back(XXH3_64bits(chunk.data(), chunk.size()));
+  }
+  if (whole) sums.whole = XXH3_64bits_digest(whole.get());
+  return sums;
+}
+
 asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
                                              std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
   std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};

@@ -71,6 +71,14 @@ struct PeerFrame {
 asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
                                               std::chrono::milliseconds timeout);
 
+// xxh3_64 of every chunk and of the whole, in one pass over `bytes` (each chunk is hashed
+// twice, the second time from cache).
+struct ChunkChecksums {
+  std::uint64_t whole = 0;
+  std::vector<std::uint64_t> chunks;
+};
+[[nodiscard]] ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t chunk_bytes);
+
 // Sends an encoded KV frame as kChunk frames of header.chunk_bytes (after the caller sent the
 // announcing FetchReply/PushEncoded), each with its xxh3.
 asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,

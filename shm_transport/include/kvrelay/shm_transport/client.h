@@ -23,8 +23,9 @@ namespace kvrelay::shm {
 
 struct WritableRegion {
   std::uint64_t id = 0;
+  std::uint64_t size = 0;
   UniqueFd fd;
-  Mapping mapping;
+  Mapping mapping;  // empty for regions publish() fills through the fd
   [[nodiscard]] std::span<std::byte> bytes() const { return mapping.bytes(); }
 };
 
@@ -60,7 +61,8 @@ class ShmClient {
   [[nodiscard]] Status commit(WritableRegion region, const EntryKey& key, const KvLayout& layout,
                               std::uint64_t checksum);
   [[nodiscard]] Status abort(WritableRegion region);
-  // allocate + copy (hashing while the data is in cache) + commit.
+  // allocate + copy (hashing while the data is in cache) + commit. The copy goes through the
+  // region's fd (pwrite), not a mapping: one kernel copy, no page faults in this process.
   [[nodiscard]] Status publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes);
   // kNotFound on a miss.
   [[nodiscard]] Result<ReadOnlyEntry> lookup(const EntryKey& key);
@@ -95,6 +97,8 @@ class ShmClient {
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader);
   [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
                                  std::uint64_t checksum, std::string_view params_json);
+  // A region of `size` bytes from the sidecar, not mapped here.
+  [[nodiscard]] Result<WritableRegion> allocate_unmapped(std::uint64_t size);
   [[nodiscard]] Result<WritableRegion> copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum);
 
   UniqueFd socket_;

@@ -22,6 +22,21 @@ inline constexpr unsigned kSizeSeals = 0x0002U | 0x0004U;  // F_SEAL_SHRINK | F_
 // commit adds F_SEAL_WRITE and then F_SEAL_SEAL.
 [[nodiscard]] Result<UniqueFd> create_sealed_memfd(const std::string& name, std::uint64_t size);
 
+// Like create_sealed_memfd, but without fallocate: for segments this process fills completely
+// with write_memfd before anyone maps them. The writes allocate the pages (and fail with
+// ENOSPC rather than a later SIGBUS), so reserving them first would only cost a second pass.
+[[nodiscard]] Result<UniqueFd> create_sealed_memfd_to_fill(const std::string& name, std::uint64_t size);
+
+// Writes `bytes` at `offset` with pwrite. Filling a segment through the kernel instead of a
+// new mapping matters on hosts that build page tables lazily (shadow/nested paging): there the
+// first write through any new user mapping costs ~4 ms/MiB, while the kernel writes through
+// its own permanent mapping at several GB/s (measured in bench/transport_bench).
+[[nodiscard]] Status write_memfd(int fd, std::uint64_t offset, std::span<const std::byte> bytes);
+
+// xxh3_64 of the first `size` bytes of `fd`, read with pread through a small per-thread
+// buffer that stays mapped (and warm) across calls, for the same reason.
+[[nodiscard]] Result<std::uint64_t> checksum_memfd(int fd, std::uint64_t size);
+
 // Validates an fd received from another process: a regular file created by memfd_create,
 // of exactly `expected_size` bytes (when non-zero), carrying at least kSizeSeals.
 // Returns the size. Never trusts anything the sender claimed.
