@@ -17,6 +17,10 @@
 
 namespace {
 
+// Only bf16 stores have a cheaper form for NaN-free values.
+template <DType kDtype>
+constexpr bool kNoNaNPath = kDtype == DType::kBFloat16;
+
 // Asks for bytes the loops will read soon (the KV streams from DRAM); prefetches never fault.
 inline __attribute__((always_inline)) void prefetch_bytes(const std::uint8_t* start, std::size_t bytes) {
   for (std::size_t b = 0; b < bytes; b += 64)
@@ -104,7 +108,7 @@ void quantize_nibbles(const std::uint8_t* __restrict source, std::size_t count, 
 }
 
 // Dequantizes `count` codes into `destination`, per-element or broadcast parameters.
-template <DType kDtype, bool kPerElement>
+template <DType kDtype, bool kPerElement, bool kNoNaN>
 void dequantize_codes(const std::uint8_t* __restrict codes, std::size_t count, const float* __restrict zero,
                       const float* __restrict scale, std::uint8_t* __restrict destination) {
   constexpr std::size_t kSize = kElementSize<kDtype>;
@@ -115,13 +119,14 @@ void dequantize_codes(const std::uint8_t* __restrict codes, std::size_t count, c
   std::size_t i = 0;
   for (; i + 16 <= count; i += 16) {
     const __m128i sixteen = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    lanes::store8<kDtype>(lanes::dequantize8(sixteen, zero_at(i), scale_at(i)), destination + i * kSize);
-    lanes::store8<kDtype>(lanes::dequantize8(_mm_unpackhi_epi64(sixteen, sixteen), zero_at(i + 8), scale_at(i + 8)),
-                          destination + (i + 8) * kSize);
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(sixteen, zero_at(i), scale_at(i)), destination + i * kSize);
+    lanes::store8<kDtype, kNoNaN>(
+        lanes::dequantize8(_mm_unpackhi_epi64(sixteen, sixteen), zero_at(i + 8), scale_at(i + 8)),
+        destination + (i + 8) * kSize);
   }
   for (; i + 8 <= count; i += 8) {
     const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
-    lanes::store8<kDtype>(lanes::dequantize8(eight, zero_at(i), scale_at(i)), destination + i * kSize);
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(eight, zero_at(i), scale_at(i)), destination + i * kSize);
   }
   for (; i < count; ++i) {
     const std::size_t p = kPerElement ? i : 0;
@@ -131,7 +136,7 @@ void dequantize_codes(const std::uint8_t* __restrict codes, std::size_t count, c
 
 // int4: dequantizes elements [first, first + count) of a packed row (`first` even) into
 // `destination`, nibbles unpacked in registers.
-template <DType kDtype, bool kPerElement>
+template <DType kDtype, bool kPerElement, bool kNoNaN>
 void dequantize_nibbles(const std::uint8_t* __restrict packed, std::size_t first, std::size_t count,
                         const float* __restrict zero, const float* __restrict scale,
                         std::uint8_t* __restrict destination) {
@@ -145,12 +150,13 @@ void dequantize_nibbles(const std::uint8_t* __restrict packed, std::size_t first
     __m128i low;
     __m128i high;
     lanes::unpack_nibbles32(packed + (first + i) / 2, low, high);
-    lanes::store8<kDtype>(lanes::dequantize8(low, zero_at(i), scale_at(i)), destination + i * kSize);
-    lanes::store8<kDtype>(lanes::dequantize8(_mm_unpackhi_epi64(low, low), zero_at(i + 8), scale_at(i + 8)),
-                          destination + (i + 8) * kSize);
-    lanes::store8<kDtype>(lanes::dequantize8(high, zero_at(i + 16), scale_at(i + 16)), destination + (i + 16) * kSize);
-    lanes::store8<kDtype>(lanes::dequantize8(_mm_unpackhi_epi64(high, high), zero_at(i + 24), scale_at(i + 24)),
-                          destination + (i + 24) * kSize);
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(low, zero_at(i), scale_at(i)), destination + i * kSize);
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(_mm_unpackhi_epi64(low, low), zero_at(i + 8), scale_at(i + 8)),
+                                  destination + (i + 8) * kSize);
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(high, zero_at(i + 16), scale_at(i + 16)),
+                                  destination + (i + 16) * kSize);
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(_mm_unpackhi_epi64(high, high), zero_at(i + 24), scale_at(i + 24)),
+                                  destination + (i + 24) * kSize);
   }
   for (; i < count; ++i) {
     const std::size_t p = kPerElement ? i : 0;
@@ -240,12 +246,21 @@ void decode_keys_avx2(const QuantDecodeArgs& a) {
     const std::uint8_t* meta = a.meta + (start / a.group) * row * 4;
     halves_to_floats(meta, row, scale);
     halves_to_floats(meta + row * 2, row, zero);
+    // code * scale + zero is never NaN for finite fp16 parameters (|scale * code| < 2^24).
+    const bool no_nan = kNoNaNPath<kDtype> && lanes::all_finite(scale, row) && lanes::all_finite(zero, row);
     for (std::size_t t = 0; t < count; ++t) {
       const std::uint8_t* codes = a.codes + (start + t) * a.code_row_bytes;
+      std::uint8_t* destination = a.rows + (start + t) * row_bytes;
       if (a.int4) {
-        dequantize_nibbles<kDtype, true>(codes, 0, row, zero, scale, a.rows + (start + t) * row_bytes);
+        if (no_nan) {
+          dequantize_nibbles<kDtype, true, true>(codes, 0, row, zero, scale, destination);
+        } else {
+          dequantize_nibbles<kDtype, true, false>(codes, 0, row, zero, scale, destination);
+        }
+      } else if (no_nan) {
+        dequantize_codes<kDtype, true, true>(codes, row, zero, scale, destination);
       } else {
-        dequantize_codes<kDtype, true>(codes, row, zero, scale, a.rows + (start + t) * row_bytes);
+        dequantize_codes<kDtype, true, false>(codes, row, zero, scale, destination);
       }
     }
   }
@@ -392,6 +407,7 @@ void decode_values_avx2(const QuantDecodeArgs& a) {
   float* __restrict pairs = a.scratch_floats;  // (scale, zero) per group, as on the wire
   for (std::size_t t = 0; t < a.middle; ++t) {
     halves_to_floats(a.meta + t * groups * 4, 2 * groups, pairs);
+    const bool no_nan = kNoNaNPath<kDtype> && lanes::all_finite(pairs, 2 * groups);
     // int4 groups starting on even elements are unpacked in registers, others via scratch.
     const bool in_registers = a.int4 && a.head_dim % 2 == 0 && a.value_group % 2 == 0;
     const std::uint8_t* packed = a.codes + t * a.code_row_bytes;
@@ -401,12 +417,19 @@ void decode_values_avx2(const QuantDecodeArgs& a) {
       const std::size_t in_head = (g % per_head) * a.value_group;
       const std::size_t first = (g / per_head) * a.head_dim + in_head;
       const std::size_t count = a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head;
+      const float* zero = pairs + 2 * g + 1;
+      const float* scale = pairs + 2 * g;
+      std::uint8_t* out = destination + first * kElementSize<kDtype>;
       if (in_registers) {
-        dequantize_nibbles<kDtype, false>(packed, first, count, pairs + 2 * g + 1, pairs + 2 * g,
-                                          destination + first * kElementSize<kDtype>);
+        if (no_nan) {
+          dequantize_nibbles<kDtype, false, true>(packed, first, count, zero, scale, out);
+        } else {
+          dequantize_nibbles<kDtype, false, false>(packed, first, count, zero, scale, out);
+        }
+      } else if (no_nan) {
+        dequantize_codes<kDtype, false, true>(codes + first, count, zero, scale, out);
       } else {
-        dequantize_codes<kDtype, false>(codes + first, count, pairs + 2 * g + 1, pairs + 2 * g,
-                                        destination + first * kElementSize<kDtype>);
+        dequantize_codes<kDtype, false, false>(codes + first, count, zero, scale, out);
       }
     }
   }
@@ -500,6 +523,26 @@ void encode_fp8_avx2(const QuantEncodeArgs& a) {
   }
 }
 
+// One head of fp8 codes -> `dim` elements.
+template <DType kDtype, bool kNoNaN>
+void decode_fp8_head(const std::uint8_t* __restrict in, std::size_t dim, float scale, std::uint8_t* __restrict out) {
+  constexpr std::size_t kSize = kElementSize<kDtype>;
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  std::size_t d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    const __m128i sixteen = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + d));
+    lanes::store8<kDtype, kNoNaN>(_mm256_mul_ps(lanes::e4m3_to_float8(sixteen), scale8), out + d * kSize);
+    lanes::store8<kDtype, kNoNaN>(_mm256_mul_ps(lanes::e4m3_to_float8(_mm_unpackhi_epi64(sixteen, sixteen)), scale8),
+                                  out + (d + 8) * kSize);
+  }
+  for (; d + 8 <= dim; d += 8) {
+    const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + d));
+    lanes::store8<kDtype, kNoNaN>(_mm256_mul_ps(lanes::e4m3_to_float8(eight), scale8), out + d * kSize);
+  }
+  for (; d < dim; ++d)
+    lanes::store1<kDtype>(bits::e4m3_to_float(in[d]) * scale, out + d * kSize);
+}
+
 template <DType kDtype>
 void decode_fp8_avx2(const QuantDecodeArgs& a) {
   constexpr std::size_t kSize = kElementSize<kDtype>;
@@ -509,22 +552,14 @@ void decode_fp8_avx2(const QuantDecodeArgs& a) {
     for (std::size_t h = 0; h < a.kv_heads; ++h) {
       float scale;
       std::memcpy(&scale, a.meta + (t * a.kv_heads + h) * 4, 4);
-      const __m256 scale8 = _mm256_set1_ps(scale);
-      const std::uint8_t* __restrict in = a.codes + t * row + h * dim;
-      std::uint8_t* __restrict out = a.rows + (t * row + h * dim) * kSize;
-      std::size_t d = 0;
-      for (; d + 16 <= dim; d += 16) {
-        const __m128i sixteen = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + d));
-        lanes::store8<kDtype>(_mm256_mul_ps(lanes::e4m3_to_float8(sixteen), scale8), out + d * kSize);
-        lanes::store8<kDtype>(_mm256_mul_ps(lanes::e4m3_to_float8(_mm_unpackhi_epi64(sixteen, sixteen)), scale8),
-                              out + (d + 8) * kSize);
+      const std::uint8_t* in = a.codes + t * row + h * dim;
+      std::uint8_t* out = a.rows + (t * row + h * dim) * kSize;
+      // A finite scale times a finite e4m3 value may overflow to infinity, never to NaN.
+      if (kNoNaNPath<kDtype> && __builtin_isfinite(scale)) {
+        decode_fp8_head<kDtype, true>(in, dim, scale, out);
+      } else {
+        decode_fp8_head<kDtype, false>(in, dim, scale, out);
       }
-      for (; d + 8 <= dim; d += 8) {
-        const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + d));
-        lanes::store8<kDtype>(_mm256_mul_ps(lanes::e4m3_to_float8(eight), scale8), out + d * kSize);
-      }
-      for (; d < dim; ++d)
-        lanes::store1<kDtype>(bits::e4m3_to_float(in[d]) * scale, out + d * kSize);
     }
   }
 }

@@ -74,8 +74,16 @@ KVRELAY_LANES __m256i float_to_bf16_lanes(__m256 value) {
   return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
-// Floats -> eight elements of `kDtype` at `destination` (round to nearest even).
-template <DType kDtype>
+// float_to_bf16 on eight lanes known not to hold a NaN (the NaN select dropped).
+KVRELAY_LANES __m256i finite_to_bf16_lanes(__m256 value) {
+  const __m256i w = _mm256_castps_si256(value);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(w, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(0x7FFF)), odd), 16);
+}
+
+// Floats -> eight elements of `kDtype` at `destination` (round to nearest even). kNoNaN: the
+// caller knows no lane is NaN (bf16 then skips the NaN select).
+template <DType kDtype, bool kNoNaN = false>
 KVRELAY_LANES void store8(__m256 value, std::uint8_t* destination) {
   if constexpr (kDtype == DType::kFloat32) {
     _mm256_storeu_ps(reinterpret_cast<float*>(destination), value);
@@ -83,7 +91,8 @@ KVRELAY_LANES void store8(__m256 value, std::uint8_t* destination) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(destination),
                      _mm256_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   } else {
-    const __m256i wide = float_to_bf16_lanes(value);  // every lane <= 0xFFFF: the saturating pack is exact
+    // Every lane <= 0xFFFF: the saturating pack is exact.
+    const __m256i wide = kNoNaN ? finite_to_bf16_lanes(value) : float_to_bf16_lanes(value);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(destination),
                      _mm_packus_epi32(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1)));
   }
@@ -151,19 +160,15 @@ KVRELAY_LANES __m256i float_to_e4m3_lanes(__m256 value) {
   return _mm256_or_si256(sign, e4m3_magnitude_lanes(value));
 }
 
-// e4m3_to_float on the eight codes in the low 8 bytes of `codes`.
+// e4m3_to_float on the eight codes in the low 8 bytes of `codes`. The code's exponent and
+// mantissa bits, placed at float bits 20-26, are a float 2^-120 times the e4m3 value (a float
+// subnormal for e4m3 subnormals), so one exact multiply by 2^120 decodes both ranges.
 KVRELAY_LANES __m256 e4m3_to_float8(__m128i codes) {
   const __m256i c = _mm256_cvtepu8_epi32(codes);
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-  const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(c, 3), _mm256_set1_epi32(0xF));
-  const __m256i mantissa = _mm256_and_si256(c, _mm256_set1_epi32(0x7));
-  const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(mantissa), _mm256_set1_ps(0.001953125F));
-  // ((exponent + 120) << 23) | (mantissa << 20)
-  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), 20),
-                                          _mm256_set1_epi32(120 << 23));
-  const __m256i is_subnormal = _mm256_cmpeq_epi32(exponent, _mm256_setzero_si256());
-  return _mm256_castsi256_ps(
-      _mm256_or_si256(sign, _mm256_blendv_epi8(normal, _mm256_castps_si256(subnormal), is_subnormal)));
+  const __m256 scaled_down = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7F)), 20));
+  const __m256 magnitude = _mm256_mul_ps(scaled_down, _mm256_castsi256_ps(_mm256_set1_epi32((127 + 120) << 23)));
+  return _mm256_or_ps(magnitude, _mm256_castsi256_ps(sign));
 }
 
 // Four vectors of 32-bit lanes holding values in [0, 255] -> 32 bytes in lane order.
@@ -224,6 +229,23 @@ KVRELAY_LANES void make_quant_groups8(__m256 min_value, __m256 max_value, __m256
   zero = _mm256_cvtph_ps(zero_half);
   const __m256 scale = _mm256_cvtph_ps(scale_half);
   inv_scale = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0F), scale), _mm256_cmp_ps(scale, no_value, _CMP_GT_OQ));
+}
+
+// True when no value of `count` is NaN or infinite.
+KVRELAY_LANES bool all_finite(const float* values, std::size_t count) {
+  const __m256i no_sign = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m256i infinity = _mm256_set1_epi32(0x7F800000);
+  __m256i bad = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i magnitude =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + i)), no_sign);
+    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(magnitude, _mm256_sub_epi32(infinity, _mm256_set1_epi32(1))));
+  }
+  bool finite = _mm256_testz_si256(bad, bad) != 0;
+  for (; i < count; ++i)
+    finite = finite && __builtin_isfinite(values[i]);
+  return finite;
 }
 
 // Horizontal min of eight lanes (NaN-free: min_ps kept the old lane for a NaN element).
