@@ -158,6 +158,15 @@ void dequantize_nibbles(const std::uint8_t* __restrict packed, std::size_t first
     lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(_mm_unpackhi_epi64(high, high), zero_at(i + 24), scale_at(i + 24)),
                                   destination + (i + 24) * kSize);
   }
+  for (; i + 8 <= count; i += 8) {
+    std::uint32_t four;
+    std::memcpy(&four, packed + (first + i) / 2, 4);
+    const __m128i packed4 = _mm_cvtsi32_si128(static_cast<int>(four));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i eight =
+        _mm_unpacklo_epi8(_mm_and_si128(packed4, mask), _mm_and_si128(_mm_srli_epi16(packed4, 4), mask));
+    lanes::store8<kDtype, kNoNaN>(lanes::dequantize8(eight, zero_at(i), scale_at(i)), destination + i * kSize);
+  }
   for (; i < count; ++i) {
     const std::size_t p = kPerElement ? i : 0;
     const std::size_t at = first + i;
