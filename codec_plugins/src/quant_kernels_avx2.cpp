@@ -17,6 +17,18 @@
 
 namespace {
 
+// Calls body(group, first element, element count) for the value groups of a row in order: per
+// head, groups of `value_group` channels, the last one shorter (no division per group).
+template <class Body>
+inline __attribute__((always_inline)) void for_each_group(const kvrelay::codec::detail::QuantTensorDims& a,
+                                                          Body&& body) {
+  std::size_t g = 0;
+  for (std::size_t head_start = 0; head_start < a.row_elements; head_start += a.head_dim) {
+    for (std::size_t in_head = 0; in_head < a.head_dim; in_head += a.value_group, ++g)
+      body(g, head_start + in_head, a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head);
+  }
+}
+
 // Only bf16 stores have a cheaper form for NaN-free values.
 template <DType kDtype>
 constexpr bool kNoNaNPath = kDtype == DType::kBFloat16;
@@ -298,12 +310,9 @@ void encode_values_avx2(const QuantEncodeArgs& a) {
       _mm256_storeu_ps(x + i, lanes::load8<kDtype>(source + i * kSize));
     for (; i < row; ++i)
       x[i] = lanes::load1<kDtype>(source + i * kSize);
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t in_head = (g % per_head) * a.value_group;
-      const std::size_t first = (g / per_head) * a.head_dim + in_head;
-      const std::size_t count = a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head;
+    for_each_group(a, [&]([[maybe_unused]] std::size_t g, std::size_t first, std::size_t count) {
       min_max(x + first, count, lo[g], hi[g]);
-    }
+    });
     make_groups(lo, hi, groups, a.max_code, scale_half, zero_half, zero, inv);
     std::uint8_t* meta = a.meta + t * groups * 4;
     for (std::size_t g = 0; g < groups; ++g) {
@@ -312,13 +321,10 @@ void encode_values_avx2(const QuantEncodeArgs& a) {
     }
     std::uint8_t* out = a.codes + t * a.code_row_bytes;
     std::uint8_t* codes = kInt4 ? a.scratch_codes : out;
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t in_head = (g % per_head) * a.value_group;
-      const std::size_t first = (g / per_head) * a.head_dim + in_head;
-      const std::size_t count = a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head;
+    for_each_group(a, [&]([[maybe_unused]] std::size_t g, std::size_t first, std::size_t count) {
       quantize_codes<DType::kFloat32, false>(reinterpret_cast<const std::uint8_t*>(x + first), count, zero + g, inv + g,
                                              a.max_code, codes + first);
-    }
+    });
     if constexpr (kInt4) pack_nibble_run(codes, row, out);
   }
 }
@@ -344,10 +350,7 @@ void encode_values_lanes(const QuantEncodeArgs& a) {
   for (std::size_t t = 0; t < a.middle; ++t) {
     const std::uint8_t* __restrict source = a.rows + t * row_bytes;
     prefetch_bytes(source + kPrefetchDistance, row_bytes);
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t in_head = (g % per_head) * a.value_group;
-      const std::size_t first = (g / per_head) * a.head_dim + in_head;
-      const std::size_t count = a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head;
+    for_each_group(a, [&]([[maybe_unused]] std::size_t g, std::size_t first, std::size_t count) {
       __m256 l = _mm256_set1_ps(__builtin_inff());
       __m256 h = _mm256_set1_ps(-__builtin_inff());
       for (std::size_t i = 0; i < count; i += 8) {
@@ -357,7 +360,7 @@ void encode_values_lanes(const QuantEncodeArgs& a) {
       }
       lo[g] = lanes::fold_min8(l);
       hi[g] = lanes::fold_max8(h);
-    }
+    });
     std::uint8_t* meta = a.meta + t * groups * 4;
     for (std::size_t g = 0; g < groups; g += 8) {
       __m128i scale_half;
@@ -375,10 +378,7 @@ void encode_values_lanes(const QuantEncodeArgs& a) {
       std::memcpy(meta + 4 * g, pairs, groups - g < 8 ? 4 * (groups - g) : 32);
     }
     std::uint8_t* __restrict out = a.codes + t * a.code_row_bytes;
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t in_head = (g % per_head) * a.value_group;
-      const std::size_t first = (g / per_head) * a.head_dim + in_head;
-      const std::size_t count = a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head;
+    for_each_group(a, [&]([[maybe_unused]] std::size_t g, std::size_t first, std::size_t count) {
       const __m256 z = _mm256_set1_ps(zero[g]);
       const __m256 s = _mm256_set1_ps(inv[g]);
       const std::uint8_t* __restrict x = source + first * kSize;
@@ -403,7 +403,7 @@ void encode_values_lanes(const QuantEncodeArgs& a) {
           lanes::store8_bytes(q, out + first + i);
         }
       }
-    }
+    });
   }
 }
 
@@ -422,10 +422,7 @@ void decode_values_avx2(const QuantDecodeArgs& a) {
     const std::uint8_t* packed = a.codes + t * a.code_row_bytes;
     const std::uint8_t* codes = in_registers ? packed : row_codes(a.int4, packed, row, a.scratch_codes);
     std::uint8_t* destination = a.rows + t * row_bytes;
-    for (std::size_t g = 0; g < groups; ++g) {
-      const std::size_t in_head = (g % per_head) * a.value_group;
-      const std::size_t first = (g / per_head) * a.head_dim + in_head;
-      const std::size_t count = a.value_group < a.head_dim - in_head ? a.value_group : a.head_dim - in_head;
+    for_each_group(a, [&]([[maybe_unused]] std::size_t g, std::size_t first, std::size_t count) {
       const float* zero = pairs + 2 * g + 1;
       const float* scale = pairs + 2 * g;
       std::uint8_t* out = destination + first * kElementSize<kDtype>;
@@ -440,7 +437,7 @@ void decode_values_avx2(const QuantDecodeArgs& a) {
       } else {
         dequantize_codes<kDtype, false, false>(codes + first, count, zero, scale, out);
       }
-    }
+    });
   }
 }
 
