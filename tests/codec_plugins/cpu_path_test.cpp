@@ -103,6 +103,65 @@ TEST_CASE("the portable and the AVX2 quantizer loops write the same bytes", "[co
   CHECK(compared == 6 * 3 * 2 * 3 * 4);
 }
 
+namespace {
+
+// True when `a` and `b` are equal, or both fp16 NaNs (F16C and float_to_half quiet a NaN
+// differently; decoding only yields NaN from a payload whose metadata is NaN or infinite).
+bool same_or_both_half_nan(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b, DType dtype) {
+  if (a.size() != b.size()) return false;
+  if (dtype != DType::kFloat16) return a == b;
+  for (std::size_t i = 0; i + 1 < a.size(); i += 2) {
+    const auto x = static_cast<std::uint16_t>(a[i] | (a[i + 1] << 8));
+    const auto y = static_cast<std::uint16_t>(b[i] | (b[i + 1] << 8));
+    const bool both_nan = (x & 0x7FFFU) > 0x7C00U && (y & 0x7FFFU) > 0x7C00U;
+    if (x != y && !both_nan) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("the portable and the AVX2 loops decode any payload bytes alike", "[codec][cpu_path]") {
+  if (!cpu_path_supported(CpuPath::kAvx2)) {
+    WARN("CPU without AVX2+F16C: only the portable path exists here");
+    return;
+  }
+  PathGuard guard;
+  // Random payloads: every code value, scales and zeros that are NaN, infinite or subnormal,
+  // so the vector decoders' NaN-free shortcuts and their exact fallbacks both run; shapes with
+  // whole vectors, nibble rows starting on odd elements and short tails.
+  const std::vector<KvLayout> shapes = {{1, 2, 128, DType::kFloat32, 180},
+                                        {2, 3, 36, DType::kFloat32, 170},
+                                        {1, 3, 5, DType::kFloat32, 201},
+                                        {1, 1, 7, DType::kFloat32, 151},
+                                        {1, 4, 64, DType::kFloat32, 140}};
+  std::mt19937 random(23);
+  int compared = 0;
+  for (auto layout : shapes) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      layout.dtype = dtype;
+      const std::size_t size = layout.total_bytes().value();
+      for (int index = 0; index < 3; ++index) {
+        for (std::uint32_t group : {6U, 32U, 64U}) {
+          const auto& codec = *quantizer(index);
+          INFO(codec.name << " group " << group << " " << layout.describe());
+          const auto params = params_with(group);
+          const kvrelay_codec_layout c_layout = to_c(layout);
+          std::vector<std::uint8_t> payload(codec.max_encoded_size(&c_layout, params.data(), params.size()));
+          for (auto& byte : payload)
+            byte = static_cast<std::uint8_t>(random());
+          REQUIRE(force_cpu_path(CpuPath::kBaseline));
+          const auto portable = decode_payload(codec, layout, payload, params, size);
+          REQUIRE(force_cpu_path(CpuPath::kAvx2));
+          CHECK(same_or_both_half_nan(decode_payload(codec, layout, payload, params, size), portable, dtype));
+          ++compared;
+        }
+      }
+    }
+  }
+  CHECK(compared == 5 * 3 * 3 * 3);
+}
+
 TEST_CASE("quantizer payloads keep the bytes of the reference implementation the CUDA kernels match",
           "[codec][cpu_path]") {
   // xxh3 of payloads written by the scalar implementation that the CUDA parity test checked on
