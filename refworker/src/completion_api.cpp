@@ -135,6 +135,7 @@ std::string_view finish_reason_name(FinishReason reason) {
 json stats_json(const CompletionStats& stats) {
   return {{"prompt_tokens", stats.prompt_tokens},   {"cached_tokens", stats.cached_tokens},
           {"prefill_tokens", stats.prefill_tokens}, {"prefill_ms", stats.prefill_ms},
+          {"lookup_ms", stats.lookup_ms},           {"import_ms", stats.import_ms},
           {"queue_ms", stats.queue_ms},             {"ttft_ms", stats.ttft_ms},
           {"total_ms", stats.total_ms},             {"published_tokens", stats.published_tokens}};
 }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -59,6 +60,15 @@ void apply_rope(float* vec, std::size_t heads, std::size_t head_dim, const float
   }
 }
 
+// Branch-free (vectorizes): an fp32 value is NaN or infinite exactly when its exponent bits are all set.
+bool all_finite(std::span<const float> values) {
+  std::uint32_t non_finite = 0;
+  for (const float value : values) {
+    non_finite |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(value) & 0x7F800000U) == 0x7F800000U);
+  }
+  return non_finite == 0;
+}
+
 void softmax(float* x, std::size_t size) {
   float max_value = x[0];
   for (std::size_t i = 1; i < size; ++i) max_value = std::max(max_value, x[i]);
@@ -73,7 +83,11 @@ void softmax(float* x, std::size_t size) {
 }  // namespace
 
 InferenceSession::InferenceSession(const Model& model)
-    : model_(&model), keys_(model.config().layers), values_(model.config().layers) {}
+    : model_(&model),
+      owned_cache_(std::make_unique<KvCache>(model.config().layers, model.config().kv_dim())),
+      cache_(owned_cache_.get()) {}
+
+InferenceSession::InferenceSession(const Model& model, KvCache& cache) : model_(&model), cache_(&cache) {}
 
 Status InferenceSession::check_tokens(std::span<const std::int32_t> tokens) const {
   const auto& config = model_->config();
@@ -112,6 +126,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   const std::size_t group = heads / kv_heads;
   const std::size_t start = position_;
   const std::size_t context = start + count;
+  KVRELAY_TRY(cache_->reserve(context, start));
 
   // RoPE angles for the new positions, computed as llama2.c does (float pos * float freq).
   const std::size_t half = head_dim / 2;
@@ -143,12 +158,10 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
 
   for (std::size_t l = 0; l < config.layers; ++l) {
     const LayerWeights& w = model_->layer(l);
-    std::vector<float>& key_cache = keys_[l];
-    std::vector<float>& value_cache = values_[l];
-    key_cache.resize(context * kv_dim);
-    value_cache.resize(context * kv_dim);
-    float* new_keys = key_cache.data() + start * kv_dim;
-    float* new_values = value_cache.data() + start * kv_dim;
+    float* key_cache = cache_->keys(l);
+    float* value_cache = cache_->values(l);
+    float* new_keys = key_cache + start * kv_dim;
+    float* new_values = value_cache + start * kv_dim;
 
     for (std::size_t t = 0; t < count; ++t) rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_att, dim);
     project(q.data(), dim, xb.data(), w.wq, count, dim, dim);
@@ -172,7 +185,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
         const std::size_t kv_head = h / group;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(visible), blas_int(head_dim),
                     inv_sqrt_head, q.data() + block * dim + h * head_dim, blas_int(dim),
-                    key_cache.data() + kv_head * head_dim, blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
+                    key_cache + kv_head * head_dim, blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
         for (std::size_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * visible;
           const std::size_t row_visible = start + block + r + 1;
@@ -180,7 +193,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
           std::fill(row + row_visible, row + visible, 0.0F);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(head_dim), blas_int(visible),
-                    1.0F, scores.data(), blas_int(visible), value_cache.data() + kv_head * head_dim, blas_int(kv_dim),
+                    1.0F, scores.data(), blas_int(visible), value_cache + kv_head * head_dim, blas_int(kv_dim),
                     0.0F, attention_out.data() + block * dim + h * head_dim, blas_int(dim));
       }
     }
@@ -218,16 +231,28 @@ Result<std::vector<float>> InferenceSession::export_kv(std::uint64_t tokens) con
   std::vector<float> out(total / sizeof(float));
   const std::size_t row_floats = static_cast<std::size_t>(tokens) * model_->config().kv_dim();
   float* cursor = out.data();
-  for (std::size_t l = 0; l < keys_.size(); ++l) {
-    std::memcpy(cursor, keys_[l].data(), row_floats * sizeof(float));
+  for (std::size_t l = 0; l < cache_->layers(); ++l) {
+    std::memcpy(cursor, cache_->keys(l), row_floats * sizeof(float));
     cursor += row_floats;
-    std::memcpy(cursor, values_[l].data(), row_floats * sizeof(float));
+    std::memcpy(cursor, cache_->values(l), row_floats * sizeof(float));
     cursor += row_floats;
   }
   return out;
 }
 
 Status InferenceSession::import_kv(const KvLayout& kv_layout, std::span<const float> kv) {
+  KVRELAY_TRY(const std::uint64_t total, kv_layout.total_bytes());
+  if (kv.size_bytes() != total) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size_bytes(), kv_layout.describe(), total));
+  }
+  return import_kv(kv_layout, [kv](std::uint64_t offset, std::span<float> into) -> Status {
+    std::memcpy(into.data(), kv.data() + offset, into.size_bytes());
+    return ok();
+  });
+}
+
+Status InferenceSession::import_kv(const KvLayout& kv_layout, const KvReader& read) {
   if (position_ != 0) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("KV prefix must be imported into an empty session (it holds {} tokens)", position_));
@@ -241,21 +266,15 @@ Status InferenceSession::import_kv(const KvLayout& kv_layout, std::span<const fl
     return fail(ErrorCode::kOutOfRange, fmt::format("KV prefix of {} tokens exceeds the model's seq_len {}",
                                                     kv_layout.tokens, model_->config().seq_len));
   }
-  KVRELAY_TRY(const std::uint64_t total, kv_layout.total_bytes());
-  if (kv.size_bytes() != total) {
-    return fail(ErrorCode::kLayoutMismatch,
-                fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size_bytes(), kv_layout.describe(), total));
-  }
-  for (const float value : kv) {
-    if (!std::isfinite(value)) return fail(ErrorCode::kCorrupt, "KV prefix contains a non-finite value");
-  }
-  const std::size_t row_floats = static_cast<std::size_t>(kv_layout.tokens) * model_->config().kv_dim();
-  const float* cursor = kv.data();
-  for (std::size_t l = 0; l < keys_.size(); ++l) {
-    keys_[l].assign(cursor, cursor + row_floats);
-    cursor += row_floats;
-    values_[l].assign(cursor, cursor + row_floats);
-    cursor += row_floats;
+  const std::size_t tokens = static_cast<std::size_t>(kv_layout.tokens);
+  KVRELAY_TRY(cache_->reserve(tokens, 0));
+  const std::size_t row_floats = tokens * model_->config().kv_dim();
+  for (std::size_t tensor = 0; tensor < 2 * cache_->layers(); ++tensor) {
+    float* into = tensor % 2 == 0 ? cache_->keys(tensor / 2) : cache_->values(tensor / 2);
+    KVRELAY_TRY(read(tensor * row_floats, std::span<float>(into, row_floats)));
+    if (!all_finite(std::span<const float>(into, row_floats))) {  // checked where it landed, still in cache
+      return fail(ErrorCode::kCorrupt, "KV prefix contains a non-finite value");
+    }
   }
   position_ = kv_layout.tokens;
   return ok();
@@ -265,12 +284,7 @@ Status InferenceSession::truncate(std::uint64_t tokens) {
   if (tokens > position_) {
     return fail(ErrorCode::kOutOfRange, fmt::format("cannot truncate a session of {} tokens to {}", position_, tokens));
   }
-  const std::size_t row_floats = static_cast<std::size_t>(tokens) * model_->config().kv_dim();
-  for (std::size_t l = 0; l < keys_.size(); ++l) {
-    keys_[l].resize(row_floats);
-    values_[l].resize(row_floats);
-  }
-  position_ = tokens;
+  position_ = tokens;  // rows beyond it are overwritten by the next prefill
   return ok();
 }
 
