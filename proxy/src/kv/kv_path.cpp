@@ -21,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxLabelText = 128;
 constexpr std::size_t kPushQueueLimit = 64;
+constexpr std::size_t kPeerFetchMinGainDivisor = 4;
 
 auto type_error(std::string_view field, std::string_view expected, const json& got) {
   return fail(ErrorCode::kInvalidArgument,
@@ -332,6 +333,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   auto finish = [&](std::string_view outcome, std::size_t served_blocks) {
     record["outcome"] = outcome;
     record["served_tokens"] = served_blocks * request.block_tokens;
+    record["resolve_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
     metrics_.lookups.with({outcome}).inc();
     log_.record(std::move(record));
   };
@@ -398,7 +400,14 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   std::string from = entry ? "local" : "";
   bool already_encoded = false;
-  if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr) {
+  // A peer fetch moves the peer's whole prefix (no delta fetch yet): with a local prefix in hand
+  // it pays only when the peer can add a good share of blocks. At 2048 tokens of the demo shape
+  // moving N+k tokens over loopback TCP costs about as much as prefilling k = N/8; a quarter
+  // keeps clear of that break-even (without it a same-node hit fetched 32 MiB to save 16 tokens).
+  const bool peer_gain_worth_it = entry_blocks == 0 || (max_blocks - std::min(entry_blocks, max_blocks)) *
+                                                               kPeerFetchMinGainDivisor >=
+                                                           entry_blocks;
+  if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it) {
     if (auto fetched = fetch_from_peers(*policy, request, entry_blocks, codec, choice.medium, route->id, record)) {
       entry = std::move(fetched->entry);
       entry_blocks = fetched->blocks;
@@ -444,6 +453,9 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   if (!already_encoded) {
     metrics_.raw_bytes.with({"shm", choice.medium}).inc(static_cast<double>(entry->info.bytes));
+  }
+  if (route != nullptr) {
+    outcomes_.served(context.request_id, {route->id, choice.medium, static_cast<double>(entry->info.bytes), started});
   }
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   return shm::ResolvedEntry{std::move(entry),
@@ -533,12 +545,18 @@ void KvPath::prefill_observed(const shm::PrefillReport& report) {
     return;
   }
   metrics_.prefill_reports.with({agent}).inc();
+  const auto outcome = outcomes_.reported(parsed ? parsed.value().request_id : std::string(), report.seconds);
   std::lock_guard lock(engine_mutex_);
   ensure_engine_locked(*policy);
   if (!engine_) return;
   if (const auto id = engine_->find_agent(agent)) {
     engine_->observe_prefill(id.value(), report.computed_tokens, report.context_tokens - report.computed_tokens,
                              report.seconds);
+  }
+  if (outcome) {
+    const auto route = engine_->find_route(outcome->served.route);
+    const auto medium = engine_->find_medium(outcome->served.medium);
+    if (route && medium) engine_->observe_handoff(route.value(), medium.value(), outcome->served.raw_bytes, outcome->seconds);
   }
 }
 
