@@ -28,7 +28,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("build", nargs="?", default="build/default")
     parser.add_argument("--lengths", default="64,256,512,1024,2048")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per length (medians are reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per length (medians are reported)")
     parser.add_argument("--shape", default=handoff.DEMO_SHAPE)
     args = parser.parse_args()
     lengths = [int(value) for value in args.lengths.split(",")]
@@ -59,6 +59,10 @@ def main():
                 "top1_agreement": {label: statistics.mean(s["runs"][label]["top1_agreement"] for s in samples)
                                    for label in labels},
                 "cached_tokens": {label: samples[-1]["runs"][label]["cached_tokens"] for label in labels},
+                "ttft_ms_runs": {label: [s["runs"][label]["ttft_ms"] for s in samples] for label in labels},
+                "phases_ms": {label: {phase: statistics.median(s["runs"][label]["phases_ms"][phase] for s in samples)
+                                      for phase in samples[0]["runs"][label]["phases_ms"]}
+                              for label in labels},
             })
     longest = result["lengths"][-1]
     short = [entry for entry in result["lengths"] if entry["length"] <= 256]
