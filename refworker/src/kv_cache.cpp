@@ -22,9 +22,8 @@ Status KvCache::reserve(std::size_t tokens, std::size_t keep) {
   const std::size_t bytes = 2 * layers_ * capacity * kv_dim_ * sizeof(float);
   void* memory = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) {
-    return fail(ErrorCode::kResourceExhausted,
-                fmt::format("cannot allocate a KV cache of {} tokens ({} bytes): {}", capacity, bytes,
-                            std::strerror(errno)));
+    return fail(ErrorCode::kResourceExhausted, fmt::format("cannot allocate a KV cache of {} tokens ({} bytes): {}",
+                                                           capacity, bytes, std::strerror(errno)));
   }
   // Transparent huge pages (where the host grants them on request) make the one-time touch and
   // the attention's strided reads cheaper; without them this is a no-op.

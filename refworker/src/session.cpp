@@ -6,6 +6,7 @@
 #include "kvrelay/refworker/session.h"
 
 #include <cblas.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,14 +23,16 @@ constexpr float kRopeTheta = 10000.0F;
 // Query rows per attention block: bounds the score matrix to kAttentionBlock x context floats.
 constexpr std::size_t kAttentionBlock = 256;
 
-int blas_int(std::size_t value) { return static_cast<int>(value); }
+int blas_int(std::size_t value) {
+  return static_cast<int>(value);
+}
 
 // out[tokens, n_out] = in[tokens, n_in] * W^T, with W row-major [n_out, n_in].
-void project(float* out, std::size_t ld_out, const float* in, const float* weight, std::size_t tokens,
-             std::size_t n_in, std::size_t n_out) {
+void project(float* out, std::size_t ld_out, const float* in, const float* weight, std::size_t tokens, std::size_t n_in,
+             std::size_t n_out) {
   if (tokens == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(n_out), blas_int(n_in), 1.0F, weight, blas_int(n_in), in, 1,
-                0.0F, out, 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(n_out), blas_int(n_in), 1.0F, weight, blas_int(n_in), in, 1, 0.0F,
+                out, 1);
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(tokens), blas_int(n_out), blas_int(n_in), 1.0F, in,
@@ -38,11 +41,13 @@ void project(float* out, std::size_t ld_out, const float* in, const float* weigh
 
 void rmsnorm(float* out, const float* x, const float* weight, std::size_t size) {
   float sum_squares = 0.0F;
-  for (std::size_t i = 0; i < size; ++i) sum_squares += x[i] * x[i];
+  for (std::size_t i = 0; i < size; ++i)
+    sum_squares += x[i] * x[i];
   sum_squares /= static_cast<float>(size);
   sum_squares += kRmsEpsilon;
   const float scale = 1.0F / std::sqrt(sum_squares);
-  for (std::size_t i = 0; i < size; ++i) out[i] = weight[i] * (scale * x[i]);
+  for (std::size_t i = 0; i < size; ++i)
+    out[i] = weight[i] * (scale * x[i]);
 }
 
 // Rotates adjacent pairs of every head of `vec` ([heads, head_dim]) by the angles of `pos`.
@@ -71,13 +76,15 @@ bool all_finite(std::span<const float> values) {
 
 void softmax(float* x, std::size_t size) {
   float max_value = x[0];
-  for (std::size_t i = 1; i < size; ++i) max_value = std::max(max_value, x[i]);
+  for (std::size_t i = 1; i < size; ++i)
+    max_value = std::max(max_value, x[i]);
   float sum = 0.0F;
   for (std::size_t i = 0; i < size; ++i) {
     x[i] = std::exp(x[i] - max_value);
     sum += x[i];
   }
-  for (std::size_t i = 0; i < size; ++i) x[i] /= sum;
+  for (std::size_t i = 0; i < size; ++i)
+    x[i] /= sum;
 }
 
 }  // namespace
@@ -94,8 +101,8 @@ Status InferenceSession::check_tokens(std::span<const std::int32_t> tokens) cons
   if (tokens.empty()) return fail(ErrorCode::kInvalidArgument, "no tokens to run");
   for (const std::int32_t token : tokens) {
     if (token < 0 || static_cast<std::uint32_t>(token) >= config.vocab_size) {
-      return fail(ErrorCode::kOutOfRange, fmt::format("token id {} outside vocabulary 0..{}", token,
-                                                      config.vocab_size - 1));
+      return fail(ErrorCode::kOutOfRange,
+                  fmt::format("token id {} outside vocabulary 0..{}", token, config.vocab_size - 1));
     }
   }
   if (position_ + tokens.size() > config.seq_len) {
@@ -114,8 +121,9 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   const auto& config = model_->config();
   const std::size_t count = tokens.size();
   if (capture != nullptr && (capture->positions == 0 || capture->positions > count)) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("cannot capture {} query positions from a prefill of {} tokens", capture->positions, count));
+    return fail(
+        ErrorCode::kInvalidArgument,
+        fmt::format("cannot capture {} query positions from a prefill of {} tokens", capture->positions, count));
   }
   const std::size_t dim = config.dim;
   const std::size_t kv_dim = config.kv_dim();
@@ -134,8 +142,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   std::vector<float> sin_table(count * half);
   for (std::size_t t = 0; t < count; ++t) {
     for (std::size_t i = 0; i < half; ++i) {
-      const float freq =
-          1.0F / std::pow(kRopeTheta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+      const float freq = 1.0F / std::pow(kRopeTheta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
       const float angle = static_cast<float>(start + t) * freq;
       cos_table[t * half + i] = std::cos(angle);
       sin_table[t * half + i] = std::sin(angle);
@@ -163,7 +170,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
     float* new_keys = key_cache + start * kv_dim;
     float* new_values = value_cache + start * kv_dim;
 
-    for (std::size_t t = 0; t < count; ++t) rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_att, dim);
+    for (std::size_t t = 0; t < count; ++t)
+      rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_att, dim);
     project(q.data(), dim, xb.data(), w.wq, count, dim, dim);
     project(new_keys, kv_dim, xb.data(), w.wk, count, dim, kv_dim);
     project(new_values, kv_dim, xb.data(), w.wv, count, dim, kv_dim);
@@ -184,8 +192,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
       for (std::size_t h = 0; h < heads; ++h) {
         const std::size_t kv_head = h / group;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(visible), blas_int(head_dim),
-                    inv_sqrt_head, q.data() + block * dim + h * head_dim, blas_int(dim),
-                    key_cache + kv_head * head_dim, blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
+                    inv_sqrt_head, q.data() + block * dim + h * head_dim, blas_int(dim), key_cache + kv_head * head_dim,
+                    blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
         for (std::size_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * visible;
           const std::size_t row_visible = start + block + r + 1;
@@ -193,15 +201,17 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
           std::fill(row + row_visible, row + visible, 0.0F);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(head_dim), blas_int(visible),
-                    1.0F, scores.data(), blas_int(visible), value_cache + kv_head * head_dim, blas_int(kv_dim),
-                    0.0F, attention_out.data() + block * dim + h * head_dim, blas_int(dim));
+                    1.0F, scores.data(), blas_int(visible), value_cache + kv_head * head_dim, blas_int(kv_dim), 0.0F,
+                    attention_out.data() + block * dim + h * head_dim, blas_int(dim));
       }
     }
 
     project(xb.data(), dim, attention_out.data(), w.wo, count, dim, dim);
-    for (std::size_t i = 0; i < count * dim; ++i) x[i] += xb[i];
+    for (std::size_t i = 0; i < count * dim; ++i)
+      x[i] += xb[i];
 
-    for (std::size_t t = 0; t < count; ++t) rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_ffn, dim);
+    for (std::size_t t = 0; t < count; ++t)
+      rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_ffn, dim);
     project(hb.data(), hidden, xb.data(), w.w1, count, dim, hidden);
     project(hb2.data(), hidden, xb.data(), w.w3, count, dim, hidden);
     for (std::size_t i = 0; i < count * hidden; ++i) {
@@ -210,7 +220,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
       hb[i] = value * hb2[i];
     }
     project(xb.data(), dim, hb.data(), w.w2, count, hidden, dim);
-    for (std::size_t i = 0; i < count * dim; ++i) x[i] += xb[i];
+    for (std::size_t i = 0; i < count * dim; ++i)
+      x[i] += xb[i];
   }
   position_ = context;
 
@@ -243,8 +254,8 @@ Result<std::vector<float>> InferenceSession::export_kv(std::uint64_t tokens) con
 Status InferenceSession::import_kv(const KvLayout& kv_layout, std::span<const float> kv) {
   KVRELAY_TRY(const std::uint64_t total, kv_layout.total_bytes());
   if (kv.size_bytes() != total) {
-    return fail(ErrorCode::kLayoutMismatch,
-                fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size_bytes(), kv_layout.describe(), total));
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size_bytes(),
+                                                        kv_layout.describe(), total));
   }
   return import_kv(kv_layout, [kv](std::uint64_t offset, std::span<float> into) -> Status {
     std::memcpy(into.data(), kv.data() + offset, into.size_bytes());

@@ -1,9 +1,9 @@
 #include "kvrelay/refworker/sidecar_kv_connector.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -45,8 +45,8 @@ namespace {
 // mapping (and none of its page faults) on this side.
 Status read_segment(int fd, std::uint64_t offset, std::span<std::byte> into, std::uint64_t segment_bytes) {
   if (offset > segment_bytes || into.size() > segment_bytes - offset) {
-    return fail(ErrorCode::kOutOfRange, fmt::format("read of {} bytes at {} past a {}-byte segment", into.size(),
-                                                    offset, segment_bytes));
+    return fail(ErrorCode::kOutOfRange,
+                fmt::format("read of {} bytes at {} past a {}-byte segment", into.size(), offset, segment_bytes));
   }
   std::size_t done = 0;
   while (done < into.size()) {

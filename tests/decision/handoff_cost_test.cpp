@@ -2,10 +2,11 @@
 
 #include <catch2/catch.hpp>
 
-#include "engine_fixture.h"
+#include <limits>
+
 #include "kvrelay/decision/estimators.h"
 
-#include <limits>
+#include "engine_fixture.h"
 
 using namespace kvrelay::decision;
 using kvrelay::decision::testing::EngineFixture;
@@ -15,7 +16,8 @@ TEST_CASE("LinearCostFit recovers a fixed cost plus a cost per byte", "[decision
   CHECK(fit.samples() == 0);
   fit.observe(1e6, 0.012);  // one size: proportional until a second size is seen
   CHECK(fit.predict(2e6) == Approx(0.024));
-  for (const double bytes : {2e6, 4e6, 8e6, 16e6}) fit.observe(bytes, 0.01 + bytes * 2e-9);
+  for (const double bytes : {2e6, 4e6, 8e6, 16e6})
+    fit.observe(bytes, 0.01 + bytes * 2e-9);
   fit.observe(1e6, 0.01 + 1e6 * 2e-9);
   // The first sample (0.012 s at 1 MB) is still in the window; it pulls the fit a little.
   CHECK(fit.seconds_per_byte() == Approx(2e-9).epsilon(0.05));
@@ -36,7 +38,8 @@ TEST_CASE("LinearCostFit recovers a fixed cost plus a cost per byte", "[decision
     CHECK(guarded.samples() == 0);
   }
   SECTION("the window forgets: after 16 new samples only they count") {
-    for (int i = 0; i < 16; ++i) fit.observe(4e6 + i * 1e6, 0.1);
+    for (int i = 0; i < 16; ++i)
+      fit.observe(4e6 + i * 1e6, 0.1);
     CHECK(fit.seconds_per_byte() == Approx(0.0).margin(1e-15));
     CHECK(fit.fixed_seconds() == Approx(0.1));
   }

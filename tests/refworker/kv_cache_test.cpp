@@ -2,6 +2,8 @@
 // with its own cache computes, across requests that reuse the cache and past its capacity, and a
 // prefix read straight into it (the shared-memory path) equals one copied in.
 
+#include "kvrelay/refworker/kv_cache.h"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <limits>
 
 #include "kvrelay/refworker/generation.h"
-#include "kvrelay/refworker/kv_cache.h"
 #include "kvrelay/refworker/model.h"
 #include "kvrelay/refworker/model_source.h"
 #include "kvrelay/refworker/session.h"
@@ -29,7 +30,8 @@ const kr::Model& model() {
 
 std::vector<std::int32_t> tokens(std::size_t n, std::size_t salt) {
   std::vector<std::int32_t> out{kr::kBosToken};
-  for (std::size_t i = 1; i < n; ++i) out.push_back(static_cast<std::int32_t>(3 + (i * 31 + salt * 7) % 290));
+  for (std::size_t i = 1; i < n; ++i)
+    out.push_back(static_cast<std::int32_t>(3 + (i * 31 + salt * 7) % 290));
   return out;
 }
 

@@ -404,9 +404,8 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   // it pays only when the peer can add a good share of blocks. At 2048 tokens of the demo shape
   // moving N+k tokens over loopback TCP costs about as much as prefilling k = N/8; a quarter
   // keeps clear of that break-even (without it a same-node hit fetched 32 MiB to save 16 tokens).
-  const bool peer_gain_worth_it = entry_blocks == 0 || (max_blocks - std::min(entry_blocks, max_blocks)) *
-                                                               kPeerFetchMinGainDivisor >=
-                                                           entry_blocks;
+  const bool peer_gain_worth_it =
+      entry_blocks == 0 || (max_blocks - std::min(entry_blocks, max_blocks)) * kPeerFetchMinGainDivisor >= entry_blocks;
   if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it) {
     if (auto fetched = fetch_from_peers(*policy, request, entry_blocks, codec, choice.medium, route->id, record)) {
       entry = std::move(fetched->entry);
@@ -556,7 +555,8 @@ void KvPath::prefill_observed(const shm::PrefillReport& report) {
   if (outcome) {
     const auto route = engine_->find_route(outcome->served.route);
     const auto medium = engine_->find_medium(outcome->served.medium);
-    if (route && medium) engine_->observe_handoff(route.value(), medium.value(), outcome->served.raw_bytes, outcome->seconds);
+    if (route && medium)
+      engine_->observe_handoff(route.value(), medium.value(), outcome->served.raw_bytes, outcome->seconds);
   }
 }
 

@@ -32,7 +32,7 @@ struct ServeOptions {
   std::string model_name;
   std::uint32_t max_waiting = 256;
   int blas_threads = 1;
-  std::string kvrelay_socket;  // the local sidecar's data plane; empty: no KV connector
+  std::string kvrelay_socket;                  // the local sidecar's data plane; empty: no KV connector
   std::optional<std::size_t> kv_cache_tokens;  // default: the model's seq_len
 };
 
@@ -114,9 +114,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   add_blas_threads_option(*command, options->blas_threads);
   command->add_option("--kvrelay-socket", options->kvrelay_socket,
                       "Local kvrelay sidecar's data-plane socket: look up KV before prefill, publish it after");
-  command->add_option("--kv-cache-tokens", options->kv_cache_tokens,
-                      "KV cache rows allocated and touched at startup, lent to every request (default: the "
-                      "model's seq_len; 0: each request allocates its own)")
+  command
+      ->add_option("--kv-cache-tokens", options->kv_cache_tokens,
+                   "KV cache rows allocated and touched at startup, lent to every request (default: the "
+                   "model's seq_len; 0: each request allocates its own)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 24));
   command->callback([options, &exit_code] { exit_code = run_serve(*options); });
 }
