@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxLabelText = 128;
 constexpr std::size_t kPushQueueLimit = 64;
-constexpr std::size_t kPeerFetchMinGainDivisor = 4;
+constexpr std::size_t kPeerFetchMinGainDivisor = 2;
 
 auto type_error(std::string_view field, std::string_view expected, const json& got) {
   return fail(ErrorCode::kInvalidArgument,
@@ -402,8 +402,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   bool already_encoded = false;
   // A peer fetch moves the peer's whole prefix (no delta fetch yet): with a local prefix in hand
   // it pays only when the peer can add a good share of blocks. At 2048 tokens of the demo shape
-  // moving N+k tokens over loopback TCP costs about as much as prefilling k = N/8; a quarter
-  // keeps clear of that break-even (without it a same-node hit fetched 32 MiB to save 16 tokens).
+  // moving N+k tokens over loopback TCP costs about as much as prefilling k = N/8, and a fetch's
+  // fixed costs weigh more at short lengths (a quarter still fetched at 64 tokens, 4 local + 1
+  // block, and lost); half keeps clear of both. Without it a same-node hit fetched 32 MiB to save
+  // 16 tokens.
   const bool peer_gain_worth_it =
       entry_blocks == 0 || (max_blocks - std::min(entry_blocks, max_blocks)) * kPeerFetchMinGainDivisor >= entry_blocks;
   if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it) {
