@@ -169,6 +169,10 @@ def run_length(cluster, length, seed):
         decision = cluster.last_decision(node) if medium != "tokens" else {}
         runs[label] = {"ttft_ms": stats["ttft_ms"], "cached_tokens": stats.get("cached_tokens", 0),
                        "prefill_tokens": stats.get("prefill_tokens", 0),
+                       # Where B's time to first token went: the sidecar's Resolve (choice, fetch,
+                       # handoff), loading the prefix into the KV cache, the prefill of the rest.
+                       "phases_ms": {phase: stats.get(f"{phase}_ms", 0.0)
+                                     for phase in ("queue", "lookup", "import", "prefill")},
                        "token_ids": reply["choices"][0]["token_ids"],
                        "medium": decision.get("medium", medium) if medium is None else medium}
 

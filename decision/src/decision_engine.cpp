@@ -255,6 +255,11 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       const double enc = m.encode.per_second();
       const double dec = m.decode.per_second();
       c.codec_s = (enc > 0.0 ? raw_kv_bytes / enc : 0.0) + (dec > 0.0 ? raw_kv_bytes / dec : 0.0);
+      if (const LinearCostFit& measured = route.handoff[i]; measured.samples() > 0) {
+        // What handoffs with this medium on this route took, receiver's costs included.
+        c.comm_s = measured.predict(raw_kv_bytes);
+        c.codec_s = 0.0;
+      }
       c.loss_s =
           m.spec.profile.extra_decode_fraction * static_cast<double>(shape.expected_output_tokens) * decode_s_per_token;
     }
@@ -406,6 +411,11 @@ void DecisionEngine::observe_codec(MediumId medium, DType dtype, double raw_byte
   m.ratio[index].observe(encoded_bytes / raw_bytes);
   m.encode.observe(raw_bytes, encode_s);
   m.decode.observe(raw_bytes, decode_s);
+}
+
+void DecisionEngine::observe_handoff(RouteId route, MediumId medium, double raw_bytes, double seconds) noexcept {
+  if (route >= routes_.size() || medium >= media_.size() || !media_[medium].spec.needs_kv()) return;
+  routes_[route].handoff[medium].observe(raw_bytes, seconds);
 }
 
 double DecisionEngine::link_bytes_per_s(LinkId link) const {

@@ -201,4 +201,40 @@ void PrefillFit::refit() noexcept {
   }
 }
 
+void LinearCostFit::observe(double bytes, double seconds) noexcept {
+  if (!std::isfinite(bytes) || !std::isfinite(seconds) || bytes < 0.0 || seconds < 0.0) return;
+  ring_[next_] = {bytes, seconds};
+  next_ = (next_ + 1) % kWindow;
+  count_ = std::min(count_ + 1, kWindow);
+  refit();
+}
+
+void LinearCostFit::refit() noexcept {
+  const auto n = static_cast<double>(count_);
+  double mean_x = 0.0;
+  double mean_y = 0.0;
+  for (std::size_t i = 0; i < count_; ++i) {
+    mean_x += ring_[i][0] / n;
+    mean_y += ring_[i][1] / n;
+  }
+  double covariance = 0.0;
+  double variance = 0.0;
+  for (std::size_t i = 0; i < count_; ++i) {
+    covariance += (ring_[i][0] - mean_x) * (ring_[i][1] - mean_y);
+    variance += (ring_[i][0] - mean_x) * (ring_[i][0] - mean_x);
+  }
+  // One size (or a negative slope, which no transfer has): proportional through the origin.
+  const double slope = variance > 0.0 ? covariance / variance : -1.0;
+  if (slope >= 0.0 && mean_y - slope * mean_x >= 0.0) {
+    b_ = slope;
+    a_ = mean_y - slope * mean_x;
+  } else if (slope >= 0.0) {
+    a_ = 0.0;
+    b_ = mean_x > 0.0 ? mean_y / mean_x : 0.0;
+  } else {
+    b_ = mean_x > 0.0 ? mean_y / mean_x : 0.0;
+    a_ = mean_x > 0.0 ? 0.0 : mean_y;
+  }
+}
+
 }  // namespace kvrelay::decision

@@ -10,7 +10,9 @@ namespace {
 
 using nlohmann::json;
 
-auto invalid(std::string message) { return fail(ErrorCode::kInvalidArgument, std::move(message)); }
+auto invalid(std::string message) {
+  return fail(ErrorCode::kInvalidArgument, std::move(message));
+}
 
 // Reads an optional unsigned integer field within [min, max].
 Status read_uint(const json& body, const char* name, std::uint64_t min, std::uint64_t max, std::uint64_t& out) {
@@ -133,10 +135,16 @@ std::string_view finish_reason_name(FinishReason reason) {
 }
 
 json stats_json(const CompletionStats& stats) {
-  return {{"prompt_tokens", stats.prompt_tokens},   {"cached_tokens", stats.cached_tokens},
-          {"prefill_tokens", stats.prefill_tokens}, {"prefill_ms", stats.prefill_ms},
-          {"queue_ms", stats.queue_ms},             {"ttft_ms", stats.ttft_ms},
-          {"total_ms", stats.total_ms},             {"published_tokens", stats.published_tokens}};
+  return {{"prompt_tokens", stats.prompt_tokens},
+          {"cached_tokens", stats.cached_tokens},
+          {"prefill_tokens", stats.prefill_tokens},
+          {"prefill_ms", stats.prefill_ms},
+          {"lookup_ms", stats.lookup_ms},
+          {"import_ms", stats.import_ms},
+          {"queue_ms", stats.queue_ms},
+          {"ttft_ms", stats.ttft_ms},
+          {"total_ms", stats.total_ms},
+          {"published_tokens", stats.published_tokens}};
 }
 
 namespace {
@@ -191,8 +199,12 @@ json stream_final_event(const ResponseIdentity& identity, const CompletionOutcom
   return event;
 }
 
-std::string dump_json(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump_json(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
-std::string sse_event(const json& event) { return "data: " + dump_json(event) + "\n\n"; }
+std::string sse_event(const json& event) {
+  return "data: " + dump_json(event) + "\n\n";
+}
 
 }  // namespace kvrelay::refworker

@@ -15,8 +15,18 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
 
 }  // namespace
 
-ModelWorker::ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting)
-    : model_(model), connector_(connector), metrics_(metrics), max_waiting_(max_waiting), thread_([this] { run(); }) {}
+ModelWorker::ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting,
+                         std::size_t kv_cache_tokens)
+    : model_(model),
+      connector_(connector),
+      metrics_(metrics),
+      max_waiting_(max_waiting),
+      kv_cache_(model.config().layers, model.config().kv_dim()) {
+  if (auto reserved = kv_cache_.reserve(kv_cache_tokens, 0); !reserved) {
+    spdlog::warn("no pre-allocated KV cache, sessions allocate their own: {}", reserved.error().to_string());
+  }
+  thread_ = std::thread([this] { run(); });
+}
 
 ModelWorker::~ModelWorker() {
   stop();
@@ -83,9 +93,11 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   const auto started = Clock::now();
   stats.queue_ms = ms_between(job.arrival, started);
 
-  InferenceSession session(model_);
+  InferenceSession session(model_, kv_cache_);
   // A connector failure or an unusable prefix is a miss: the request still gets served.
   auto found = connector_.lookup(prompt, request.kvrelay_params);
+  const auto looked_up = Clock::now();
+  stats.lookup_ms = ms_between(started, looked_up);
   if (!found) {
     spdlog::warn("kv lookup failed, prefilling everything: {}", found.error().to_string());
   } else if (found.value() && found.value()->layout.tokens > 0) {
@@ -93,7 +105,9 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
     if (prefix.layout.tokens > prompt.size()) {
       spdlog::warn("kv lookup returned {} tokens for a {}-token prompt; ignoring it", prefix.layout.tokens,
                    prompt.size());
-    } else if (auto imported = session.import_kv(prefix.layout, prefix.kv); !imported) {
+    } else if (auto imported = prefix.read ? session.import_kv(prefix.layout, prefix.read)
+                                           : session.import_kv(prefix.layout, prefix.kv);
+               !imported) {
       spdlog::warn("kv prefix rejected, prefilling everything: {}", imported.error().to_string());
     } else if (session.position() == prompt.size()) {
       // The whole prompt is cached, but the first token needs the last position's logits:
@@ -101,6 +115,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
       KVRELAY_TRY(session.truncate(prompt.size() - 1));
     }
   }
+  stats.import_ms = ms_between(looked_up, Clock::now());
   stats.cached_tokens = session.position();
   const auto computed = prompt.subspan(session.position());
   stats.prefill_tokens = computed.size();

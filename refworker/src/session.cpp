@@ -6,9 +6,11 @@
 #include "kvrelay/refworker/session.h"
 
 #include <cblas.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -21,14 +23,16 @@ constexpr float kRopeTheta = 10000.0F;
 // Query rows per attention block: bounds the score matrix to kAttentionBlock x context floats.
 constexpr std::size_t kAttentionBlock = 256;
 
-int blas_int(std::size_t value) { return static_cast<int>(value); }
+int blas_int(std::size_t value) {
+  return static_cast<int>(value);
+}
 
 // out[tokens, n_out] = in[tokens, n_in] * W^T, with W row-major [n_out, n_in].
-void project(float* out, std::size_t ld_out, const float* in, const float* weight, std::size_t tokens,
-             std::size_t n_in, std::size_t n_out) {
+void project(float* out, std::size_t ld_out, const float* in, const float* weight, std::size_t tokens, std::size_t n_in,
+             std::size_t n_out) {
   if (tokens == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(n_out), blas_int(n_in), 1.0F, weight, blas_int(n_in), in, 1,
-                0.0F, out, 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(n_out), blas_int(n_in), 1.0F, weight, blas_int(n_in), in, 1, 0.0F,
+                out, 1);
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(tokens), blas_int(n_out), blas_int(n_in), 1.0F, in,
@@ -37,11 +41,13 @@ void project(float* out, std::size_t ld_out, const float* in, const float* weigh
 
 void rmsnorm(float* out, const float* x, const float* weight, std::size_t size) {
   float sum_squares = 0.0F;
-  for (std::size_t i = 0; i < size; ++i) sum_squares += x[i] * x[i];
+  for (std::size_t i = 0; i < size; ++i)
+    sum_squares += x[i] * x[i];
   sum_squares /= static_cast<float>(size);
   sum_squares += kRmsEpsilon;
   const float scale = 1.0F / std::sqrt(sum_squares);
-  for (std::size_t i = 0; i < size; ++i) out[i] = weight[i] * (scale * x[i]);
+  for (std::size_t i = 0; i < size; ++i)
+    out[i] = weight[i] * (scale * x[i]);
 }
 
 // Rotates adjacent pairs of every head of `vec` ([heads, head_dim]) by the angles of `pos`.
@@ -59,29 +65,44 @@ void apply_rope(float* vec, std::size_t heads, std::size_t head_dim, const float
   }
 }
 
+// Branch-free (vectorizes): an fp32 value is NaN or infinite exactly when its exponent bits are all set.
+bool all_finite(std::span<const float> values) {
+  std::uint32_t non_finite = 0;
+  for (const float value : values) {
+    non_finite |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(value) & 0x7F800000U) == 0x7F800000U);
+  }
+  return non_finite == 0;
+}
+
 void softmax(float* x, std::size_t size) {
   float max_value = x[0];
-  for (std::size_t i = 1; i < size; ++i) max_value = std::max(max_value, x[i]);
+  for (std::size_t i = 1; i < size; ++i)
+    max_value = std::max(max_value, x[i]);
   float sum = 0.0F;
   for (std::size_t i = 0; i < size; ++i) {
     x[i] = std::exp(x[i] - max_value);
     sum += x[i];
   }
-  for (std::size_t i = 0; i < size; ++i) x[i] /= sum;
+  for (std::size_t i = 0; i < size; ++i)
+    x[i] /= sum;
 }
 
 }  // namespace
 
 InferenceSession::InferenceSession(const Model& model)
-    : model_(&model), keys_(model.config().layers), values_(model.config().layers) {}
+    : model_(&model),
+      owned_cache_(std::make_unique<KvCache>(model.config().layers, model.config().kv_dim())),
+      cache_(owned_cache_.get()) {}
+
+InferenceSession::InferenceSession(const Model& model, KvCache& cache) : model_(&model), cache_(&cache) {}
 
 Status InferenceSession::check_tokens(std::span<const std::int32_t> tokens) const {
   const auto& config = model_->config();
   if (tokens.empty()) return fail(ErrorCode::kInvalidArgument, "no tokens to run");
   for (const std::int32_t token : tokens) {
     if (token < 0 || static_cast<std::uint32_t>(token) >= config.vocab_size) {
-      return fail(ErrorCode::kOutOfRange, fmt::format("token id {} outside vocabulary 0..{}", token,
-                                                      config.vocab_size - 1));
+      return fail(ErrorCode::kOutOfRange,
+                  fmt::format("token id {} outside vocabulary 0..{}", token, config.vocab_size - 1));
     }
   }
   if (position_ + tokens.size() > config.seq_len) {
@@ -100,8 +121,9 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   const auto& config = model_->config();
   const std::size_t count = tokens.size();
   if (capture != nullptr && (capture->positions == 0 || capture->positions > count)) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("cannot capture {} query positions from a prefill of {} tokens", capture->positions, count));
+    return fail(
+        ErrorCode::kInvalidArgument,
+        fmt::format("cannot capture {} query positions from a prefill of {} tokens", capture->positions, count));
   }
   const std::size_t dim = config.dim;
   const std::size_t kv_dim = config.kv_dim();
@@ -112,6 +134,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   const std::size_t group = heads / kv_heads;
   const std::size_t start = position_;
   const std::size_t context = start + count;
+  KVRELAY_TRY(cache_->reserve(context, start));
 
   // RoPE angles for the new positions, computed as llama2.c does (float pos * float freq).
   const std::size_t half = head_dim / 2;
@@ -119,8 +142,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   std::vector<float> sin_table(count * half);
   for (std::size_t t = 0; t < count; ++t) {
     for (std::size_t i = 0; i < half; ++i) {
-      const float freq =
-          1.0F / std::pow(kRopeTheta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+      const float freq = 1.0F / std::pow(kRopeTheta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
       const float angle = static_cast<float>(start + t) * freq;
       cos_table[t * half + i] = std::cos(angle);
       sin_table[t * half + i] = std::sin(angle);
@@ -143,14 +165,13 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
 
   for (std::size_t l = 0; l < config.layers; ++l) {
     const LayerWeights& w = model_->layer(l);
-    std::vector<float>& key_cache = keys_[l];
-    std::vector<float>& value_cache = values_[l];
-    key_cache.resize(context * kv_dim);
-    value_cache.resize(context * kv_dim);
-    float* new_keys = key_cache.data() + start * kv_dim;
-    float* new_values = value_cache.data() + start * kv_dim;
+    float* key_cache = cache_->keys(l);
+    float* value_cache = cache_->values(l);
+    float* new_keys = key_cache + start * kv_dim;
+    float* new_values = value_cache + start * kv_dim;
 
-    for (std::size_t t = 0; t < count; ++t) rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_att, dim);
+    for (std::size_t t = 0; t < count; ++t)
+      rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_att, dim);
     project(q.data(), dim, xb.data(), w.wq, count, dim, dim);
     project(new_keys, kv_dim, xb.data(), w.wk, count, dim, kv_dim);
     project(new_values, kv_dim, xb.data(), w.wv, count, dim, kv_dim);
@@ -171,8 +192,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
       for (std::size_t h = 0; h < heads; ++h) {
         const std::size_t kv_head = h / group;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(visible), blas_int(head_dim),
-                    inv_sqrt_head, q.data() + block * dim + h * head_dim, blas_int(dim),
-                    key_cache.data() + kv_head * head_dim, blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
+                    inv_sqrt_head, q.data() + block * dim + h * head_dim, blas_int(dim), key_cache + kv_head * head_dim,
+                    blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
         for (std::size_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * visible;
           const std::size_t row_visible = start + block + r + 1;
@@ -180,15 +201,17 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
           std::fill(row + row_visible, row + visible, 0.0F);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(head_dim), blas_int(visible),
-                    1.0F, scores.data(), blas_int(visible), value_cache.data() + kv_head * head_dim, blas_int(kv_dim),
-                    0.0F, attention_out.data() + block * dim + h * head_dim, blas_int(dim));
+                    1.0F, scores.data(), blas_int(visible), value_cache + kv_head * head_dim, blas_int(kv_dim), 0.0F,
+                    attention_out.data() + block * dim + h * head_dim, blas_int(dim));
       }
     }
 
     project(xb.data(), dim, attention_out.data(), w.wo, count, dim, dim);
-    for (std::size_t i = 0; i < count * dim; ++i) x[i] += xb[i];
+    for (std::size_t i = 0; i < count * dim; ++i)
+      x[i] += xb[i];
 
-    for (std::size_t t = 0; t < count; ++t) rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_ffn, dim);
+    for (std::size_t t = 0; t < count; ++t)
+      rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_ffn, dim);
     project(hb.data(), hidden, xb.data(), w.w1, count, dim, hidden);
     project(hb2.data(), hidden, xb.data(), w.w3, count, dim, hidden);
     for (std::size_t i = 0; i < count * hidden; ++i) {
@@ -197,7 +220,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
       hb[i] = value * hb2[i];
     }
     project(xb.data(), dim, hb.data(), w.w2, count, hidden, dim);
-    for (std::size_t i = 0; i < count * dim; ++i) x[i] += xb[i];
+    for (std::size_t i = 0; i < count * dim; ++i)
+      x[i] += xb[i];
   }
   position_ = context;
 
@@ -218,16 +242,28 @@ Result<std::vector<float>> InferenceSession::export_kv(std::uint64_t tokens) con
   std::vector<float> out(total / sizeof(float));
   const std::size_t row_floats = static_cast<std::size_t>(tokens) * model_->config().kv_dim();
   float* cursor = out.data();
-  for (std::size_t l = 0; l < keys_.size(); ++l) {
-    std::memcpy(cursor, keys_[l].data(), row_floats * sizeof(float));
+  for (std::size_t l = 0; l < cache_->layers(); ++l) {
+    std::memcpy(cursor, cache_->keys(l), row_floats * sizeof(float));
     cursor += row_floats;
-    std::memcpy(cursor, values_[l].data(), row_floats * sizeof(float));
+    std::memcpy(cursor, cache_->values(l), row_floats * sizeof(float));
     cursor += row_floats;
   }
   return out;
 }
 
 Status InferenceSession::import_kv(const KvLayout& kv_layout, std::span<const float> kv) {
+  KVRELAY_TRY(const std::uint64_t total, kv_layout.total_bytes());
+  if (kv.size_bytes() != total) {
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size_bytes(),
+                                                        kv_layout.describe(), total));
+  }
+  return import_kv(kv_layout, [kv](std::uint64_t offset, std::span<float> into) -> Status {
+    std::memcpy(into.data(), kv.data() + offset, into.size_bytes());
+    return ok();
+  });
+}
+
+Status InferenceSession::import_kv(const KvLayout& kv_layout, const KvReader& read) {
   if (position_ != 0) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("KV prefix must be imported into an empty session (it holds {} tokens)", position_));
@@ -241,21 +277,15 @@ Status InferenceSession::import_kv(const KvLayout& kv_layout, std::span<const fl
     return fail(ErrorCode::kOutOfRange, fmt::format("KV prefix of {} tokens exceeds the model's seq_len {}",
                                                     kv_layout.tokens, model_->config().seq_len));
   }
-  KVRELAY_TRY(const std::uint64_t total, kv_layout.total_bytes());
-  if (kv.size_bytes() != total) {
-    return fail(ErrorCode::kLayoutMismatch,
-                fmt::format("KV buffer has {} bytes, layout {} needs {}", kv.size_bytes(), kv_layout.describe(), total));
-  }
-  for (const float value : kv) {
-    if (!std::isfinite(value)) return fail(ErrorCode::kCorrupt, "KV prefix contains a non-finite value");
-  }
-  const std::size_t row_floats = static_cast<std::size_t>(kv_layout.tokens) * model_->config().kv_dim();
-  const float* cursor = kv.data();
-  for (std::size_t l = 0; l < keys_.size(); ++l) {
-    keys_[l].assign(cursor, cursor + row_floats);
-    cursor += row_floats;
-    values_[l].assign(cursor, cursor + row_floats);
-    cursor += row_floats;
+  const std::size_t tokens = static_cast<std::size_t>(kv_layout.tokens);
+  KVRELAY_TRY(cache_->reserve(tokens, 0));
+  const std::size_t row_floats = tokens * model_->config().kv_dim();
+  for (std::size_t tensor = 0; tensor < 2 * cache_->layers(); ++tensor) {
+    float* into = tensor % 2 == 0 ? cache_->keys(tensor / 2) : cache_->values(tensor / 2);
+    KVRELAY_TRY(read(tensor * row_floats, std::span<float>(into, row_floats)));
+    if (!all_finite(std::span<const float>(into, row_floats))) {  // checked where it landed, still in cache
+      return fail(ErrorCode::kCorrupt, "KV prefix contains a non-finite value");
+    }
   }
   position_ = kv_layout.tokens;
   return ok();
@@ -265,12 +295,7 @@ Status InferenceSession::truncate(std::uint64_t tokens) {
   if (tokens > position_) {
     return fail(ErrorCode::kOutOfRange, fmt::format("cannot truncate a session of {} tokens to {}", position_, tokens));
   }
-  const std::size_t row_floats = static_cast<std::size_t>(tokens) * model_->config().kv_dim();
-  for (std::size_t l = 0; l < keys_.size(); ++l) {
-    keys_[l].resize(row_floats);
-    values_[l].resize(row_floats);
-  }
-  position_ = tokens;
+  position_ = tokens;  // rows beyond it are overwritten by the next prefill
   return ok();
 }
 

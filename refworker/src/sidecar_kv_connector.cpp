@@ -1,9 +1,13 @@
 #include "kvrelay/refworker/sidecar_kv_connector.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstring>
+#include <memory>
 
 namespace kvrelay::refworker {
 
@@ -37,6 +41,25 @@ std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float
 
 namespace {
 
+// pread into memory the caller already touched: the kernel copies from the segment's pages, no
+// mapping (and none of its page faults) on this side.
+Status read_segment(int fd, std::uint64_t offset, std::span<std::byte> into, std::uint64_t segment_bytes) {
+  if (offset > segment_bytes || into.size() > segment_bytes - offset) {
+    return fail(ErrorCode::kOutOfRange,
+                fmt::format("read of {} bytes at {} past a {}-byte segment", into.size(), offset, segment_bytes));
+  }
+  std::size_t done = 0;
+  while (done < into.size()) {
+    const auto got = ::pread(fd, into.data() + done, into.size() - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return fail(ErrorCode::kIo, fmt::format("reading the KV segment: {}", got < 0 ? std::strerror(errno) : "short"));
+    }
+    done += static_cast<std::size_t>(got);
+  }
+  return ok();
+}
+
 std::string params_text(const nlohmann::json& params) {
   return params.is_null() ? std::string() : params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -57,6 +80,23 @@ Result<KvPrefix> SidecarKvConnector::copy_prefix(const shm::ReadOnlyEntry& entry
   return prefix;
 }
 
+Result<KvPrefix> SidecarKvConnector::segment_prefix(shm::ReadOnlyEntry entry, std::uint64_t prefix_tokens) {
+  const auto& info = entry.info;
+  KVRELAY_TRY(const std::uint64_t expected, info.layout.total_bytes());
+  if (info.layout.tokens != prefix_tokens || info.layout.dtype != DType::kFloat32 || info.bytes != expected) {
+    return fail(ErrorCode::kLayoutMismatch,
+                fmt::format("sidecar entry for {} tokens has layout {}", prefix_tokens, info.layout.describe()));
+  }
+  KvPrefix prefix;
+  prefix.layout = info.layout;
+  // The segment is sealed against writes: reading it later, from the model thread, is safe.
+  auto segment = std::make_shared<shm::UniqueFd>(std::move(entry.fd));
+  prefix.read = [segment, bytes = info.bytes](std::uint64_t offset, std::span<float> into) -> Status {
+    return read_segment(segment->get(), offset * sizeof(float), std::as_writable_bytes(into), bytes);
+  };
+  return prefix;
+}
+
 Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::int32_t> tokens,
                                                            const nlohmann::json& params) {
   const std::lock_guard lock(mutex_);
@@ -69,7 +109,7 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::
   request.prompt_tokens = tokens.size();
   request.block_hashes.assign(hashes.begin(), hashes.end());
   request.params_json = params_text(params);
-  auto resolved = sidecar->resolve(request);
+  auto resolved = sidecar->resolve_unmapped(request);
   if (!resolved) {
     if (resolved.error().code == ErrorCode::kNotFound) {
       spdlog::debug("kv lookup miss: {}", resolved.error().message);
@@ -79,7 +119,7 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::
     return resolved.error();
   }
   const std::uint64_t prefix_tokens = std::uint64_t{resolved.value().meta.blocks} * block_tokens_;
-  KVRELAY_TRY(auto prefix, copy_prefix(resolved.value().entry, prefix_tokens));
+  KVRELAY_TRY(auto prefix, segment_prefix(std::move(resolved.value().entry), prefix_tokens));
   spdlog::debug("kv lookup: {} tokens via {}", prefix_tokens, resolved.value().meta.medium);
   return std::optional<KvPrefix>(std::move(prefix));
 }

@@ -195,10 +195,18 @@ Result<ReadOnlyEntry> ShmClient::lookup(const EntryKey& key) {
 }
 
 Result<ResolvedPrefix> ShmClient::resolve(const ResolveRequest& request) {
+  return resolve_as(request, true);
+}
+
+Result<ResolvedPrefix> ShmClient::resolve_unmapped(const ResolveRequest& request) {
+  return resolve_as(request, false);
+}
+
+Result<ResolvedPrefix> ShmClient::resolve_as(const ResolveRequest& request, bool map) {
   if (server_version_ < 2) return fail(ErrorCode::kUnsupported, "the sidecar speaks data-plane version 1 (no resolve)");
   KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(request), MessageType::kResolved, 1));
   ByteReader reader(reply.frame.payload);
-  KVRELAY_TRY(auto entry, map_entry(reply, reader));
+  KVRELAY_TRY(auto entry, map_entry(reply, reader, map));
   const auto blocks = reader.get<std::uint32_t>();
   auto medium = reader.get_string();
   if (!blocks || !medium || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolved reply");
@@ -215,7 +223,7 @@ Status ShmClient::report_prefill(const PrefillReport& report) {
   return ok();
 }
 
-Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader) {
+Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader, bool map) {
   KVRELAY_TRY(const auto layout, decode_layout(reader));
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
@@ -231,6 +239,7 @@ Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader) {
   if (::fstat(entry.fd.get(), &info) != 0 || static_cast<std::uint64_t>(info.st_size) != entry.info.bytes) {
     return fail(ErrorCode::kCorrupt, "entry memfd size differs from its metadata");
   }
+  if (!map) return entry;
   KVRELAY_TRY(auto mapping, Mapping::map(entry.fd.get(), entry.info.bytes, false));
   entry.mapping = std::move(mapping);
   return entry;

@@ -65,6 +65,7 @@ void check_handoff(const Sidecar& a_side, const std::string& a_agent, const Side
   } else {
     // A published 219 tokens of KV as 13 full 16-token blocks; B prefills only what follows them.
     CHECK(b["kvrelay"]["cached_tokens"] == 208);
+    CHECK(decision["kv_from"] == (&a_side == &b_side ? std::string("local") : "peer:" + a_side.node_id()));
     CHECK(b["kvrelay"]["prefill_tokens"] == prompt_tokens - 208);
   }
   const double agreement = top1_agreement(b, reference);

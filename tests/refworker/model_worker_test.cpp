@@ -31,7 +31,7 @@ class PrefixStoreConnector final : public kr::KvConnector {
         ++common;
       if (common == 0 || (best && best->layout.tokens >= common)) continue;
       // Slice the first `common` tokens out of the stored KvLayout buffer.
-      kr::KvPrefix prefix{model_.fingerprint().layout(common), {}};
+      kr::KvPrefix prefix{model_.fingerprint().layout(common), {}, {}};
       const auto full = model_.fingerprint().layout(stored_tokens.size());
       const std::size_t rows = common * model_.config().kv_dim();
       for (std::uint32_t layer = 0; layer < full.layers; ++layer) {

@@ -27,6 +27,7 @@
 #include "kvrelay/shm_transport/server.h"
 
 #include "decision_log.h"
+#include "handoff_outcomes.h"
 #include "peer_links.h"
 
 namespace kvrelay::proxy::kv {
@@ -135,6 +136,7 @@ class KvPath final : public shm::DataPlaneHooks {
   std::shared_ptr<PeerLinks> peers_;
   Metrics metrics_;
   DecisionLog log_;
+  HandoffOutcomes outcomes_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const double copy_bytes_per_s_;
 

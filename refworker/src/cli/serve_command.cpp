@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/refworker/completion_server.h"
@@ -31,7 +32,8 @@ struct ServeOptions {
   std::string model_name;
   std::uint32_t max_waiting = 256;
   int blas_threads = 1;
-  std::string kvrelay_socket;  // the local sidecar's data plane; empty: no KV connector
+  std::string kvrelay_socket;                  // the local sidecar's data plane; empty: no KV connector
+  std::optional<std::size_t> kv_cache_tokens;  // default: the model's seq_len
 };
 
 Status write_ready_file(const std::string& path, const nlohmann::json& body) {
@@ -60,7 +62,9 @@ int run_serve(const ServeOptions& options) {
     spdlog::info("KV connector: kvrelay sidecar at {}", options.kvrelay_socket);
   }
   KvConnector& connector = sidecar_connector ? static_cast<KvConnector&>(*sidecar_connector) : no_connector;
-  ModelWorker worker(model.value(), connector, metrics, options.max_waiting);
+  const std::size_t kv_cache_tokens = options.kv_cache_tokens.value_or(model.value().config().seq_len);
+  ModelWorker worker(model.value(), connector, metrics, options.max_waiting, kv_cache_tokens);
+  spdlog::info("KV cache: {} tokens pre-allocated", kv_cache_tokens);
   ServerContext context;
   context.model = &model.value();
   context.worker = &worker;
@@ -110,6 +114,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   add_blas_threads_option(*command, options->blas_threads);
   command->add_option("--kvrelay-socket", options->kvrelay_socket,
                       "Local kvrelay sidecar's data-plane socket: look up KV before prefill, publish it after");
+  command
+      ->add_option("--kv-cache-tokens", options->kv_cache_tokens,
+                   "KV cache rows allocated and touched at startup, lent to every request (default: the "
+                   "model's seq_len; 0: each request allocates its own)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 24));
   command->callback([options, &exit_code] { exit_code = run_serve(*options); });
 }
 

@@ -161,6 +161,12 @@ class DecisionEngine {
   void observe_rtt(LinkId link, double seconds) noexcept;
   void observe_codec(MediumId medium, DType dtype, double raw_bytes, double encoded_bytes, double encode_s,
                      double decode_s) noexcept;
+  // A finished handoff over `route` with KV medium `medium`: the receiver's time from asking for
+  // the context to starting its prefill (fetch, decode into memory, the shared-memory handoff,
+  // the worker's import) for `raw_bytes` of KV. The link and codec estimates miss the receiver's
+  // side (on a VM, decoding or importing into fresh memory costs more than the wire), so once a
+  // route has a sample for a medium, this measured cost replaces comm + codec in its prediction.
+  void observe_handoff(RouteId route, MediumId medium, double raw_bytes, double seconds) noexcept;
 
   // Current windowed estimates, for the decision log and tests.
   [[nodiscard]] double link_bytes_per_s(LinkId link) const;
@@ -211,6 +217,7 @@ class DecisionEngine {
     double deadline_s = 0.0;  // 0: none
     std::array<MediumId, kRegimes> current{};
     std::array<double, kRegimes> since{};
+    std::array<LinearCostFit, kMaxMedia> handoff{};  // per medium, seconds over raw KV bytes
   };
 
   void evaluate(const RouteState& route, const TransferShape& shape, Decision& out) const noexcept;

@@ -46,6 +46,30 @@ class WindowedMean {
   double prior_;
 };
 
+// Time of a step with a fixed part and a part per byte, t = a + b*bytes, fitted by least squares
+// over a window (coefficients kept >= 0). Until two sizes have been seen, t is proportional to
+// the bytes. Closed form here: Boost.Math's simple_ordinary_least_squares throws on a window of
+// one size, and this runs on the data path.
+class LinearCostFit {
+ public:
+  static constexpr std::size_t kWindow = 16;
+
+  void observe(double bytes, double seconds) noexcept;
+  [[nodiscard]] double predict(double bytes) const noexcept { return a_ + b_ * bytes; }
+  [[nodiscard]] std::size_t samples() const noexcept { return count_; }
+  [[nodiscard]] double fixed_seconds() const noexcept { return a_; }
+  [[nodiscard]] double seconds_per_byte() const noexcept { return b_; }
+
+ private:
+  void refit() noexcept;
+
+  std::array<std::array<double, 2>, kWindow> ring_{};
+  std::size_t next_ = 0;
+  std::size_t count_ = 0;
+  double a_ = 0.0;
+  double b_ = 0.0;
+};
+
 // Prefill time model t(n, cached) = a + b*n + c*n*(n + 2*cached): n new tokens attend to
 // themselves and to `cached` earlier ones, so the attention term is quadratic in n and linear in
 // cached. Fitted by least squares over a window of observations, coefficients kept >= 0; the

@@ -40,6 +40,8 @@ struct CompletionStats {
   std::uint64_t cached_tokens = 0;   // imported from a KV prefix
   std::uint64_t prefill_tokens = 0;  // computed
   double prefill_ms = 0.0;
+  double lookup_ms = 0.0;  // the connector's lookup (the sidecar's Resolve: choice, fetch, handoff)
+  double import_ms = 0.0;  // loading the returned prefix into the session's KV cache
   double queue_ms = 0.0;
   double ttft_ms = 0.0;  // arrival to first token
   double total_ms = 0.0;

@@ -9,13 +9,17 @@
 
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/refworker/session.h"
 
 namespace kvrelay::refworker {
 
-// KV for the leading `layout.tokens` tokens of a prompt, in KvLayout order, fp32.
+// KV for the leading `layout.tokens` tokens of a prompt, in KvLayout order, fp32: either a copy
+// in `kv`, or, when `read` is set, left where the connector found it (a shared-memory segment the
+// sidecar handed over) and read straight into the session's KV cache on import.
 struct KvPrefix {
   KvLayout layout;
   std::vector<float> kv;
+  KvReader read;
 };
 
 // What the worker does around each request, exactly where a vLLM KV connector hooks in: ask for

@@ -10,6 +10,7 @@
 
 #include "kvrelay/core/result.h"
 #include "kvrelay/refworker/completion_api.h"
+#include "kvrelay/refworker/kv_cache.h"
 #include "kvrelay/refworker/kv_connector.h"
 #include "kvrelay/refworker/model.h"
 #include "kvrelay/refworker/worker_metrics.h"
@@ -29,7 +30,10 @@ struct CompletionJob {
 // prefill time is never inflated by another running alongside it.
 class ModelWorker {
  public:
-  ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting);
+  // `kv_cache_tokens` rows of KV cache are allocated and written before the first request and
+  // lent to every request's session (0: each session allocates its own as it grows).
+  ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting,
+              std::size_t kv_cache_tokens = 0);
   ~ModelWorker();
   ModelWorker(const ModelWorker&) = delete;
   ModelWorker& operator=(const ModelWorker&) = delete;
@@ -48,6 +52,7 @@ class ModelWorker {
   KvConnector& connector_;
   WorkerMetrics& metrics_;
   std::uint32_t max_waiting_;
+  KvCache kv_cache_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<CompletionJob> queue_;

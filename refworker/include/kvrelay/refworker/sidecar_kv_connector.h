@@ -38,6 +38,8 @@ class SidecarKvConnector final : public KvConnector {
                                                  const std::vector<BlockHash>& hashes);
   // Copies an entry out after checking it covers exactly `prefix_tokens` fp32 tokens.
   static Result<KvPrefix> copy_prefix(const shm::ReadOnlyEntry& entry, std::uint64_t prefix_tokens);
+  // Leaves the bytes in the entry's segment; the session reads them straight into its cache.
+  static Result<KvPrefix> segment_prefix(shm::ReadOnlyEntry entry, std::uint64_t prefix_tokens);
   [[nodiscard]] std::vector<BlockHash> block_hashes(std::span<const std::int32_t> tokens) const;
 
   std::string socket_path_;
