@@ -17,7 +17,8 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 
-LoadResult run_load(std::uint16_t port, const std::string& target, const std::string& body, unsigned connections,
+LoadResult run_load(std::uint16_t port, const std::string& target, const std::string& body,
+                    const std::map<std::string, std::string>& headers, unsigned connections,
                     std::chrono::milliseconds duration) {
   std::mutex merge_mutex;
   std::vector<double> latencies_us;
@@ -44,6 +45,8 @@ LoadResult run_load(std::uint16_t port, const std::string& target, const std::st
       http::request<http::string_body> request{body.empty() ? http::verb::get : http::verb::post, target, 11};
       request.set(http::field::host, "127.0.0.1");
       request.set(http::field::content_type, "application/json");
+      for (const auto& [name, value] : headers)
+        request.set(name, value);
       request.body() = body;
       request.prepare_payload();
       boost::beast::flat_buffer buffer;

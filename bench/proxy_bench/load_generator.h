@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace kvrelay::bench {
@@ -16,8 +17,9 @@ struct LoadResult {
 };
 
 // Closed-loop load: `connections` keep-alive connections to 127.0.0.1:port, each sending the
-// request and reading the whole response before the next, for `duration`.
+// request (with `headers` added) and reading the whole response before the next, for `duration`.
 [[nodiscard]] LoadResult run_load(std::uint16_t port, const std::string& target, const std::string& body,
-                                  unsigned connections, std::chrono::milliseconds duration);
+                                  const std::map<std::string, std::string>& headers, unsigned connections,
+                                  std::chrono::milliseconds duration);
 
 }  // namespace kvrelay::bench
