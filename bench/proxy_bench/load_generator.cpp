@@ -17,7 +17,8 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 
-LoadResult run_load(std::uint16_t port, const std::string& target, const std::string& body, unsigned connections,
+LoadResult run_load(std::uint16_t port, const std::string& target, const std::string& body,
+                    const std::map<std::string, std::string>& headers, unsigned connections,
                     std::chrono::milliseconds duration) {
   std::mutex merge_mutex;
   std::vector<double> latencies_us;
@@ -44,6 +45,8 @@ LoadResult run_load(std::uint16_t port, const std::string& target, const std::st
       http::request<http::string_body> request{body.empty() ? http::verb::get : http::verb::post, target, 11};
       request.set(http::field::host, "127.0.0.1");
       request.set(http::field::content_type, "application/json");
+      for (const auto& [name, value] : headers)
+        request.set(name, value);
       request.body() = body;
       request.prepare_payload();
       boost::beast::flat_buffer buffer;
@@ -68,18 +71,32 @@ LoadResult run_load(std::uint16_t port, const std::string& target, const std::st
   }
   for (auto& worker : workers)
     worker.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  result.requests = latencies_us.size();
-  result.requests_per_second = static_cast<double>(result.requests) / seconds;
-  if (!latencies_us.empty()) {
-    std::sort(latencies_us.begin(), latencies_us.end());
-    const auto at = [&](double quantile) {
-      return latencies_us[static_cast<std::size_t>(quantile * static_cast<double>(latencies_us.size() - 1))];
-    };
-    result.p50_us = at(0.50);
-    result.p99_us = at(0.99);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::sort(latencies_us.begin(), latencies_us.end());
+  result.latencies_us = std::move(latencies_us);
+  return merge_runs({std::move(result)});
+}
+
+LoadResult merge_runs(const std::vector<LoadResult>& runs) {
+  LoadResult merged;
+  for (const auto& run : runs) {
+    merged.errors += run.errors;
+    merged.response_bytes += run.response_bytes;
+    merged.seconds += run.seconds;
+    merged.latencies_us.insert(merged.latencies_us.end(), run.latencies_us.begin(), run.latencies_us.end());
   }
-  return result;
+  std::sort(merged.latencies_us.begin(), merged.latencies_us.end());
+  merged.requests = merged.latencies_us.size();
+  if (merged.seconds > 0) merged.requests_per_second = static_cast<double>(merged.requests) / merged.seconds;
+  if (!merged.latencies_us.empty()) {
+    const auto at = [&](double quantile) {
+      return merged
+          .latencies_us[static_cast<std::size_t>(quantile * static_cast<double>(merged.latencies_us.size() - 1))];
+    };
+    merged.p50_us = at(0.50);
+    merged.p99_us = at(0.99);
+  }
+  return merged;
 }
 
 }  // namespace kvrelay::bench

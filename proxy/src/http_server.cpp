@@ -125,9 +125,23 @@ class HttpSession final : public DrainableSession, public std::enable_shared_fro
 
   void on_header(beast::error_code ec) {
     if (ec) return on_read(ec);
+    // A small request's body usually came in the segment that brought its header: parse it from
+    // the buffer without starting another read (and arming its deadline) for bytes already here.
+    if (parse_buffered_body(ec) || ec) return on_read(ec);
     stream_.expires_after(server_->limits.read_timeout);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code read_ec, std::size_t) { self->on_read(read_ec); });
+  }
+
+  // True when the request is complete from what the buffer holds.
+  bool parse_buffered_body(beast::error_code& ec) {
+    while (!parser_->is_done() && buffer_.size() > 0) {
+      const std::size_t consumed = parser_->put(buffer_.data(), ec);
+      buffer_.consume(consumed);
+      if (ec == http::error::need_more) ec = {};
+      if (ec || consumed == 0) break;
+    }
+    return !ec && parser_->is_done();
   }
 
   void on_read(beast::error_code ec) {
