@@ -37,6 +37,7 @@ Status copy_token_range(const KvLayout& layout, std::span<const std::byte> kv, s
   KVRELAY_TRY(const std::uint64_t row, tensor_row_bytes(layout));
   const std::uint64_t tensors = 2ULL * layout.layers;
   const std::uint64_t count = (end - begin) * row;
+  if (count == 0) return ok();  // empty spans may carry null pointers, which memcpy must not get
   for (std::uint64_t tensor = 0; tensor < tensors; ++tensor) {
     std::memcpy(out.data() + tensor * count, kv.data() + (tensor * layout.tokens + begin) * row,
                 static_cast<std::size_t>(count));

@@ -37,6 +37,13 @@ constexpr MediumCase kMedia[] = {{"tokens", true, 1.0},
                                  {"kv_int8", false, kInt8AgreementFloor},
                                  {"kv_int4", false, kInt4AgreementFloor}};
 
+// B's greedy answer from a worker without a sidecar: the tokens medium, everything re-prefilled.
+json reference_answer(std::uint16_t reference_port, const json& b_prompt) {
+  const auto reply = http_request(reference_port, "POST", "/v1/completions", greedy(b_prompt, kAnswerTokens).dump());
+  REQUIRE(reply.status == 200);
+  return json::parse(reply.body);
+}
+
 // Runs A then B for one context under `medium` and checks B against the tokens-only reference.
 void check_handoff(const Sidecar& a_side, const std::string& a_agent, const Sidecar& b_side, const std::string& b_agent,
                    const std::string& route, const MediumCase& medium, int seed, std::uint16_t reference_port) {
@@ -47,10 +54,7 @@ void check_handoff(const Sidecar& a_side, const std::string& a_agent, const Side
   REQUIRE(a["kvrelay"]["published_tokens"].get<int>() >= 200);
   const auto b_prompt = handoff_prompt(a_prompt, a);
   const auto b = b_side.complete(b_agent, greedy(b_prompt, kAnswerTokens));
-  const auto reference_reply =
-      http_request(reference_port, "POST", "/v1/completions", greedy(b_prompt, kAnswerTokens).dump());
-  REQUIRE(reference_reply.status == 200);
-  const auto reference = json::parse(reference_reply.body);
+  const auto reference = reference_answer(reference_port, b_prompt);
 
   const auto decision = b_side.decisions(1).at(0);
   CHECK(decision["route"] == route);
@@ -149,9 +153,7 @@ TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with 
     const auto a = node_a.complete("writer", greedy(a_prompt, 20, true));
     const auto b_prompt = handoff_prompt(a_prompt, a);
     const auto b = node_b.complete("reader", greedy(b_prompt, kAnswerTokens));
-    const auto reference_reply =
-        http_request(reference.port(), "POST", "/v1/completions", greedy(b_prompt, kAnswerTokens).dump());
-    CHECK(b["choices"][0]["token_ids"] == json::parse(reference_reply.body)["choices"][0]["token_ids"]);
+    CHECK(b["choices"][0]["token_ids"] == reference_answer(reference.port(), b_prompt)["choices"][0]["token_ids"]);
     CHECK(b["kvrelay"]["cached_tokens"] == 208);
     const auto decision = node_b.decisions(1).at(0);
     CHECK(decision["kv_from"] == "local+peer:node-a");
@@ -178,9 +180,7 @@ TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with 
                        std::chrono::seconds(10)));
     const auto b_prompt = handoff_prompt(a_prompt, a);
     const auto b = node_b.complete("reader", greedy(b_prompt, kAnswerTokens));
-    const auto reference_reply =
-        http_request(reference.port(), "POST", "/v1/completions", greedy(b_prompt, kAnswerTokens).dump());
-    CHECK(b["choices"][0]["token_ids"] == json::parse(reference_reply.body)["choices"][0]["token_ids"]);
+    CHECK(b["choices"][0]["token_ids"] == reference_answer(reference.port(), b_prompt)["choices"][0]["token_ids"]);
     CHECK(b["kvrelay"]["cached_tokens"] == 208);
     const auto decision = node_b.decisions(1).at(0);
     CHECK(decision["kv_from"] == "local");
