@@ -160,6 +160,10 @@ void UpstreamProber::record_success(const std::string& agent, UpstreamLoad load)
     auto& reading = readings_[agent];
     if (reading.load.time_to_first_token && load.time_to_first_token) {
       load.recent_ttft_s = mean_between(*reading.load.time_to_first_token, *load.time_to_first_token);
+    } else if (load.time_to_first_token) {
+      // First page from this engine: its lifetime mean stands in until two probes bracket new
+      // requests (an engine that served everything before the first probe would show none).
+      load.recent_ttft_s = mean_between(HistogramTotals{}, *load.time_to_first_token);
     }
     // Between two quiet probes there is no new TTFT; keep showing the last one measured.
     if (!load.recent_ttft_s) load.recent_ttft_s = reading.load.recent_ttft_s;
