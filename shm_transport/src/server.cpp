@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>

@@ -44,6 +44,9 @@ std::string medium_for_codec(std::string_view codec) {
 Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens) {
   const KvLayout& layout = entry.info.layout;
   if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
+  if (tokens > layout.tokens) {  // checked before the slice's buffer is allocated
+    return fail(ErrorCode::kOutOfRange, fmt::format("slice of {} tokens from an entry of {}", tokens, layout.tokens));
+  }
   KVRELAY_TRY(const auto mapping, shm::Mapping::map(entry.fd.get(), entry.info.bytes, false));
   const KvLayout sliced = layout.with_tokens(tokens);
   KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
