@@ -153,8 +153,11 @@ def context_prompt(length, seed):
     return [1] + [3 + (index * 37 + seed * 101) % 500 for index in range(length - 1)]
 
 
-def run_length(cluster, length, seed):
-    """B's time to first token under every medium for one context length."""
+def run_length(cluster, length, seed, rng=None):
+    """B's time to first token under every medium for one context length. With `rng` (a
+    random.Random) the forced media run in a shuffled order, so a drift in the machine's load
+    does not always land on the same medium; the engine's run stays after them (it learns from
+    what they measured, as it would from live traffic)."""
     prompt = context_prompt(length, seed)
     a_reply = cluster.complete("node-a", "agent-a", prompt, A_ANSWER_TOKENS)
     b_prompt = prompt + a_reply["choices"][0]["token_ids"] + FOLLOW_UP
@@ -176,7 +179,10 @@ def run_length(cluster, length, seed):
                        "token_ids": reply["choices"][0]["token_ids"],
                        "medium": decision.get("medium", medium) if medium is None else medium}
 
-    for medium in FORCED_MEDIA:
+    order = list(FORCED_MEDIA)
+    if rng is not None:
+        rng.shuffle(order)
+    for medium in order:
         run_b(medium, "node-b", "agent-b", "a-to-b", medium)
     run_b("engine", "node-b", "agent-b", "a-to-b", None)
     run_b("kv_raw_shm", "node-a", "agent-b-local", "a-to-b-local", "kv_raw")

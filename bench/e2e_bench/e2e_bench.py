@@ -3,6 +3,12 @@
 as tokens and as each KV medium (TCP between two sidecars, and kv_raw over shared memory on one
 node), the decision engine's choice, and its regret against the best medium measured in the same
 run. Prints one JSON object. Usage: e2e_bench.py [BUILD_DIR] [--lengths ...] [--repeats N]
+
+Noise control: one discarded warm-up handoff before the first length (connections, page cache,
+the engine's first link estimates); forced media in a shuffled order per repeat; lengths up to
+512 tokens get `--short-repeats` runs (each costs well under a second, and their medians are
+what the short-length regret goal is judged on). Medians are reported with each medium's spread
+(interquartile range over the median) so a regret can be read against the noise it sits in.
 """
 import argparse
 import datetime
@@ -10,6 +16,7 @@ import json
 import os
 import pathlib
 import platform
+import random
 import statistics
 import sys
 
@@ -24,23 +31,36 @@ def machine():
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(), "load_average": os.getloadavg()}
 
 
+def spread(values):
+    """Interquartile range over the median: the run-to-run noise a regret is measured in."""
+    if len(values) < 4:
+        return None
+    quartiles = statistics.quantiles(values, n=4)
+    return (quartiles[2] - quartiles[0]) / statistics.median(values)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("build", nargs="?", default="build/default")
     parser.add_argument("--lengths", default="64,256,512,1024,2048")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per length (medians are reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per length (medians are reported)")
+    parser.add_argument("--short-repeats", type=int, default=9, help="runs per length for lengths <= 512")
+    parser.add_argument("--seed", type=int, default=1, help="seeds the order of the forced media")
     parser.add_argument("--shape", default=handoff.DEMO_SHAPE)
     args = parser.parse_args()
     lengths = [int(value) for value in args.lengths.split(",")]
 
     result = {"bench": "e2e_bench", "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ"),
-              "machine": machine(), "shape": args.shape, "repeats": args.repeats, "lengths": []}
+              "machine": machine(), "shape": args.shape, "repeats": args.repeats,
+              "short_repeats": args.short_repeats, "lengths": []}
+    rng = random.Random(args.seed)
     with handoff.Cluster(args.build, args.shape) as cluster:
+        handoff.run_length(cluster, lengths[0], 10_000, rng)  # warm-up, discarded
         seed = 0
         for length in lengths:
             samples = []
-            for _ in range(args.repeats):
-                samples.append(handoff.run_length(cluster, length, seed))
+            for _ in range(args.short_repeats if length <= 512 else args.repeats):
+                samples.append(handoff.run_length(cluster, length, seed, rng))
                 seed += 1
             labels = samples[0]["runs"].keys()
             ttft = {label: statistics.median(s["runs"][label]["ttft_ms"] for s in samples) for label in labels}
@@ -66,6 +86,7 @@ def main():
                                    for label in labels},
                 "cached_tokens": {label: samples[-1]["runs"][label]["cached_tokens"] for label in labels},
                 "ttft_ms_runs": {label: [s["runs"][label]["ttft_ms"] for s in samples] for label in labels},
+                "ttft_relative_iqr": {label: spread([s["runs"][label]["ttft_ms"] for s in samples]) for label in labels},
                 "phases_ms": {label: {phase: statistics.median(s["runs"][label]["phases_ms"][phase] for s in samples)
                                       for phase in samples[0]["runs"][label]["phases_ms"]}
                               for label in labels},

@@ -103,6 +103,7 @@ int run_daemon(const DaemonOptions& options) {
   auto upstream_prober = std::make_shared<UpstreamProber>(
       io, runtime_policy, *registry, [kv_path](const std::string& agent, const UpstreamLoad& load) {
         if (load.requests_waiting) kv_path->observe_load(agent, *load.requests_waiting);
+        if (load.recent_tpot_s) kv_path->observe_decode(agent, *load.recent_tpot_s);
       });
 
   AdminContext admin_context;

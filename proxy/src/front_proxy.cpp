@@ -51,6 +51,13 @@ Result<std::string> inject_kv_transfer_params(std::string_view body, const std::
   if (params.is_null()) params = nlohmann::json::object();
   if (!params.is_object()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params must be a JSON object");
   auto injected = nlohmann::json::parse(params_json);
+  // The answer's length budget prices a lossy medium's extra decode for the decision engine.
+  for (const char* field : {"max_tokens", "max_completion_tokens"}) {
+    if (const auto budget = document.find(field);
+        budget != document.end() && budget->is_number_unsigned() && !injected.contains("max_tokens")) {
+      injected["max_tokens"] = *budget;
+    }
+  }
   if (const auto client = params.find("kvrelay"); client != params.end() && client->is_object()) {
     if (const auto treatment = client->find("treatment"); treatment != client->end()) {
       injected["treatment"] = *treatment;

@@ -11,7 +11,7 @@ namespace kvrelay::proxy {
 
 namespace {
 
-enum class Field { kNone, kWaiting, kRunning, kKvUsage, kTtftSum, kTtftCount };
+enum class Field { kNone, kWaiting, kRunning, kKvUsage, kTtftSum, kTtftCount, kTpotSum, kTpotCount };
 
 Field field_of(std::string_view name) noexcept {
   if (name == "vllm:num_requests_waiting" || name == "tgi_queue_size") return Field::kWaiting;
@@ -20,6 +20,15 @@ Field field_of(std::string_view name) noexcept {
   if (name == "vllm:kv_cache_usage_perc" || name == "vllm:gpu_cache_usage_perc") return Field::kKvUsage;
   if (name == "vllm:time_to_first_token_seconds_sum") return Field::kTtftSum;
   if (name == "vllm:time_to_first_token_seconds_count") return Field::kTtftCount;
+  // Time per output token: vLLM's name before and after its rename, and TGI's per-request mean.
+  if (name == "vllm:time_per_output_token_seconds_sum" || name == "vllm:inter_token_latency_seconds_sum" ||
+      name == "tgi_request_mean_time_per_token_duration_sum") {
+    return Field::kTpotSum;
+  }
+  if (name == "vllm:time_per_output_token_seconds_count" || name == "vllm:inter_token_latency_seconds_count" ||
+      name == "tgi_request_mean_time_per_token_duration_count") {
+    return Field::kTpotCount;
+  }
   return Field::kNone;
 }
 
@@ -69,6 +78,8 @@ Result<UpstreamLoad> parse_upstream_metrics(std::string_view exposition) {
   UpstreamLoad load;
   std::optional<double> ttft_sum;
   std::optional<double> ttft_count;
+  std::optional<double> tpot_sum;
+  std::optional<double> tpot_count;
   std::size_t line_number = 0;
   while (!exposition.empty()) {
     const auto newline = exposition.find('\n');
@@ -119,11 +130,18 @@ Result<UpstreamLoad> parse_upstream_metrics(std::string_view exposition) {
       case Field::kTtftCount:
         add_to(ttft_count, *value);
         break;
+      case Field::kTpotSum:
+        add_to(tpot_sum, *value);
+        break;
+      case Field::kTpotCount:
+        add_to(tpot_count, *value);
+        break;
       case Field::kNone:
         break;
     }
   }
   if (ttft_sum && ttft_count) load.time_to_first_token = HistogramTotals{*ttft_sum, *ttft_count};
+  if (tpot_sum && tpot_count) load.time_per_output_token = HistogramTotals{*tpot_sum, *tpot_count};
   return load;
 }
 

@@ -106,6 +106,8 @@ UpstreamProber::UpstreamProber(asio::io_context& io, std::shared_ptr<RuntimePoli
                                "KV cache usage of the agent's engine, 0..1 (vllm:kv_cache_usage_perc)", {"agent"})),
       ttft_(registry.gauge("kvrelay_upstream_time_to_first_token_seconds",
                            "Mean time to first token at the agent's engine between the last two probes", {"agent"})),
+      tpot_(registry.gauge("kvrelay_upstream_time_per_output_token_seconds",
+                           "Mean time per output token at the agent's engine between the last two probes", {"agent"})),
       up_(registry.gauge("kvrelay_upstream_probe_up", "1 if the last probe of the agent's metrics page succeeded",
                          {"agent"})),
       failures_(registry.counter("kvrelay_upstream_probe_failures_total",
@@ -158,15 +160,19 @@ void UpstreamProber::record_success(const std::string& agent, UpstreamLoad load)
   {
     const std::lock_guard lock(mutex_);
     auto& reading = readings_[agent];
-    if (reading.load.time_to_first_token && load.time_to_first_token) {
-      load.recent_ttft_s = mean_between(*reading.load.time_to_first_token, *load.time_to_first_token);
-    } else if (load.time_to_first_token) {
+    const auto recent_mean = [](const std::optional<HistogramTotals>& before, const std::optional<HistogramTotals>& now,
+                                const std::optional<double>& last) -> std::optional<double> {
+      if (!now) return std::nullopt;
       // First page from this engine: its lifetime mean stands in until two probes bracket new
       // requests (an engine that served everything before the first probe would show none).
-      load.recent_ttft_s = mean_between(HistogramTotals{}, *load.time_to_first_token);
-    }
-    // Between two quiet probes there is no new TTFT; keep showing the last one measured.
-    if (!load.recent_ttft_s) load.recent_ttft_s = reading.load.recent_ttft_s;
+      auto mean = mean_between(before.value_or(HistogramTotals{}), *now);
+      // Between two quiet probes there is nothing new; keep showing the last one measured.
+      return mean ? mean : last;
+    };
+    load.recent_ttft_s =
+        recent_mean(reading.load.time_to_first_token, load.time_to_first_token, reading.load.recent_ttft_s);
+    load.recent_tpot_s =
+        recent_mean(reading.load.time_per_output_token, load.time_per_output_token, reading.load.recent_tpot_s);
     reading.load = load;
     reading.up = true;
     reading.last_error.clear();
@@ -178,6 +184,7 @@ void UpstreamProber::record_success(const std::string& agent, UpstreamLoad load)
   if (load.requests_running) running_.with({agent}).set(*load.requests_running);
   if (load.kv_cache_usage) kv_usage_.with({agent}).set(*load.kv_cache_usage);
   if (load.recent_ttft_s) ttft_.with({agent}).set(*load.recent_ttft_s);
+  if (load.recent_tpot_s) tpot_.with({agent}).set(*load.recent_tpot_s);
   up_.with({agent}).set(1.0);
   if (listener_) listener_(agent, load);
 }
@@ -219,6 +226,7 @@ nlohmann::json UpstreamProber::snapshot_json() const {
         {"requests_running", optional_json(reading.load.requests_running)},
         {"kv_cache_usage", optional_json(reading.load.kv_cache_usage)},
         {"time_to_first_token_s", optional_json(reading.load.recent_ttft_s)},
+        {"time_per_output_token_s", optional_json(reading.load.recent_tpot_s)},
         {"last_success_unix_s",
          reading.last_success == std::chrono::system_clock::time_point{}
              ? nlohmann::json(nullptr)

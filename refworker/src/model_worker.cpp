@@ -127,13 +127,17 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   connector_.report_prefill(computed, prompt.size(), stats.prefill_ms / 1000.0, request.kvrelay_params);
 
   bool first = true;
+  Clock::time_point previous_token;
   auto on_token = [&](std::int32_t token) {
+    const auto now = Clock::now();
     if (first) {
       first = false;
-      const auto now = Clock::now();
       stats.ttft_ms = ms_between(job.arrival, now);
       metrics_.observe_ttft(stats.ttft_ms / 1000.0);
+    } else {
+      metrics_.observe_time_per_output_token(ms_between(previous_token, now) / 1000.0);
     }
+    previous_token = now;
     return !job.on_token || job.on_token(token);
   };
   KVRELAY_TRY(outcome.generation, generate(session, logits, request.generation, on_token));

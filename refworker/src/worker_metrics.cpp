@@ -23,6 +23,15 @@ void WorkerMetrics::observe_ttft(double seconds) {
   ttft_sum_ += seconds;
 }
 
+void WorkerMetrics::observe_time_per_output_token(double seconds) {
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < kTpotBuckets.size(); ++i) {
+    if (seconds <= kTpotBuckets[i]) ++tpot_counts_[i];
+  }
+  ++tpot_count_;
+  tpot_sum_ += seconds;
+}
+
 void WorkerMetrics::add_request(std::uint64_t prompt_tokens, std::uint64_t generation_tokens,
                                 std::uint64_t cached_tokens, std::string_view finished_reason) {
   std::lock_guard lock(mutex_);
@@ -52,8 +61,7 @@ std::string WorkerMetrics::render(const std::string& model_name) const {
   gauge("vllm:num_requests_waiting", "Requests queued for the model thread.", waiting_);
   counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_);
   counter("vllm:generation_tokens_total", "Generated tokens of finished requests.", generation_tokens_);
-  counter("vllm:prefix_cache_hits_total", "Prompt tokens whose KV was imported rather than computed.",
-          cached_tokens_);
+  counter("vllm:prefix_cache_hits_total", "Prompt tokens whose KV was imported rather than computed.", cached_tokens_);
   out += fmt::format(
       "# HELP vllm:request_success_total Finished requests by finish reason.\n"
       "# TYPE vllm:request_success_total counter\n"
@@ -70,6 +78,15 @@ std::string WorkerMetrics::render(const std::string& model_name) const {
   out += fmt::format("vllm:time_to_first_token_seconds_bucket{{{},le=\"+Inf\"}} {}\n", label, ttft_count_);
   out += fmt::format("vllm:time_to_first_token_seconds_sum{{{}}} {}\n", label, ttft_sum_);
   out += fmt::format("vllm:time_to_first_token_seconds_count{{{}}} {}\n", label, ttft_count_);
+  out += "# HELP vllm:time_per_output_token_seconds Time between two consecutive output tokens.\n";
+  out += "# TYPE vllm:time_per_output_token_seconds histogram\n";
+  for (std::size_t i = 0; i < kTpotBuckets.size(); ++i) {
+    out += fmt::format("vllm:time_per_output_token_seconds_bucket{{{},le=\"{}\"}} {}\n", label, kTpotBuckets[i],
+                       tpot_counts_[i]);
+  }
+  out += fmt::format("vllm:time_per_output_token_seconds_bucket{{{},le=\"+Inf\"}} {}\n", label, tpot_count_);
+  out += fmt::format("vllm:time_per_output_token_seconds_sum{{{}}} {}\n", label, tpot_sum_);
+  out += fmt::format("vllm:time_per_output_token_seconds_count{{{}}} {}\n", label, tpot_count_);
   return out;
 }
 

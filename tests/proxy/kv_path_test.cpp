@@ -257,6 +257,46 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
   }
 }
 
+TEST_CASE("the engine prices only what B lacks: tokens for the rest still serve the prefix B's node holds",
+          "[proxy][kv_path][e2e][process]") {
+  const auto model = stories_model_path();
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
+  Sidecar node("node-1");
+  RefworkerUnderTest worker_a({"--model", model->string()}, {"--kvrelay-socket", node.socket_path()});
+  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node.socket_path()});
+  RefworkerUnderTest reference({"--model", model->string()});
+  const json agents = json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
+                                   agent_json("reader", "", worker_b.port(), stories_model_json())});
+  auto policy =
+      sidecar_policy(node, agents, json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}}));
+  // A receiver whose prefill the operator calibrated as nearly free: re-prefilling B's 16 missing
+  // tokens beats moving their KV, so the engine picks tokens for them.
+  policy["cost_model"] = {{"agents", {{"reader", {{"prefill_s", {{"a", 0.0}, {"b", 1e-9}, {"c", 0.0}}}}}}}};
+  node.start(policy);
+
+  const auto a_prompt = context_prompt(7);
+  const auto a = node.complete("writer", greedy(a_prompt, 20, true));
+  const auto b_prompt = handoff_prompt(a_prompt, a);
+  const auto b = node.complete("reader", greedy(b_prompt, kAnswerTokens));
+  const auto decision = node.decisions(1).at(0);
+  CHECK(decision["source"] == "engine");
+  CHECK(decision["medium"] == "tokens");
+  // The request's answer budget reached the engine (it prices a lossy medium's extra decode).
+  CHECK(decision["max_tokens"] == kAnswerTokens);
+  // 14 blocks may be served, the node holds A's 13: the engine weighed moving one block.
+  CHECK(decision["cost"]["missing_tokens"] == 16);
+  CHECK(decision["held_prefix_served"] == true);
+  CHECK(decision["outcome"] == "hit_local");
+  CHECK(b["kvrelay"]["cached_tokens"] == 208);
+  CHECK(b["choices"][0]["token_ids"] == reference_answer(reference.port(), b_prompt)["choices"][0]["token_ids"]);
+
+  // Forced tokens stay tokens only: nothing held is served.
+  node.force_medium("writer-to-reader", "tokens");
+  const auto forced = node.complete("reader", greedy(b_prompt, 4));
+  CHECK(forced["kvrelay"]["cached_tokens"] == 0);
+  CHECK(node.decisions(1).at(0)["outcome"] == "tokens");
+}
+
 TEST_CASE("a peer that never answers costs a lookup at most its time bound, then B prefills",
           "[proxy][kv_path][e2e][process]") {
   const auto model = stories_model_path();

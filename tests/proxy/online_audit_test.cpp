@@ -38,6 +38,20 @@ TEST_CASE("injected kv_transfer_params keep a treatment the client set", "[proxy
   const auto plain = inject_kv_transfer_params(R"({"prompt":[1]})", R"({"agent":"b"})");
   REQUIRE(plain);
   CHECK_FALSE(json::parse(plain.value())["kv_transfer_params"]["kvrelay"].contains("treatment"));
+  CHECK_FALSE(json::parse(plain.value())["kv_transfer_params"]["kvrelay"].contains("max_tokens"));
+}
+
+TEST_CASE("injected kv_transfer_params carry the request's answer budget", "[proxy][kv_path]") {
+  const auto completion = inject_kv_transfer_params(R"({"prompt":[1],"max_tokens":64})", R"({"agent":"b"})");
+  REQUIRE(completion);
+  CHECK(json::parse(completion.value())["kv_transfer_params"]["kvrelay"]["max_tokens"] == 64);
+  const auto chat = inject_kv_transfer_params(R"({"messages":[],"max_completion_tokens":9})", R"({"agent":"b"})");
+  REQUIRE(chat);
+  CHECK(json::parse(chat.value())["kv_transfer_params"]["kvrelay"]["max_tokens"] == 9);
+  // Not a count: left out rather than guessed.
+  const auto bad = inject_kv_transfer_params(R"({"prompt":[1],"max_tokens":-3})", R"({"agent":"b"})");
+  REQUIRE(bad);
+  CHECK_FALSE(json::parse(bad.value())["kv_transfer_params"]["kvrelay"].contains("max_tokens"));
 }
 
 TEST_CASE("prompt length and worker stats for audit covariates", "[proxy][audit]") {

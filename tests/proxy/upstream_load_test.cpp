@@ -32,6 +32,34 @@ vllm:unrelated_total NaN
   CHECK(load.value().time_to_first_token->count == 4.0);
 }
 
+TEST_CASE("time per output token is read under vLLM's old and new names and TGI's", "[proxy][probe]") {
+  const auto old_name = parse_upstream_metrics(
+      "vllm:time_per_output_token_seconds_sum{model_name=\"a\"} 0.3\n"
+      "vllm:time_per_output_token_seconds_count{model_name=\"a\"} 10\n");
+  REQUIRE(old_name);
+  REQUIRE(old_name.value().time_per_output_token);
+  CHECK(old_name.value().time_per_output_token->sum == 0.3);
+  CHECK(old_name.value().time_per_output_token->count == 10.0);
+  CHECK(old_name.value().recognised_anything());
+
+  const auto new_name =
+      parse_upstream_metrics("vllm:inter_token_latency_seconds_sum 1.5\nvllm:inter_token_latency_seconds_count 50\n");
+  REQUIRE(new_name);
+  REQUIRE(new_name.value().time_per_output_token);
+  CHECK(new_name.value().time_per_output_token->count == 50.0);
+
+  const auto tgi = parse_upstream_metrics(
+      "tgi_request_mean_time_per_token_duration_sum 0.2\ntgi_request_mean_time_per_token_duration_count 4\n");
+  REQUIRE(tgi);
+  REQUIRE(tgi.value().time_per_output_token);
+  CHECK(mean_between({}, *tgi.value().time_per_output_token) == Approx(0.05));
+
+  // A sum without its count is not a histogram: nothing is made up.
+  const auto half = parse_upstream_metrics("vllm:time_per_output_token_seconds_sum 0.3\n");
+  REQUIRE(half);
+  CHECK_FALSE(half.value().time_per_output_token);
+}
+
 TEST_CASE("TGI's queue and batch sizes map onto waiting and running", "[proxy][probe]") {
   const auto load = parse_upstream_metrics("tgi_queue_size 7\r\ntgi_batch_current_size 2\r\n");
   REQUIRE(load);

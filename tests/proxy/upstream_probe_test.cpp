@@ -48,7 +48,8 @@ TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][pro
       [&] {
         upstreams = json::parse(http_request(daemon.admin_port(), "GET", "/admin/upstreams").body)["agents"];
         return upstreams.contains("live") && upstreams["live"]["up"] == true &&
-               !upstreams["live"]["time_to_first_token_s"].is_null() && upstreams.contains("gone") &&
+               !upstreams["live"]["time_to_first_token_s"].is_null() &&
+               !upstreams["live"]["time_per_output_token_s"].is_null() && upstreams.contains("gone") &&
                upstreams["gone"]["failures"].get<int>() >= 2;
       },
       std::chrono::seconds(10));
@@ -56,6 +57,8 @@ TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][pro
   REQUIRE(probed);
   CHECK(upstreams["live"]["requests_waiting"] == 0.0);
   CHECK(upstreams["live"]["time_to_first_token_s"].get<double>() > 0.0);
+  // Four answer tokens: three gaps between them, whose mean prices a lossy medium's extra decode.
+  CHECK(upstreams["live"]["time_per_output_token_s"].get<double>() > 0.0);
   CHECK(upstreams["gone"]["up"] == false);
   CHECK_THAT(upstreams["gone"]["last_error"].get<std::string>(), Catch::StartsWith("connect"));
 

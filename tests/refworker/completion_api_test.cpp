@@ -1,6 +1,7 @@
+#include "kvrelay/refworker/completion_api.h"
+
 #include <catch2/catch.hpp>
 
-#include "kvrelay/refworker/completion_api.h"
 #include "kvrelay/refworker/worker_metrics.h"
 
 namespace kr = kvrelay::refworker;
@@ -87,6 +88,8 @@ TEST_CASE("refworker metrics render vLLM's names with cumulative TTFT buckets", 
   metrics.set_waiting(3);
   metrics.observe_ttft(0.003);
   metrics.observe_ttft(0.3);
+  metrics.observe_time_per_output_token(0.02);
+  metrics.observe_time_per_output_token(0.2);
   metrics.add_request(10, 4, 2, "length");
   metrics.add_request(5, 1, 0, "stop");
   metrics.add_request(0, 0, 0, "");
@@ -100,6 +103,10 @@ TEST_CASE("refworker metrics render vLLM's names with cumulative TTFT buckets", 
   CHECK(text.find("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.5\"} 2\n") != std::string::npos);
   CHECK(text.find("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 2\n") != std::string::npos);
   CHECK(text.find("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 2\n") != std::string::npos);
+  CHECK(text.find("vllm:time_per_output_token_seconds_bucket{model_name=\"m\",le=\"0.01\"} 0\n") != std::string::npos);
+  CHECK(text.find("vllm:time_per_output_token_seconds_bucket{model_name=\"m\",le=\"0.025\"} 1\n") != std::string::npos);
+  CHECK(text.find("vllm:time_per_output_token_seconds_bucket{model_name=\"m\",le=\"0.2\"} 2\n") != std::string::npos);
+  CHECK(text.find("vllm:time_per_output_token_seconds_count{model_name=\"m\"} 2\n") != std::string::npos);
   CHECK(text.find("vllm:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1\n") != std::string::npos);
   CHECK(text.find("refworker:request_failure_total{model_name=\"m\"} 1\n") != std::string::npos);
 }

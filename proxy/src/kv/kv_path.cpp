@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "kvrelay/decision/decision_json.h"
@@ -92,6 +93,13 @@ std::string engine_signature(const Policy& policy) {
   return signature;
 }
 
+// Held entries are exact KV: serving one is what kv_raw over shared memory would deliver.
+bool allows_exact_kv(const RoutePolicy& route) {
+  const auto& allowed = route.allowed_media;
+  return allowed.empty() || std::find(allowed.begin(), allowed.end(), "kv_raw") != allowed.end() ||
+         std::find(allowed.begin(), allowed.end(), "kv_lossless") != allowed.end();
+}
+
 std::int64_t unix_millis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -121,6 +129,10 @@ Result<RequestContext> parse_request_context(std::string_view params_json) {
       if (!route.is_string()) return type_error("routes[]", "a route id", route);
       context.routes.push_back(route.get<std::string>().substr(0, kMaxLabelText));
     }
+  }
+  if (const auto it = params.find("max_tokens"); it != params.end() && !it->is_null()) {
+    if (!it->is_number_unsigned()) return type_error("max_tokens", "a non-negative integer", *it);
+    context.max_tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), UINT32_MAX));
   }
   if (const auto it = params.find("treatment"); it != params.end() && !it->is_null()) {
     auto treatment = parse_treatment(*it);
@@ -199,14 +211,12 @@ void KvPath::ensure_engine_locked(const Policy& policy) {
 }
 
 std::optional<KvPath::EngineChoice> KvPath::run_engine(const Policy& policy, const RoutePolicy& route,
-                                                       std::uint64_t tokens, bool commit, json& cost) {
+                                                       decision::TransferShape shape, bool commit, json& cost) {
   std::lock_guard lock(engine_mutex_);
   ensure_engine_locked(policy);
   if (!engine_) return std::nullopt;
   const auto id = engine_->find_route(route.id);
   if (!id) return std::nullopt;
-  decision::TransferShape shape;
-  shape.tokens = tokens;
   shape.now_s = std::chrono::duration<double>(Clock::now() - started_).count();
   auto decided = commit ? engine_->decide(id.value(), shape) : engine_->predict(id.value(), shape);
   if (!decided) return std::nullopt;
@@ -216,7 +226,7 @@ std::optional<KvPath::EngineChoice> KvPath::run_engine(const Policy& policy, con
 }
 
 KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
-                              std::uint64_t context_tokens) {
+                              std::uint64_t context_tokens, std::uint64_t held_tokens) {
   Choice choice;
   if (route == nullptr) {
     // A worker used without the front proxy (or a route-less agent): plain prefix reuse.
@@ -227,7 +237,11 @@ KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, co
   }
   const auto& treatment = context.treatment;
   const bool engine_decides = !(treatment && !treatment->medium.empty()) && !route->forced_medium;
-  const auto decided = run_engine(policy, *route, context_tokens, engine_decides, choice.cost);
+  decision::TransferShape shape;
+  shape.tokens = context_tokens;
+  shape.receiver_cached = held_tokens;
+  if (context.max_tokens) shape.expected_output_tokens = *context.max_tokens;
+  const auto decided = run_engine(policy, *route, shape, engine_decides, choice.cost);
   if (treatment && (!treatment->medium.empty() || treatment->span == "none")) {
     choice.medium = treatment->span == "none" ? "tokens" : treatment->medium;
     choice.source = "treatment";
@@ -240,6 +254,8 @@ KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, co
     choice.medium = decided->medium;
     choice.source = "engine";
     choice.reason = decided->reason;
+    choice.serve_held_prefix = choice.medium == "tokens" && held_tokens > 0 && route->enabled &&
+                               same_fingerprint(policy, *route) && allows_exact_kv(*route);
   } else {
     choice.medium = "kv_raw";
     choice.source = "default";
@@ -365,6 +381,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   record["agent"] = context.agent;
   record["route"] = route != nullptr ? json(route->id) : json();
   if (context.treatment) record["treatment"] = treatment_json(*context.treatment);
+  if (context.max_tokens) record["max_tokens"] = *context.max_tokens;
 
   // Blocks that may be served: never the whole prompt (its last token is prefilled for logits),
   // and for a "prompt" span treatment only the blocks inside A's prompt.
@@ -382,27 +399,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   record["available_tokens"] = max_blocks * request.block_tokens;
 
-  const Choice choice = choose(*policy, route, context, max_blocks * request.block_tokens);
-  const double decision_seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  metrics_.decision_seconds.get().observe(decision_seconds);
-  metrics_.decisions.with({choice.medium, choice.source}).inc();
-  record["medium"] = choice.medium;
-  record["source"] = choice.source;
-  record["reason"] = choice.reason;
-  record["decision_us"] = decision_seconds * 1e6;
-  if (!choice.cost.is_null()) record["cost"] = choice.cost;
-
-  if (choice.medium == "tokens") {
-    finish("tokens", 0);
-    return fail(ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));
-  }
-  if (max_blocks == 0) {
-    finish("miss", 0);
-    return fail(ErrorCode::kNotFound, "prompt shorter than one block plus one token");
-  }
-  const std::string codec = *codec_for_medium(choice.medium);
-
-  // This sidecar's store first: the longest chain prefix it holds.
+  // This sidecar's store first: the longest chain prefix it holds (the engine prices only the rest).
   std::shared_ptr<const shm::StoredEntry> entry;
   std::size_t entry_blocks = 0;
   for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
@@ -413,6 +410,29 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
       break;
     }
   }
+  const Choice choice = choose(*policy, route, context, max_blocks * request.block_tokens,
+                               std::min(entry_blocks, max_blocks) * request.block_tokens);
+  const double decision_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  metrics_.decision_seconds.get().observe(decision_seconds);
+  metrics_.decisions.with({choice.medium, choice.source}).inc();
+  record["medium"] = choice.medium;
+  record["source"] = choice.source;
+  record["reason"] = choice.reason;
+  record["decision_us"] = decision_seconds * 1e6;
+  if (choice.serve_held_prefix) record["held_prefix_served"] = true;
+  if (!choice.cost.is_null()) record["cost"] = choice.cost;
+
+  if (choice.medium == "tokens" && !choice.serve_held_prefix) {
+    finish("tokens", 0);
+    return fail(ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));
+  }
+  if (max_blocks == 0) {
+    finish("miss", 0);
+    return fail(ErrorCode::kNotFound, "prompt shorter than one block plus one token");
+  }
+  // The held prefix under a tokens choice is served as stored: exact, no codec.
+  const std::string codec = choice.serve_held_prefix ? std::string("raw") : *codec_for_medium(choice.medium);
+
   std::string from = entry ? "local" : "";
   bool already_encoded = false;
   // A delta fetch moves only the k blocks the peer adds, but joining them to the N held blocks
@@ -422,7 +442,8 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   // tokens of prefill (before deltas); half keeps clear of that and of short-context losses.
   const bool peer_gain_worth_it =
       entry_blocks == 0 || (max_blocks - std::min(entry_blocks, max_blocks)) * kPeerFetchMinGainDivisor >= entry_blocks;
-  if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it) {
+  if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it &&
+      !choice.serve_held_prefix) {
     const bool held_prefix = entry != nullptr;
     if (auto fetched =
             fetch_from_peers(*policy, request, entry, entry_blocks, codec, choice.medium, route->id, record)) {
@@ -476,7 +497,8 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   return shm::ResolvedEntry{std::move(entry),
-                            shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks), choice.medium}};
+                            shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks),
+                                              choice.serve_held_prefix ? std::string("kv_raw") : choice.medium}};
 }
 
 void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm::StoredEntry>& entry,
@@ -491,7 +513,9 @@ void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm
     if (policy->find_peer(to->node) == nullptr) continue;
     RequestContext context = parsed.value();
     context.treatment.reset();
-    const Choice choice = choose(*policy, &route, context, entry->info.layout.tokens);
+    context.max_tokens.reset();  // A's answer budget; B's is not known before B asks
+    // What the receiving node holds is not known here: the whole entry is priced.
+    const Choice choice = choose(*policy, &route, context, entry->info.layout.tokens, 0);
     json record{{"kind", "push"},
                 {"time_unix_ms", unix_millis()},
                 {"request_id", context.request_id},
@@ -595,6 +619,13 @@ void KvPath::observe_load(const std::string& agent, double requests_waiting) {
   std::lock_guard lock(engine_mutex_);
   if (!engine_) return;
   if (const auto id = engine_->find_agent(agent)) engine_->observe_load(id.value(), requests_waiting);
+}
+
+void KvPath::observe_decode(const std::string& agent, double seconds_per_token) {
+  if (!(seconds_per_token > 0.0) || !std::isfinite(seconds_per_token)) return;
+  std::lock_guard lock(engine_mutex_);
+  if (!engine_) return;
+  if (const auto id = engine_->find_agent(agent)) engine_->observe_decode(id.value(), 1, seconds_per_token);
 }
 
 }  // namespace kvrelay::proxy::kv

@@ -47,6 +47,7 @@ struct RequestContext {
   std::string route;                // explicit route id, if the caller named one
   std::vector<std::string> routes;  // the front proxy's candidate routes into this agent
   std::optional<Treatment> treatment;
+  std::optional<std::uint32_t> max_tokens;  // the request's answer budget, when the client set one
 };
 // "" parses to an empty context. Every field is type-checked; errors name the field.
 [[nodiscard]] Result<RequestContext> parse_request_context(std::string_view params_json);
@@ -72,6 +73,8 @@ class KvPath final : public shm::DataPlaneHooks {
   void observe_peer_rtt(const std::string& peer, double seconds);
   // The agent's engine load from its metrics page (UpstreamProber), for the engine's compute term.
   void observe_load(const std::string& agent, double requests_waiting);
+  // The agent's recent time per output token (UpstreamProber), pricing a lossy medium's extra decode.
+  void observe_decode(const std::string& agent, double seconds_per_token);
   // Drops every entry of this sidecar's store (DELETE /admin/kv); returns what was dropped.
   shm::EntryStoreStats clear_store() { return store_->clear(); }
 
@@ -84,6 +87,9 @@ class KvPath final : public shm::DataPlaneHooks {
     std::string source;  // treatment, forced, engine, default
     std::string reason;
     nlohmann::json cost;  // the engine's breakdown (chosen vs alternatives), null without a route
+    // The engine chose tokens for what the receiver lacks: the prefix this node already holds is
+    // still served (the engine priced tokens as a prefill of the missing part only).
+    bool serve_held_prefix = false;
   };
   struct PushJob {
     std::string route;
@@ -106,15 +112,17 @@ class KvPath final : public shm::DataPlaneHooks {
     metrics::Family<metrics::Counter>& prefill_reports;
   };
 
+  // `held_tokens`: the leading part of the context this node's store already holds.
   [[nodiscard]] Choice choose(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
-                              std::uint64_t context_tokens);
+                              std::uint64_t context_tokens, std::uint64_t held_tokens);
   struct EngineChoice {
     std::string medium;
     std::string reason;
   };
   // The engine's view of `route` for `tokens`; decide() only when the engine's choice is used.
   [[nodiscard]] std::optional<EngineChoice> run_engine(const Policy& policy, const RoutePolicy& route,
-                                                       std::uint64_t tokens, bool commit, nlohmann::json& cost);
+                                                       decision::TransferShape shape, bool commit,
+                                                       nlohmann::json& cost);
   void ensure_engine_locked(const Policy& policy);
   struct Fetched {
     std::shared_ptr<const shm::StoredEntry> entry;

@@ -24,8 +24,12 @@ struct UpstreamLoad {
   std::optional<double> kv_cache_usage;                // vllm:kv_cache_usage_perc (0..1)
   std::optional<HistogramTotals> time_to_first_token;  // vllm:time_to_first_token_seconds
   std::optional<double> recent_ttft_s;                 // mean over the scrape interval; filled by the prober
+  // vllm:time_per_output_token_seconds (vllm:inter_token_latency_seconds since its rename),
+  // tgi_request_mean_time_per_token_duration: how long one more answer token costs.
+  std::optional<HistogramTotals> time_per_output_token;
+  std::optional<double> recent_tpot_s;  // mean over the scrape interval; filled by the prober
   [[nodiscard]] bool recognised_anything() const noexcept {
-    return requests_waiting || requests_running || kv_cache_usage || time_to_first_token;
+    return requests_waiting || requests_running || kv_cache_usage || time_to_first_token || time_per_output_token;
   }
 };
 
@@ -35,8 +39,9 @@ struct UpstreamLoad {
 // wrong load.
 [[nodiscard]] Result<UpstreamLoad> parse_upstream_metrics(std::string_view exposition);
 
-// The mean time to first token between two scrapes; nullopt when no request finished in between
-// or the counters went backwards (the engine restarted).
+// The mean of a histogram (time to first token, time per output token) between two scrapes;
+// nullopt when nothing was observed in between or the counters went backwards (the engine
+// restarted).
 [[nodiscard]] std::optional<double> mean_between(const HistogramTotals& before, const HistogramTotals& after) noexcept;
 
 }  // namespace kvrelay::proxy

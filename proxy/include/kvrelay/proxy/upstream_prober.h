@@ -66,6 +66,7 @@ class UpstreamProber : public std::enable_shared_from_this<UpstreamProber> {
   metrics::Family<metrics::Gauge>& running_;
   metrics::Family<metrics::Gauge>& kv_usage_;
   metrics::Family<metrics::Gauge>& ttft_;
+  metrics::Family<metrics::Gauge>& tpot_;
   metrics::Family<metrics::Gauge>& up_;
   metrics::Family<metrics::Counter>& failures_;
 };

@@ -13,12 +13,17 @@ namespace kvrelay::refworker {
 class WorkerMetrics {
  public:
   // vLLM's time_to_first_token_seconds buckets.
-  static constexpr std::array<double, 18> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+  static constexpr std::array<double, 18> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,
                                                           0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
+  // vLLM's time_per_output_token_seconds buckets.
+  static constexpr std::array<double, 15> kTpotBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                                                          0.4,  0.5,   0.75, 1.0,   2.5, 5.0,  7.5};
 
   void set_waiting(std::uint64_t waiting);
   void set_running(std::uint64_t running);
   void observe_ttft(double seconds);
+  // One gap between two consecutive output tokens of a request (vLLM observes the same).
+  void observe_time_per_output_token(double seconds);
   // `finished_reason` "stop" or "length" for a served request, empty for a failed one.
   void add_request(std::uint64_t prompt_tokens, std::uint64_t generation_tokens, std::uint64_t cached_tokens,
                    std::string_view finished_reason);
@@ -33,6 +38,9 @@ class WorkerMetrics {
   std::array<std::uint64_t, kTtftBuckets.size()> ttft_counts_{};
   std::uint64_t ttft_count_ = 0;
   double ttft_sum_ = 0.0;
+  std::array<std::uint64_t, kTpotBuckets.size()> tpot_counts_{};
+  std::uint64_t tpot_count_ = 0;
+  double tpot_sum_ = 0.0;
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generation_tokens_ = 0;
   std::uint64_t cached_tokens_ = 0;
