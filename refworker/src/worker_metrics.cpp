@@ -14,22 +14,33 @@ void WorkerMetrics::set_running(std::uint64_t running) {
   running_ = running;
 }
 
+void LatencyHistogram::observe(double seconds) {
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    if (seconds <= bounds_[i]) ++counts_[i];
+  }
+  ++count_;
+  sum_ += seconds;
+}
+
+void LatencyHistogram::render(std::string& out, std::string_view name, std::string_view help,
+                              std::string_view label) const {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, label, bounds_[i], counts_[i]);
+  }
+  out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n", name, label, count_);
+  out += fmt::format("{}_sum{{{}}} {}\n", name, label, sum_);
+  out += fmt::format("{}_count{{{}}} {}\n", name, label, count_);
+}
+
 void WorkerMetrics::observe_ttft(double seconds) {
   std::lock_guard lock(mutex_);
-  for (std::size_t i = 0; i < kTtftBuckets.size(); ++i) {
-    if (seconds <= kTtftBuckets[i]) ++ttft_counts_[i];
-  }
-  ++ttft_count_;
-  ttft_sum_ += seconds;
+  ttft_.observe(seconds);
 }
 
 void WorkerMetrics::observe_time_per_output_token(double seconds) {
   std::lock_guard lock(mutex_);
-  for (std::size_t i = 0; i < kTpotBuckets.size(); ++i) {
-    if (seconds <= kTpotBuckets[i]) ++tpot_counts_[i];
-  }
-  ++tpot_count_;
-  tpot_sum_ += seconds;
+  tpot_.observe(seconds);
 }
 
 void WorkerMetrics::add_request(std::uint64_t prompt_tokens, std::uint64_t generation_tokens,
@@ -69,24 +80,8 @@ std::string WorkerMetrics::render(const std::string& model_name) const {
       "vllm:request_success_total{{{0},finished_reason=\"length\"}} {2}\n",
       label, finished_stop_, finished_length_);
   counter("refworker:request_failure_total", "Requests that failed or were cancelled.", failed_);
-  out += "# HELP vllm:time_to_first_token_seconds Time from request arrival to its first token.\n";
-  out += "# TYPE vllm:time_to_first_token_seconds histogram\n";
-  for (std::size_t i = 0; i < kTtftBuckets.size(); ++i) {
-    out += fmt::format("vllm:time_to_first_token_seconds_bucket{{{},le=\"{}\"}} {}\n", label, kTtftBuckets[i],
-                       ttft_counts_[i]);
-  }
-  out += fmt::format("vllm:time_to_first_token_seconds_bucket{{{},le=\"+Inf\"}} {}\n", label, ttft_count_);
-  out += fmt::format("vllm:time_to_first_token_seconds_sum{{{}}} {}\n", label, ttft_sum_);
-  out += fmt::format("vllm:time_to_first_token_seconds_count{{{}}} {}\n", label, ttft_count_);
-  out += "# HELP vllm:time_per_output_token_seconds Time between two consecutive output tokens.\n";
-  out += "# TYPE vllm:time_per_output_token_seconds histogram\n";
-  for (std::size_t i = 0; i < kTpotBuckets.size(); ++i) {
-    out += fmt::format("vllm:time_per_output_token_seconds_bucket{{{},le=\"{}\"}} {}\n", label, kTpotBuckets[i],
-                       tpot_counts_[i]);
-  }
-  out += fmt::format("vllm:time_per_output_token_seconds_bucket{{{},le=\"+Inf\"}} {}\n", label, tpot_count_);
-  out += fmt::format("vllm:time_per_output_token_seconds_sum{{{}}} {}\n", label, tpot_sum_);
-  out += fmt::format("vllm:time_per_output_token_seconds_count{{{}}} {}\n", label, tpot_count_);
+  ttft_.render(out, "vllm:time_to_first_token_seconds", "Time from request arrival to its first token.", label);
+  tpot_.render(out, "vllm:time_per_output_token_seconds", "Time between two consecutive output tokens.", label);
   return out;
 }
 

@@ -81,6 +81,22 @@ void check_handoff(const Sidecar& a_side, const std::string& a_agent, const Side
   }
 }
 
+// Writer and reader workers behind one sidecar, plus a reference worker without one.
+struct SameNode {
+  explicit SameNode(const std::filesystem::path& model)
+      : worker_a({"--model", model.string()}, {"--kvrelay-socket", node.socket_path()}),
+        worker_b({"--model", model.string()}, {"--kvrelay-socket", node.socket_path()}),
+        reference({"--model", model.string()}) {}
+  [[nodiscard]] json agents() const {
+    return json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
+                        agent_json("reader", "", worker_b.port(), stories_model_json())});
+  }
+  Sidecar node{"node-1"};
+  RefworkerUnderTest worker_a;
+  RefworkerUnderTest worker_b;
+  RefworkerUnderTest reference;
+};
+
 }  // namespace
 
 TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with the route's medium",
@@ -199,12 +215,11 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
           "[proxy][kv_path][e2e][process]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
-  Sidecar node("node-1");
-  RefworkerUnderTest worker_a({"--model", model->string()}, {"--kvrelay-socket", node.socket_path()});
-  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node.socket_path()});
-  RefworkerUnderTest reference({"--model", model->string()});
-  const json agents = json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
-                                   agent_json("reader", "", worker_b.port(), stories_model_json())});
+  SameNode pair(*model);
+  auto& node = pair.node;
+  auto& worker_b = pair.worker_b;
+  auto& reference = pair.reference;
+  const json agents = pair.agents();
   node.start(
       sidecar_policy(node, agents, json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}})));
   int seed = 100;
@@ -261,12 +276,10 @@ TEST_CASE("the engine prices only what B lacks: tokens for the rest still serve 
           "[proxy][kv_path][e2e][process]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
-  Sidecar node("node-1");
-  RefworkerUnderTest worker_a({"--model", model->string()}, {"--kvrelay-socket", node.socket_path()});
-  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node.socket_path()});
-  RefworkerUnderTest reference({"--model", model->string()});
-  const json agents = json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
-                                   agent_json("reader", "", worker_b.port(), stories_model_json())});
+  SameNode pair(*model);
+  auto& node = pair.node;
+  auto& reference = pair.reference;
+  const json agents = pair.agents();
   auto policy =
       sidecar_policy(node, agents, json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}}));
   // A receiver whose prefill the operator calibrated as nearly free: re-prefilling B's 16 missing

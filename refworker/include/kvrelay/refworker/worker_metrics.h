@@ -3,10 +3,27 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvrelay::refworker {
+
+// A Prometheus histogram: cumulative counts per upper bound, total count and sum.
+class LatencyHistogram {
+ public:
+  explicit LatencyHistogram(std::span<const double> bounds) : bounds_(bounds), counts_(bounds.size()) {}
+  void observe(double seconds);
+  // The `_bucket`, `_sum` and `_count` series of `name`, each labelled with `label`.
+  void render(std::string& out, std::string_view name, std::string_view help, std::string_view label) const;
+
+ private:
+  std::span<const double> bounds_;
+  std::vector<std::uint64_t> counts_;
+  std::uint64_t count_ = 0;
+  double sum_ = 0.0;
+};
 
 // The subset of vLLM's Prometheus metrics this worker has, under vLLM's names, so dashboards
 // and the sidecar's load probes read a refworker like a vLLM worker.
@@ -35,12 +52,8 @@ class WorkerMetrics {
   mutable std::mutex mutex_;
   std::uint64_t waiting_ = 0;
   std::uint64_t running_ = 0;
-  std::array<std::uint64_t, kTtftBuckets.size()> ttft_counts_{};
-  std::uint64_t ttft_count_ = 0;
-  double ttft_sum_ = 0.0;
-  std::array<std::uint64_t, kTpotBuckets.size()> tpot_counts_{};
-  std::uint64_t tpot_count_ = 0;
-  double tpot_sum_ = 0.0;
+  LatencyHistogram ttft_{kTtftBuckets};
+  LatencyHistogram tpot_{kTpotBuckets};
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generation_tokens_ = 0;
   std::uint64_t cached_tokens_ = 0;
