@@ -39,6 +39,27 @@ def spread(values):
     return (quartiles[2] - quartiles[0]) / statistics.median(values)
 
 
+def bootstrap_regret(runs, forced, choice, rng, iterations=2000):
+    """90% bootstrap interval of the engine's regret (its own runs, and the medium it chose as
+    measured forced) against the best forced medium: resample each medium's runs, take medians,
+    pick the best again. An interval that straddles 0.10 says the runs cannot tell."""
+    own, chosen = [], []
+    for _ in range(iterations):
+        medians = {label: statistics.median(rng.choices(values, k=len(values))) for label, values in runs.items()}
+        best = min(medians[label] for label in forced)
+        own.append(medians["engine"] / best - 1)
+        if choice in medians:
+            chosen.append(medians[choice] / best - 1)
+
+    def interval(values):
+        if not values:
+            return None
+        values.sort()
+        return [values[int(0.05 * len(values))], values[int(0.95 * len(values)) - 1]]
+
+    return interval(own), interval(chosen)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("build", nargs="?", default="build/default")
@@ -68,6 +89,8 @@ def main():
             best_label = min(forced, key=lambda label: ttft[label])
             engine_choices = [s["runs"]["engine"]["medium"] for s in samples]
             engine_choice = max(set(engine_choices), key=engine_choices.count)
+            runs = {label: [s["runs"][label]["ttft_ms"] for s in samples] for label in labels}
+            own_interval, choice_interval = bootstrap_regret(runs, forced, engine_choice, rng)
             result["lengths"].append({
                 "length": length,
                 "ttft_ms": ttft,
@@ -79,13 +102,15 @@ def main():
                 "engine_regret": ttft["engine"] / ttft[best_label] - 1,
                 # The medium it chose, as measured forced, against the best: the choice's quality.
                 "engine_choice_regret": ttft[engine_choice] / ttft[best_label] - 1 if engine_choice in ttft else None,
+                "engine_regret_90ci": own_interval,
+                "engine_choice_regret_90ci": choice_interval,
                 "engine_vs_tokens": ttft["engine"] / ttft["tokens"] - 1,
                 "kv_raw_shm_speedup_vs_tokens": ttft["tokens"] / ttft["kv_raw_shm"],
                 "kv_raw_tcp_speedup_vs_tokens": ttft["tokens"] / ttft["kv_raw"],
                 "top1_agreement": {label: statistics.mean(s["runs"][label]["top1_agreement"] for s in samples)
                                    for label in labels},
                 "cached_tokens": {label: samples[-1]["runs"][label]["cached_tokens"] for label in labels},
-                "ttft_ms_runs": {label: [s["runs"][label]["ttft_ms"] for s in samples] for label in labels},
+                "ttft_ms_runs": runs,
                 "ttft_relative_iqr": {label: spread([s["runs"][label]["ttft_ms"] for s in samples]) for label in labels},
                 "phases_ms": {label: {phase: statistics.median(s["runs"][label]["phases_ms"][phase] for s in samples)
                                       for phase in samples[0]["runs"][label]["phases_ms"]}
