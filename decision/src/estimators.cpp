@@ -1,9 +1,22 @@
 #include "kvrelay/decision/estimators.h"
 
+#include <boost/math/statistics/univariate_statistics.hpp>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace kvrelay::decision {
+
+namespace {
+
+// Boost.Math's median reorders the range; callers pass a non-empty scratch copy.
+template <class It>
+double median(It first, It last) noexcept {
+  return boost::math::statistics::median(first, last);
+}
+
+}  // namespace
 
 WindowedRate::WindowedRate(std::size_t window, double prior_per_s)
     : ring_(std::max<std::size_t>(window, 1)), prior_(prior_per_s) {}
@@ -210,31 +223,45 @@ void LinearCostFit::observe(double bytes, double seconds) noexcept {
 }
 
 void LinearCostFit::refit() noexcept {
-  const auto n = static_cast<double>(count_);
-  double mean_x = 0.0;
-  double mean_y = 0.0;
+  // Theil-Sen: the median of the pairwise slopes, then the median intercept. A handoff measured
+  // while the host was busy (a prefill or build stealing the cores) can take ten times the usual;
+  // least squares let one such sample move every later prediction, the medians ignore it until
+  // it is the typical case. At most 16 samples: 120 slopes, sorted in place, no allocation.
+  std::array<double, kWindow*(kWindow - 1) / 2> slopes{};
+  std::size_t slope_count = 0;
   for (std::size_t i = 0; i < count_; ++i) {
-    mean_x += ring_[i][0] / n;
-    mean_y += ring_[i][1] / n;
+    for (std::size_t j = i + 1; j < count_; ++j) {
+      const double dx = ring_[j][0] - ring_[i][0];
+      if (dx != 0.0) slopes[slope_count++] = (ring_[j][1] - ring_[i][1]) / dx;
+    }
   }
-  double covariance = 0.0;
-  double variance = 0.0;
-  for (std::size_t i = 0; i < count_; ++i) {
-    covariance += (ring_[i][0] - mean_x) * (ring_[i][1] - mean_y);
-    variance += (ring_[i][0] - mean_x) * (ring_[i][0] - mean_x);
-  }
-  // One size (or a negative slope, which no transfer has): proportional through the origin.
-  const double slope = variance > 0.0 ? covariance / variance : -1.0;
-  if (slope >= 0.0 && mean_y - slope * mean_x >= 0.0) {
-    b_ = slope;
-    a_ = mean_y - slope * mean_x;
-  } else if (slope >= 0.0) {
-    a_ = 0.0;
-    b_ = mean_x > 0.0 ? mean_y / mean_x : 0.0;
-  } else {
-    b_ = mean_x > 0.0 ? mean_y / mean_x : 0.0;
-    a_ = mean_x > 0.0 ? 0.0 : mean_y;
-  }
+  std::array<double, kWindow> scratch{};
+  const auto median_of = [&scratch](std::size_t n) { return median(scratch.begin(), scratch.begin() + n); };
+  // One size, or a slope no transfer has (negative): proportional through the origin.
+  const auto proportional = [&] {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < count_; ++i) {
+      if (ring_[i][0] > 0.0) scratch[n++] = ring_[i][1] / ring_[i][0];
+    }
+    if (n > 0) {
+      b_ = median_of(n);
+      a_ = 0.0;
+    } else {  // only empty transfers: their time is all fixed cost
+      for (std::size_t i = 0; i < count_; ++i)
+        scratch[i] = ring_[i][1];
+      b_ = 0.0;
+      a_ = median_of(count_);
+    }
+  };
+  if (slope_count == 0) return proportional();
+  const double slope = median(slopes.begin(), slopes.begin() + static_cast<std::ptrdiff_t>(slope_count));
+  if (slope < 0.0) return proportional();
+  for (std::size_t i = 0; i < count_; ++i)
+    scratch[i] = ring_[i][1] - slope * ring_[i][0];
+  const double intercept = median_of(count_);
+  if (intercept < 0.0) return proportional();
+  b_ = slope;
+  a_ = intercept;
 }
 
 }  // namespace kvrelay::decision

@@ -45,6 +45,37 @@ TEST_CASE("LinearCostFit recovers a fixed cost plus a cost per byte", "[decision
   }
 }
 
+TEST_CASE("LinearCostFit keeps its prediction through a few handoffs measured on a busy host",
+          "[decision][handoff]") {
+  LinearCostFit fit;
+  for (int i = 0; i < 12; ++i) {
+    const double bytes = (1 + i % 4) * 1e6;
+    fit.observe(bytes, 0.005 + bytes * 5e-9);
+  }
+  // Three handoffs whose worker lost the cores: ten times the usual, one of them at a new size.
+  fit.observe(2e6, 10 * (0.005 + 2e6 * 5e-9));
+  fit.observe(4e6, 10 * (0.005 + 4e6 * 5e-9));
+  fit.observe(8e6, 10 * (0.005 + 8e6 * 5e-9));
+  CHECK(fit.fixed_seconds() == Approx(0.005).epsilon(0.01));
+  CHECK(fit.seconds_per_byte() == Approx(5e-9).epsilon(0.01));
+  CHECK(fit.predict(16e6) == Approx(0.005 + 16e6 * 5e-9).epsilon(0.01));
+
+  SECTION("once slow is the typical case, it is what is predicted") {
+    for (int i = 0; i < 12; ++i) {
+      const double bytes = (1 + i % 4) * 1e6;
+      fit.observe(bytes, 10 * (0.005 + bytes * 5e-9));
+    }
+    CHECK(fit.predict(2e6) == Approx(10 * (0.005 + 2e6 * 5e-9)).epsilon(0.01));
+  }
+  SECTION("only empty transfers: all of their time is fixed") {
+    LinearCostFit empty;
+    for (const double seconds : {0.002, 0.003, 0.1})
+      empty.observe(0.0, seconds);
+    CHECK(empty.fixed_seconds() == Approx(0.003));
+    CHECK(empty.seconds_per_byte() == 0.0);
+  }
+}
+
 TEST_CASE("the engine's choice follows measured handoff costs, per route and medium", "[decision][handoff]") {
   EngineFixture fixture({}, true, false, PrefillCoefficients{0.01, 5e-3, 1e-6});  // recompute: ~14 s
   const RouteId route = fixture.route();

@@ -46,10 +46,10 @@ class WindowedMean {
   double prior_;
 };
 
-// Time of a step with a fixed part and a part per byte, t = a + b*bytes, fitted by least squares
-// over a window (coefficients kept >= 0). Until two sizes have been seen, t is proportional to
-// the bytes. Closed form here: Boost.Math's simple_ordinary_least_squares throws on a window of
-// one size, and this runs on the data path.
+// Time of a step with a fixed part and a part per byte, t = a + b*bytes, fitted over a window by
+// Theil-Sen (median pairwise slope, median intercept; coefficients kept >= 0), so a few samples
+// taken on a busy host do not move the prediction. Until two sizes have been seen, t is
+// proportional to the bytes (the median seconds per byte).
 class LinearCostFit {
  public:
   static constexpr std::size_t kWindow = 16;
