@@ -13,7 +13,6 @@ run node-b's KV store is flushed (DELETE /admin/kv) so every medium starts from 
 KV on node-a, nothing on node-b.
 """
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -131,14 +130,7 @@ class Cluster:
         (self.work / f"{node}.json").write_text(json.dumps(policy, indent=2))
 
     def _spawn(self, name, argv):
-        # Three workers share this machine's cores. OpenBLAS keeps a finished call's threads
-        # spinning for 2^28 cycles (~0.1 s) by default, so the worker that ran last can hold the
-        # cores while the next one prefills; 2^20 cycles still covers the gaps between the calls
-        # of one forward pass.
-        env = dict(os.environ)
-        env.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.work / f"{name}.log", "w"),
-                                   env=env)
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.work / f"{name}.log", "w"))
         self.processes.append(process)
         return process
 
