@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/shm_transport/memfd.h"
@@ -11,6 +13,11 @@ namespace kvrelay::proxy::kv {
 namespace {
 
 constexpr std::string_view kPluginPrefix = "codec:";
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
 
 std::span<const std::byte> mapped_bytes(const shm::Mapping& mapping) {
   return {mapping.data(), static_cast<std::size_t>(mapping.size())};
@@ -84,10 +91,16 @@ Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codec
 
 Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                              std::span<const std::uint8_t> frame,
-                                                             std::uint64_t max_bytes) {
+                                                             std::uint64_t max_bytes, DecodeTimings* timings) {
+  const auto started = Clock::now();
   KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
   KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
+  const auto decoded = Clock::now();
   KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw))));
+  if (timings != nullptr) {
+    timings->decode_seconds = seconds_between(started, decoded);
+    timings->entry_seconds = seconds_between(decoded, Clock::now());
+  }
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

@@ -38,10 +38,18 @@ namespace kvrelay::proxy::kv {
                                                              std::string_view codec_spec,
                                                              const shm::StoredEntry& entry);
 
+// Where decode_entry's time went: the codec (frame checks included) and the new sealed entry
+// (its checksum, the kernel copy into a memfd, the seals).
+struct DecodeTimings {
+  double decode_seconds = 0;
+  double entry_seconds = 0;
+};
+
 // Decodes a KV frame (validated: magic, version, codec, layout, sizes, checksum) into a sealed
 // entry of raw KV; refuses frames whose KV exceeds `max_bytes`.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                                            std::span<const std::uint8_t> frame,
-                                                                           std::uint64_t max_bytes);
+                                                                           std::uint64_t max_bytes,
+                                                                           DecodeTimings* timings = nullptr);
 
 }  // namespace kvrelay::proxy::kv

@@ -295,11 +295,13 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       attempts.push_back({{"peer", peer_id}, {"result", "holds none"}});
       continue;
     }
+    const auto received = Clock::now();
     const auto& frame = fetched.value()->frame;
     const auto position =
         std::find(request.block_hashes.begin(), request.block_hashes.end(), fetched.value()->key.context_hash);
     const auto blocks = static_cast<std::size_t>(position - request.block_hashes.begin()) + 1;
-    auto decoded = decode_entry(*codecs_, frame, policy.limits.kv_store_bytes);
+    DecodeTimings decode_timings;
+    auto decoded = decode_entry(*codecs_, frame, policy.limits.kv_store_bytes, &decode_timings);
     if (!decoded || decoded.value()->info.layout.tokens + held_tokens != blocks * request.block_tokens) {
       attempts.push_back(
           {{"peer", peer_id},
@@ -308,6 +310,7 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     }
     const std::uint64_t fetched_raw_bytes = decoded.value()->info.bytes;
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    const auto joining = Clock::now();
     if (held) {
       auto joined = join_entries(*held, *decoded.value());
       if (!joined) {
@@ -316,6 +319,16 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       }
       decoded = std::move(joined);
     }
+    const auto milliseconds = [](auto duration) { return std::chrono::duration<double, std::milli>(duration).count(); };
+    // Where the fetch's time went (docs/operations.md, "The fetch record").
+    const json steps{
+        {"connect_and_request_ms", milliseconds(received - started) - milliseconds(fetched.value()->reply_wait) -
+                                       milliseconds(fetched.value()->transfer)},
+        {"reply_wait_ms", milliseconds(fetched.value()->reply_wait)},
+        {"transfer_ms", milliseconds(fetched.value()->transfer)},
+        {"decode_ms", decode_timings.decode_seconds * 1e3},
+        {"entry_ms", decode_timings.entry_seconds * 1e3},
+        {"join_ms", milliseconds(Clock::now() - joining)}};
     metrics_.wire_bytes.with({"fetched", medium, codec}).inc(static_cast<double>(frame.size()));
     metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(fetched_raw_bytes));
     metrics_.fetch_seconds.with({route}).observe(seconds);
@@ -333,7 +346,8 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
                         {"fetched_tokens", blocks * request.block_tokens - held_tokens},
                         {"frame_bytes", frame.size()},
                         {"raw_bytes", fetched_raw_bytes},
-                        {"seconds", seconds}});
+                        {"seconds", seconds},
+                        {"steps", steps}});
     record["fetch"] = std::move(attempts);
     return Fetched{std::move(decoded).value(), blocks, peer_id};
   }

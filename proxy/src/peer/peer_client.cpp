@@ -230,6 +230,7 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
                                                                             std::uint64_t max_frame_bytes) {
   auto& connection = *state->connection;
   const auto timeout = state->options.read_timeout;
+  const auto requested_at = std::chrono::steady_clock::now();
   const auto frame = encode_fetch(request);
   if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout); !sent) {
     co_return outcome::failure(sent.error());
@@ -256,10 +257,12 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   PeerClient::FetchedFrame fetched;
   fetched.key = found.key;
   const auto started = std::chrono::steady_clock::now();
+  fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
   if (auto got = co_await read_encoded_chunks(connection, found, fetched.frame, timeout); !got) {
     co_return outcome::failure(got.error());
   }
   connection.arm(std::chrono::hours(24 * 365));
+  fetched.transfer = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
   if (state->options.link_estimator) {
     state->options.link_estimator->add_transfer(
         state->remote.node_id, found.frame_bytes,

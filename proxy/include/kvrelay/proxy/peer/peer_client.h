@@ -62,6 +62,10 @@ class PeerClient {
   struct FetchedFrame {
     shm::EntryKey key;
     std::vector<std::uint8_t> frame;
+    // From sending the request to the reply's header: the peer's lookup, read and encode, plus
+    // one round trip. Then the chunks themselves, checksums included.
+    std::chrono::microseconds reply_wait{};
+    std::chrono::microseconds transfer{};
   };
   [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes);
   // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.
