@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
-
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/shm_transport/memfd.h"
@@ -13,12 +11,6 @@ namespace kvrelay::proxy::kv {
 namespace {
 
 constexpr std::string_view kPluginPrefix = "codec:";
-using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
 std::span<const std::byte> mapped_bytes(const shm::Mapping& mapping) {
   return {mapping.data(), static_cast<std::size_t>(mapping.size())};
 }
@@ -63,20 +55,19 @@ Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEnt
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
-Result<std::shared_ptr<const shm::StoredEntry>> join_entries(const shm::StoredEntry& head,
-                                                             const shm::StoredEntry& tail) {
-  if (head.info.layout.layers == 0 || tail.info.layout.layers == 0) {
+Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head, const KvLayout& tail_layout,
+                                                           std::span<const std::byte> tail, WarmBufferPool& buffers) {
+  if (head.info.layout.layers == 0 || tail_layout.layers == 0) {
     return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
   }
-  KVRELAY_TRY(const auto head_mapping, shm::Mapping::map(head.fd.get(), head.info.bytes, false));
-  KVRELAY_TRY(const auto tail_mapping, shm::Mapping::map(tail.fd.get(), tail.info.bytes, false));
-  KVRELAY_TRY(const std::uint64_t tokens, checked_add(head.info.layout.tokens, tail.info.layout.tokens));
+  KVRELAY_TRY(const std::uint64_t tokens, checked_add(head.info.layout.tokens, tail_layout.tokens));
   const KvLayout joined = head.info.layout.with_tokens(tokens);
   KVRELAY_TRY(const std::uint64_t total, joined.total_bytes());
-  std::vector<std::byte> bytes(static_cast<std::size_t>(total));
-  KVRELAY_TRY(
-      join_tokens(head.info.layout, mapped_bytes(head_mapping), tail.info.layout, mapped_bytes(tail_mapping), bytes));
-  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes));
+  auto head_bytes = buffers.take(static_cast<std::size_t>(head.info.bytes));
+  KVRELAY_TRY(shm::read_memfd(head.fd.get(), 0, head_bytes.bytes()));
+  auto bytes = buffers.take(static_cast<std::size_t>(total));
+  KVRELAY_TRY(join_tokens(head.info.layout, head_bytes.bytes(), tail_layout, tail, bytes.bytes()));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes.bytes()));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
@@ -91,16 +82,10 @@ Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codec
 
 Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                              std::span<const std::uint8_t> frame,
-                                                             std::uint64_t max_bytes, DecodeTimings* timings) {
-  const auto started = Clock::now();
+                                                             std::uint64_t max_bytes) {
   KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
   KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
-  const auto decoded = Clock::now();
   KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw))));
-  if (timings != nullptr) {
-    timings->decode_seconds = seconds_between(started, decoded);
-    timings->entry_seconds = seconds_between(decoded, Clock::now());
-  }
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

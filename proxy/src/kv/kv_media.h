@@ -13,6 +13,7 @@
 
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/shm_transport/entry.h"
 
 namespace kvrelay::proxy::kv {
@@ -28,28 +29,23 @@ namespace kvrelay::proxy::kv {
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry,
                                                                           std::uint64_t tokens);
 
-// The KV of `head` followed token-wise by that of `tail` (same model shape), as a new sealed entry:
-// a prefix this sidecar held joined to the rest fetched from a peer.
-[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entries(const shm::StoredEntry& head,
-                                                                           const shm::StoredEntry& tail);
+// The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
+// sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
+// read through the kernel and joined in buffers from `buffers`, never in fresh memory.
+[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head,
+                                                                         const KvLayout& tail_layout,
+                                                                         std::span<const std::byte> tail,
+                                                                         WarmBufferPool& buffers);
 
 // Encodes an entry's KV with `codec_spec` into a KV frame.
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,
                                                              std::string_view codec_spec,
                                                              const shm::StoredEntry& entry);
 
-// Where decode_entry's time went: the codec (frame checks included) and the new sealed entry
-// (its checksum, the kernel copy into a memfd, the seals).
-struct DecodeTimings {
-  double decode_seconds = 0;
-  double entry_seconds = 0;
-};
-
 // Decodes a KV frame (validated: magic, version, codec, layout, sizes, checksum) into a sealed
 // entry of raw KV; refuses frames whose KV exceeds `max_bytes`.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                                            std::span<const std::uint8_t> frame,
-                                                                           std::uint64_t max_bytes,
-                                                                           DecodeTimings* timings = nullptr);
+                                                                           std::uint64_t max_bytes);
 
 }  // namespace kvrelay::proxy::kv

@@ -35,6 +35,7 @@ asio::awaitable<void> store_result(asio::awaitable<Result<T>> task, std::optiona
 
 struct PeerClient::State {
   PeerClientOptions options;
+  std::shared_ptr<WarmBufferPool> frame_buffers;  // options.frame_buffers, or one that keeps nothing
   asio::io_context io;
   std::shared_ptr<PeerConnection> connection;
   Hello remote;
@@ -258,7 +259,9 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   fetched.key = found.key;
   const auto started = std::chrono::steady_clock::now();
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
-  if (auto got = co_await read_encoded_chunks(connection, found, fetched.frame, timeout); !got) {
+  fetched.buffer = state->frame_buffers->take(static_cast<std::size_t>(found.frame_bytes));
+  const auto destination = fetched.buffer.u8();
+  if (auto got = co_await read_encoded_chunks(connection, found, destination, timeout); !got) {
     co_return outcome::failure(got.error());
   }
   connection.arm(std::chrono::hours(24 * 365));
@@ -280,7 +283,7 @@ asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, Encode
     co_return outcome::failure(sent.error());
   }
   const auto started = std::chrono::steady_clock::now();
-  if (auto sent = co_await write_encoded_chunks(connection, header, frame, timeout); !sent) {
+  if (auto sent = co_await write_encoded_chunks(connection, header, frame, nullptr, timeout); !sent) {
     co_return outcome::failure(sent.error());
   }
   auto committed = co_await expect(connection, PeerMessage::kCommitted, timeout);
@@ -330,6 +333,8 @@ Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOption
   if (options.window_chunks == 0) return fail(ErrorCode::kInvalidArgument, "window must hold at least one chunk");
   auto state = std::make_unique<State>();
   state->options = std::move(options);
+  state->frame_buffers =
+      state->options.frame_buffers ? state->options.frame_buffers : std::make_shared<WarmBufferPool>(0, 0);
   KVRELAY_TRY(state->run(connect_and_hello(state.get(), address)));
   return PeerClient(std::move(state));
 }
