@@ -145,8 +145,20 @@ class Cluster:
         http(self.sidecar_ports[node], "DELETE", "/admin/kv")
 
     def last_decision(self, node):
-        decisions = http(self.sidecar_ports[node], "GET", "/admin/decisions?limit=1")["decisions"]
-        return decisions[0] if decisions else {}  # newest first
+        decisions = http(self.sidecar_ports[node], "GET", "/admin/decisions?limit=4")["decisions"]
+        return next((d for d in decisions if d.get("kind") == "lookup"), {})  # newest first
+
+
+FETCH_STEPS = ("connect_and_request", "reply_wait", "transfer", "decode", "entry", "join")
+
+
+def sidecar_phases(decision):
+    """The sidecar's side of the lookup phase: its whole Resolve and the peer fetch's steps."""
+    phases = {"resolve": decision.get("resolve_ms", 0.0)}
+    fetched = next((a for a in decision.get("fetch", []) if a.get("result") == "fetched"), {})
+    for step in FETCH_STEPS:
+        phases[f"fetch_{step}"] = fetched.get("steps", {}).get(f"{step}_ms", 0.0)
+    return phases
 
 
 def context_prompt(length, seed):
@@ -174,8 +186,9 @@ def run_length(cluster, length, seed, rng=None):
                        "prefill_tokens": stats.get("prefill_tokens", 0),
                        # Where B's time to first token went: the sidecar's Resolve (choice, fetch,
                        # handoff), loading the prefix into the KV cache, the prefill of the rest.
-                       "phases_ms": {phase: stats.get(f"{phase}_ms", 0.0)
-                                     for phase in ("queue", "lookup", "import", "prefill")},
+                       "phases_ms": {**{phase: stats.get(f"{phase}_ms", 0.0)
+                                        for phase in ("queue", "lookup", "import", "prefill")},
+                                     **sidecar_phases(decision)},
                        "token_ids": reply["choices"][0]["token_ids"],
                        "medium": decision.get("medium", medium) if medium is None else medium}
 

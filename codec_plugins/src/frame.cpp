@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "kvrelay/codec_plugins/builtin_codecs.h"
+
 namespace kvrelay::codec {
 namespace {
 
@@ -206,9 +208,11 @@ Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
   return header;
 }
 
-Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
-                    std::span<std::uint8_t> output) {
-  KVRELAY_TRY(auto header, inspect_frame(frame));
+namespace {
+
+// decode_frame after inspect_frame has checked `header` (and the checksum) for this frame.
+Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header, std::span<const std::uint8_t> frame,
+                        std::span<std::uint8_t> output) {
   const Codec* codec = registry.find(header.codec_id);
   if (codec == nullptr)
     return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
@@ -245,6 +249,44 @@ Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t>
                                           header.inner_length, output.data(), output.size());
   if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(*codec, code, "decode"));
   return ok();
+}
+
+}  // namespace
+
+Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                    std::span<std::uint8_t> output) {
+  KVRELAY_TRY(auto header, inspect_frame(frame));
+  return decode_inspected(registry, header, frame, output);
+}
+
+Result<DecodedKv> decode_frame_view(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                                    std::uint64_t max_output_bytes, WarmBufferPool& buffers) {
+  DecodedKv decoded;
+  KVRELAY_TRY(decoded.header, inspect_frame(frame));
+  const FrameHeader& header = decoded.header;
+  KVRELAY_TRY(auto total, header.layout.total_bytes());
+  if (total > max_output_bytes) {
+    return fail(ErrorCode::kResourceExhausted, fmt::format("frame layout {} needs {} bytes, above the {} allowed",
+                                                           header.layout.describe(), total, max_output_bytes));
+  }
+  const Codec* codec = registry.find(header.codec_id);
+  if (codec == nullptr) {
+    return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
+  }
+  if (&codec->plugin() == raw_codec() && header.flags == 0) {
+    // What raw_decode would check before its memcpy.
+    if (header.payload_length != total) {
+      return fail(header.payload_length < total ? ErrorCode::kTruncated : ErrorCode::kLayoutMismatch,
+                  fmt::format("raw frame payload of {} bytes, layout {} needs {}", header.payload_length,
+                              header.layout.describe(), total));
+    }
+    decoded.kv = frame.subspan(kFrameHeaderSize + header.params.size(), static_cast<std::size_t>(total));
+    return decoded;
+  }
+  decoded.storage = buffers.take(static_cast<std::size_t>(total));
+  KVRELAY_TRY(decode_inspected(registry, header, frame, decoded.storage.u8()));
+  decoded.kv = decoded.storage.u8();
+  return decoded;
 }
 
 Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,

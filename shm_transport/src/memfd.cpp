@@ -72,6 +72,23 @@ Status write_memfd(int fd, std::uint64_t offset, std::span<const std::byte> byte
   return ok();
 }
 
+Status read_memfd(int fd, std::uint64_t offset, std::span<std::byte> out) {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const auto got = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return fail(ErrorCode::kIo, fmt::format("read at offset {}: {}", offset + done, errno_text(errno)));
+    }
+    if (got == 0) {
+      return fail(ErrorCode::kTruncated,
+                  fmt::format("segment ends at {}, {} bytes wanted", offset + done, offset + out.size()));
+    }
+    done += static_cast<std::size_t>(got);
+  }
+  return ok();
+}
+
 Result<std::uint64_t> checksum_memfd(int fd, std::uint64_t size) {
   // Small enough to stay in cache between the read and the hash; one per thread, kept for the
   // thread's lifetime so its pages are mapped once.

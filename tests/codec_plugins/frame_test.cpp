@@ -1,11 +1,12 @@
-#include <catch2/catch.hpp>
+#include "kvrelay/codec_plugins/frame.h"
 
 #include <xxhash.h>
+
+#include <catch2/catch.hpp>
 
 #include <cstring>
 #include <vector>
 
-#include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
 
@@ -197,4 +198,53 @@ TEST_CASE("zstd stage frames round-trip and reject a lying inner length", "[code
   poke<std::uint64_t>(lying, 36, inner - 1);
   reseal(lying);
   CHECK(decode_error(s.registry, lying, s.size()) == ErrorCode::kCorrupt);
+}
+
+TEST_CASE("decode_frame_view: a raw frame's KV is a view into the frame, other codecs decode", "[codec][frame]") {
+  Sample s;
+  WarmBufferPool buffers(2, 1 << 20);
+  const auto raw_frame = encode_frame(*s.registry.find("raw"), s.layout, s.kv).value();
+  auto raw = decode_frame_view(s.registry, raw_frame, s.size(), buffers);
+  REQUIRE(raw);
+  CHECK(raw.value().header.layout == s.layout);
+  CHECK(raw.value().kv.data() == raw_frame.data() + kFrameHeaderSize);  // no copy
+  CHECK(raw.value().storage.size() == 0);
+  CHECK(std::vector<std::uint8_t>(raw.value().kv.begin(), raw.value().kv.end()) == s.kv);
+
+  for (const char* name : {"lossless", "int8"}) {
+    const auto frame = encode_frame(*s.registry.find(name), s.layout, s.kv).value();
+    std::vector<std::uint8_t> expected(s.size());
+    REQUIRE(decode_frame(s.registry, frame, expected));
+    auto decoded = decode_frame_view(s.registry, frame, s.size(), buffers);
+    REQUIRE(decoded);
+    CHECK(decoded.value().storage.size() == s.size());
+    CHECK(std::vector<std::uint8_t>(decoded.value().kv.begin(), decoded.value().kv.end()) == expected);
+  }
+}
+
+TEST_CASE("decode_frame_view refuses what decode_frame refuses", "[codec][frame]") {
+  Sample s;
+  WarmBufferPool buffers(2, 1 << 20);
+  auto frame = encode_frame(*s.registry.find("raw"), s.layout, s.kv).value();
+  auto view_error = [&](const std::vector<std::uint8_t>& bytes, std::uint64_t max_bytes) {
+    auto result = decode_frame_view(s.registry, bytes, max_bytes, buffers);
+    return result ? ErrorCode::kOk : result.error().code;
+  };
+  CHECK(view_error(frame, s.size() - 1) == ErrorCode::kResourceExhausted);
+  auto flipped = frame;
+  flipped[kFrameHeaderSize] ^= 1;  // payload bit: only the checksum sees it
+  CHECK(view_error(flipped, s.size()) == ErrorCode::kChecksumMismatch);
+  auto unknown = frame;
+  poke<std::uint32_t>(unknown, 8, 9999);
+  reseal(unknown);
+  CHECK(view_error(unknown, s.size()) == ErrorCode::kUnknownCodec);
+  // A raw frame whose payload is shorter than its layout (and so is the frame): truncated.
+  auto short_payload = frame;
+  short_payload.erase(short_payload.begin() + kFrameHeaderSize,
+                      short_payload.begin() + static_cast<std::ptrdiff_t>(kFrameHeaderSize + 2));
+  poke<std::uint64_t>(short_payload, 36, s.size() - 2);
+  poke<std::uint64_t>(short_payload, 44, s.size() - 2);
+  reseal(short_payload);
+  CHECK(view_error(short_payload, s.size()) == ErrorCode::kTruncated);
+  CHECK(decode_error(s.registry, short_payload, s.size()) != ErrorCode::kOk);
 }

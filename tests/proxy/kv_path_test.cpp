@@ -178,6 +178,15 @@ TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with 
     CHECK(fetch["result"] == "fetched");
     CHECK(fetch["held_tokens"] == 96);
     CHECK(fetch["fetched_tokens"] == 208 - 96);
+    // Every step of the fetch is timed; a delta is filed by the join, not as an entry of its own.
+    for (const char* step :
+         {"connect_and_request_ms", "reply_wait_ms", "transfer_ms", "decode_ms", "entry_ms", "join_ms"}) {
+      INFO(step);
+      REQUIRE(fetch["steps"].contains(step));
+      CHECK(fetch["steps"][step].get<double>() >= 0);
+    }
+    CHECK(fetch["steps"]["entry_ms"] == 0.0);
+    CHECK(fetch["steps"]["join_ms"].get<double>() > 0);
     constexpr int kBytesPerToken = 5 * 2 * 4 * 8 * 4;  // stories260K, fp32
     CHECK(fetch["raw_bytes"] == (208 - 96) * kBytesPerToken);
     CHECK(node_a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"served\""}) - served_before ==

@@ -69,3 +69,23 @@ TEST_CASE("write_memfd cannot grow a segment and checksum_memfd refuses to read 
   REQUIRE_FALSE(past_end);
   CHECK(past_end.error().code == ErrorCode::kTruncated);
 }
+
+TEST_CASE("read_memfd reads any range back through the kernel and refuses to read past the end", "[shm][memfd]") {
+  const std::size_t size = (1 << 20) + 3;
+  const auto bytes = pattern(size);
+  auto memfd = create_sealed_memfd_to_fill("read-test", size);
+  REQUIRE(memfd);
+  const int fd = memfd.value().get();
+  REQUIRE(write_memfd(fd, 0, bytes));
+  REQUIRE(seal_contents(fd));
+  std::vector<std::byte> whole(size);
+  REQUIRE(read_memfd(fd, 0, whole));
+  CHECK(whole == bytes);
+  std::vector<std::byte> middle(1000);
+  REQUIRE(read_memfd(fd, 4095, middle));
+  CHECK(std::memcmp(middle.data(), bytes.data() + 4095, middle.size()) == 0);
+  std::vector<std::byte> past_end(4);
+  const auto refused = read_memfd(fd, size - 2, past_end);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == ErrorCode::kTruncated);
+}

@@ -11,7 +11,6 @@ namespace kvrelay::proxy::kv {
 namespace {
 
 constexpr std::string_view kPluginPrefix = "codec:";
-
 std::span<const std::byte> mapped_bytes(const shm::Mapping& mapping) {
   return {mapping.data(), static_cast<std::size_t>(mapping.size())};
 }
@@ -56,20 +55,19 @@ Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEnt
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
-Result<std::shared_ptr<const shm::StoredEntry>> join_entries(const shm::StoredEntry& head,
-                                                             const shm::StoredEntry& tail) {
-  if (head.info.layout.layers == 0 || tail.info.layout.layers == 0) {
+Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head, const KvLayout& tail_layout,
+                                                           std::span<const std::byte> tail, WarmBufferPool& buffers) {
+  if (head.info.layout.layers == 0 || tail_layout.layers == 0) {
     return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
   }
-  KVRELAY_TRY(const auto head_mapping, shm::Mapping::map(head.fd.get(), head.info.bytes, false));
-  KVRELAY_TRY(const auto tail_mapping, shm::Mapping::map(tail.fd.get(), tail.info.bytes, false));
-  KVRELAY_TRY(const std::uint64_t tokens, checked_add(head.info.layout.tokens, tail.info.layout.tokens));
+  KVRELAY_TRY(const std::uint64_t tokens, checked_add(head.info.layout.tokens, tail_layout.tokens));
   const KvLayout joined = head.info.layout.with_tokens(tokens);
   KVRELAY_TRY(const std::uint64_t total, joined.total_bytes());
-  std::vector<std::byte> bytes(static_cast<std::size_t>(total));
-  KVRELAY_TRY(
-      join_tokens(head.info.layout, mapped_bytes(head_mapping), tail.info.layout, mapped_bytes(tail_mapping), bytes));
-  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes));
+  auto head_bytes = buffers.take(static_cast<std::size_t>(head.info.bytes));
+  KVRELAY_TRY(shm::read_memfd(head.fd.get(), 0, head_bytes.bytes()));
+  auto bytes = buffers.take(static_cast<std::size_t>(total));
+  KVRELAY_TRY(join_tokens(head.info.layout, head_bytes.bytes(), tail_layout, tail, bytes.bytes()));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes.bytes()));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

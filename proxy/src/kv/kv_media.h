@@ -13,6 +13,7 @@
 
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/shm_transport/entry.h"
 
 namespace kvrelay::proxy::kv {
@@ -28,10 +29,13 @@ namespace kvrelay::proxy::kv {
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry,
                                                                           std::uint64_t tokens);
 
-// The KV of `head` followed token-wise by that of `tail` (same model shape), as a new sealed entry:
-// a prefix this sidecar held joined to the rest fetched from a peer.
-[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entries(const shm::StoredEntry& head,
-                                                                           const shm::StoredEntry& tail);
+// The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
+// sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
+// read through the kernel and joined in buffers from `buffers`, never in fresh memory.
+[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head,
+                                                                         const KvLayout& tail_layout,
+                                                                         std::span<const std::byte> tail,
+                                                                         WarmBufferPool& buffers);
 
 // Encodes an entry's KV with `codec_spec` into a KV frame.
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
 
@@ -311,27 +312,45 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       attempts.push_back({{"peer", peer_id}, {"result", "holds none"}});
       continue;
     }
-    const auto& frame = fetched.value()->frame;
+    const auto received = Clock::now();
+    const auto frame = fetched.value()->frame();
     const auto position =
         std::find(request.block_hashes.begin(), request.block_hashes.end(), fetched.value()->key.context_hash);
     const auto blocks = static_cast<std::size_t>(position - request.block_hashes.begin()) + 1;
-    auto decoded = decode_entry(*codecs_, frame, policy.limits.kv_store_bytes);
-    if (!decoded || decoded.value()->info.layout.tokens + held_tokens != blocks * request.block_tokens) {
+    // A raw frame is filed straight from the receive buffer; other codecs decode into a warm one.
+    auto decoded = codec::decode_frame_view(*codecs_, frame, policy.limits.kv_store_bytes, peers_->buffers());
+    if (!decoded || decoded.value().header.layout.tokens + held_tokens != blocks * request.block_tokens) {
       attempts.push_back(
           {{"peer", peer_id},
            {"result", decoded ? std::string("entry does not cover its blocks") : decoded.error().to_string()}});
       continue;
     }
-    const std::uint64_t fetched_raw_bytes = decoded.value()->info.bytes;
-    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    if (held) {
-      auto joined = join_entries(*held, *decoded.value());
-      if (!joined) {
-        attempts.push_back({{"peer", peer_id}, {"result", joined.error().to_string()}});
-        continue;
-      }
-      decoded = std::move(joined);
+    const auto kv = std::as_bytes(decoded.value().kv);
+    const std::uint64_t fetched_raw_bytes = kv.size();
+    const auto decoded_at = Clock::now();
+    // The link's share: request to checked KV, without the local cost of filing it.
+    const double seconds = std::chrono::duration<double>(decoded_at - started).count();
+    const auto file_entry = [&]() -> Result<std::shared_ptr<const shm::StoredEntry>> {
+      if (held) return join_entry(*held, decoded.value().header.layout, kv, peers_->buffers());
+      KVRELAY_TRY(auto made, shm::make_stored_entry(decoded.value().header.layout, kv));
+      return std::shared_ptr<const shm::StoredEntry>(std::move(made));
+    };
+    auto entry = file_entry();
+    if (!entry) {
+      attempts.push_back({{"peer", peer_id}, {"result", entry.error().to_string()}});
+      continue;
     }
+    const auto milliseconds = [](auto duration) { return std::chrono::duration<double, std::milli>(duration).count(); };
+    const double filing_ms = milliseconds(Clock::now() - decoded_at);
+    // Where the fetch's time went (docs/operations.md, "The fetch record").
+    const json steps{
+        {"connect_and_request_ms", milliseconds(received - started) - milliseconds(fetched.value()->reply_wait) -
+                                       milliseconds(fetched.value()->transfer)},
+        {"reply_wait_ms", milliseconds(fetched.value()->reply_wait)},
+        {"transfer_ms", milliseconds(fetched.value()->transfer)},
+        {"decode_ms", milliseconds(decoded_at - received)},
+        {"entry_ms", held ? 0.0 : filing_ms},
+        {"join_ms", held ? filing_ms : 0.0}};
     metrics_.wire_bytes.with({"fetched", medium, codec}).inc(static_cast<double>(frame.size()));
     metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(fetched_raw_bytes));
     metrics_.fetch_seconds.with({route}).observe(seconds);
@@ -349,9 +368,10 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
                         {"fetched_tokens", blocks * request.block_tokens - held_tokens},
                         {"frame_bytes", frame.size()},
                         {"raw_bytes", fetched_raw_bytes},
-                        {"seconds", seconds}});
+                        {"seconds", seconds},
+                        {"steps", steps}});
     record["fetch"] = std::move(attempts);
-    return Fetched{std::move(decoded).value(), blocks, peer_id};
+    return Fetched{std::move(entry).value(), blocks, peer_id};
   }
   record["fetch"] = std::move(attempts);
   return std::nullopt;

@@ -70,6 +70,7 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     options.connect_timeout = timeout;
     options.read_timeout = timeout;
     options.link_estimator = estimator_;
+    options.frame_buffers = buffers_;
     auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options));
     if (!connected) {
       note_result(peer_id, &connected.error());

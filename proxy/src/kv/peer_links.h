@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kvrelay/core/metrics.h"
+#include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/proxy/peer/link_estimator.h"
 #include "kvrelay/proxy/peer/peer_client.h"
 #include "kvrelay/proxy/runtime_policy.h"
@@ -53,6 +54,11 @@ class PeerLinks {
   void probe_all();
 
   [[nodiscard]] std::optional<peer::LinkEstimate> estimate(const std::string& peer_id) const;
+  // Where fetched frames land, and what the KV path decodes and joins them in: kept warm between
+  // fetches (at most kWarmBuffers buffers, kWarmBufferBytes bytes).
+  static constexpr std::size_t kWarmBuffers = 4;
+  static constexpr std::uint64_t kWarmBufferBytes = 192ULL << 20;
+  [[nodiscard]] WarmBufferPool& buffers() { return *buffers_; }
   [[nodiscard]] nlohmann::json describe() const;
 
  private:
@@ -85,6 +91,7 @@ class PeerLinks {
 
   std::shared_ptr<RuntimePolicy> policy_;
   std::shared_ptr<peer::LinkEstimator> estimator_ = std::make_shared<peer::LinkEstimator>();
+  std::shared_ptr<WarmBufferPool> buffers_ = std::make_shared<WarmBufferPool>(kWarmBuffers, kWarmBufferBytes);
   std::function<void(const std::string&, double)> on_rtt_;
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<PeerState>, std::less<>> peers_;

@@ -35,6 +35,7 @@ asio::awaitable<void> store_result(asio::awaitable<Result<T>> task, std::optiona
 
 struct PeerClient::State {
   PeerClientOptions options;
+  std::shared_ptr<WarmBufferPool> frame_buffers;  // options.frame_buffers, or one that keeps nothing
   asio::io_context io;
   std::shared_ptr<PeerConnection> connection;
   Hello remote;
@@ -230,6 +231,7 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
                                                                             std::uint64_t max_frame_bytes) {
   auto& connection = *state->connection;
   const auto timeout = state->options.read_timeout;
+  const auto requested_at = std::chrono::steady_clock::now();
   const auto frame = encode_fetch(request);
   if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout); !sent) {
     co_return outcome::failure(sent.error());
@@ -256,10 +258,14 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   PeerClient::FetchedFrame fetched;
   fetched.key = found.key;
   const auto started = std::chrono::steady_clock::now();
-  if (auto got = co_await read_encoded_chunks(connection, found, fetched.frame, timeout); !got) {
+  fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
+  fetched.buffer = state->frame_buffers->take(static_cast<std::size_t>(found.frame_bytes));
+  const auto destination = fetched.buffer.u8();
+  if (auto got = co_await read_encoded_chunks(connection, found, destination, timeout); !got) {
     co_return outcome::failure(got.error());
   }
   connection.arm(std::chrono::hours(24 * 365));
+  fetched.transfer = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
   if (state->options.link_estimator) {
     state->options.link_estimator->add_transfer(
         state->remote.node_id, found.frame_bytes,
@@ -277,7 +283,7 @@ asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, Encode
     co_return outcome::failure(sent.error());
   }
   const auto started = std::chrono::steady_clock::now();
-  if (auto sent = co_await write_encoded_chunks(connection, header, frame, timeout); !sent) {
+  if (auto sent = co_await write_encoded_chunks(connection, header, frame, nullptr, timeout); !sent) {
     co_return outcome::failure(sent.error());
   }
   auto committed = co_await expect(connection, PeerMessage::kCommitted, timeout);
@@ -327,6 +333,8 @@ Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOption
   if (options.window_chunks == 0) return fail(ErrorCode::kInvalidArgument, "window must hold at least one chunk");
   auto state = std::make_unique<State>();
   state->options = std::move(options);
+  state->frame_buffers =
+      state->options.frame_buffers ? state->options.frame_buffers : std::make_shared<WarmBufferPool>(0, 0);
   KVRELAY_TRY(state->run(connect_and_hello(state.get(), address)));
   return PeerClient(std::move(state));
 }

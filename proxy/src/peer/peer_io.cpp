@@ -110,7 +110,12 @@ ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t c
 }
 
 asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
+                                             std::span<const std::uint8_t> frame,
+                                             const std::vector<std::uint64_t>* chunk_checksums,
+                                             std::chrono::milliseconds timeout) {
+  if (chunk_checksums != nullptr && chunk_checksums->size() != header.chunk_count()) {
+    co_return fail(ErrorCode::kInternal, "chunk checksums do not match the chunk count");
+  }
   std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
   const std::uint64_t chunks = header.chunk_count();
   for (std::uint64_t index = 0; index < chunks; ++index) {
@@ -120,7 +125,9 @@ asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const E
     encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(prefix.data(), kPeerHeaderBytes), PeerMessage::kChunk,
                        static_cast<std::uint32_t>(kChunkHeaderBytes + length));
     encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-                        ChunkHeader{header.id, static_cast<std::uint32_t>(index), XXH3_64bits(data, length)});
+                        ChunkHeader{header.id, static_cast<std::uint32_t>(index),
+                                    chunk_checksums != nullptr ? (*chunk_checksums)[static_cast<std::size_t>(index)]
+                                                               : XXH3_64bits(data, length)});
     auto sent = co_await write_all(connection, asio::buffer(prefix), asio::buffer(data, length), timeout);
     if (!sent) co_return sent;
   }
@@ -128,8 +135,14 @@ asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const E
 }
 
 asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                            std::vector<std::uint8_t>& frame, std::chrono::milliseconds timeout) {
-  frame.resize(static_cast<std::size_t>(header.frame_bytes));
+                                            std::span<std::uint8_t> frame, std::chrono::milliseconds timeout) {
+  if (frame.size() != header.frame_bytes) {
+    co_return fail(ErrorCode::kInternal,
+                   fmt::format("receive buffer of {} bytes for a {}-byte frame", frame.size(), header.frame_bytes));
+  }
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> whole(XXH3_createState(), &XXH3_freeState);
+  if (!whole) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  XXH3_64bits_reset(whole.get());
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   const std::uint64_t chunks = header.chunk_count();
   for (std::uint64_t index = 0; index < chunks; ++index) {
@@ -158,8 +171,9 @@ asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const En
     if (XXH3_64bits(destination, static_cast<std::size_t>(expected)) != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch, fmt::format("chunk {} checksum mismatch", index));
     }
+    XXH3_64bits_update(whole.get(), destination, static_cast<std::size_t>(expected));
   }
-  if (XXH3_64bits(frame.data(), frame.size()) != header.frame_checksum) {
+  if (XXH3_64bits_digest(whole.get()) != header.frame_checksum) {
     co_return fail(ErrorCode::kChecksumMismatch, "encoded entry checksum mismatch");
   }
   co_return ok();

@@ -80,12 +80,16 @@ struct ChunkChecksums {
 [[nodiscard]] ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t chunk_bytes);
 
 // Sends an encoded KV frame as kChunk frames of header.chunk_bytes (after the caller sent the
-// announcing FetchReply/PushEncoded), each with its xxh3.
+// announcing FetchReply/PushEncoded), each with its xxh3: from `chunk_checksums` when the caller
+// has them (checksum_chunks), else hashed here.
 asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
-// Receives them into `frame` (resized to header.frame_bytes), checking order, sizes, every
-// chunk's checksum and the whole frame's.
+                                             std::span<const std::uint8_t> frame,
+                                             const std::vector<std::uint64_t>* chunk_checksums,
+                                             std::chrono::milliseconds timeout);
+// Receives them into `frame` (exactly header.frame_bytes long: the caller sizes it from the
+// announcement, in memory it keeps warm), checking order, sizes, every chunk's checksum and the
+// whole frame's (hashed chunk by chunk while each is in cache).
 asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                            std::vector<std::uint8_t>& frame, std::chrono::milliseconds timeout);
+                                            std::span<std::uint8_t> frame, std::chrono::milliseconds timeout);
 
 }  // namespace kvrelay::proxy::peer::detail

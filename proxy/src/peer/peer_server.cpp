@@ -32,10 +32,14 @@ namespace kvrelay::proxy::peer {
 using namespace detail;
 
 struct PeerServer::Shared {
+  static constexpr std::size_t kWarmBuffers = 4;
   Shared(PeerServerOptions server_options, std::shared_ptr<shm::EntryStore> entry_store)
-      : options(std::move(server_options)), store(std::move(entry_store)) {}
+      : options(std::move(server_options)),
+        store(std::move(entry_store)),
+        buffers(kWarmBuffers, options.warm_buffer_bytes) {}
   const PeerServerOptions options;
   const std::shared_ptr<shm::EntryStore> store;
+  WarmBufferPool buffers;  // fetches' read and encode buffers, pushed frames
   std::unique_ptr<tcp::acceptor> acceptor;
 
   mutable std::mutex mutex;
@@ -248,40 +252,55 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
     const auto miss = encode_fetch_reply(request.request_id, nullptr);
     co_return co_await send_frame(connection, miss, options.read_timeout);
   }
-  auto mapping = shm::Mapping::map(entry->fd.get(), entry->info.bytes, false);
-  if (!mapping) co_return outcome::failure(mapping.error());
+  // Read through the kernel into a warm buffer and encoded into another: mapping the entry, or
+  // encoding into a fresh buffer, paid a first touch per 4 KiB page on every fetch, several
+  // times the cost of the copies on hosts with lazily built page tables.
+  auto stored = shared->buffers.take(static_cast<std::size_t>(entry->info.bytes));
+  if (auto read = shm::read_memfd(entry->fd.get(), 0, stored.bytes()); !read) co_return read;
   codec::EncodeOptions encode_options;
   encode_options.zstd_stage = spec.value().zstd_stage;
-  const auto whole = std::span<const std::byte>(mapping.value().data(), static_cast<std::size_t>(entry->info.bytes));
   KvLayout layout = entry->info.layout;
-  std::vector<std::byte> tail;
+  std::span<const std::byte> source = stored.bytes();
+  WarmBufferPool::Lease tail;
   if (request.skip_tokens != 0) {
     // Delta: only the tokens after the asker's prefix, every layer's K and V.
     layout = layout.with_tokens(layout.tokens - request.skip_tokens);
     auto tail_bytes = layout.total_bytes();
     if (!tail_bytes) co_return outcome::failure(tail_bytes.error());
-    tail.resize(static_cast<std::size_t>(tail_bytes.value()));
-    if (auto copied = copy_token_range(entry->info.layout, whole, request.skip_tokens, entry->info.layout.tokens, tail);
+    tail = shared->buffers.take(static_cast<std::size_t>(tail_bytes.value()));
+    if (auto copied = copy_token_range(entry->info.layout, stored.bytes(), request.skip_tokens,
+                                       entry->info.layout.tokens, tail.bytes());
         !copied) {
       co_return copied;
     }
+    source = tail.bytes();
   }
-  const auto source = request.skip_tokens != 0 ? std::span<const std::byte>(tail) : whole;
   const auto raw = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(source.data()), source.size());
-  auto frame = codec::encode_frame(*spec.value().codec, layout, raw, encode_options);
-  if (!frame) co_return outcome::failure(frame.error());
+  auto capacity = codec::max_frame_size(*spec.value().codec, layout, encode_options);
+  if (!capacity) co_return outcome::failure(capacity.error());
+  auto encoded = shared->buffers.take(static_cast<std::size_t>(capacity.value()));
+  auto frame_size = codec::encode_frame_into(*spec.value().codec, layout, raw, encode_options, encoded.u8());
+  if (!frame_size) co_return outcome::failure(frame_size.error());
+  const std::uint64_t raw_bytes = raw.size();
+  stored = {};  // back to the pool before the send: a concurrent fetch may use them meanwhile
+  tail = {};
+  const auto frame = std::span<const std::uint8_t>(encoded.u8().first(frame_size.value()));
   EncodedEntryHeader header;
   header.id = request.request_id;
   header.key = key;
-  header.frame_bytes = frame.value().size();
-  header.frame_checksum = XXH3_64bits(frame.value().data(), frame.value().size());
+  header.frame_bytes = frame.size();
   header.chunk_bytes = 1U << 20;
+  // Every chunk's checksum and the whole frame's in one pass, the chunks hashed from cache.
+  const auto checksums = checksum_chunks(std::as_bytes(frame), header.chunk_bytes);
+  header.frame_checksum = checksums.whole;
   const auto reply = encode_fetch_reply(request.request_id, &header);
   if (auto sent = co_await send_frame(connection, reply, options.read_timeout); !sent) co_return sent;
-  if (auto sent = co_await write_encoded_chunks(connection, header, frame.value(), options.read_timeout); !sent) {
+  const auto* chunk_checksums = &checksums.chunks;
+  if (auto sent = co_await write_encoded_chunks(connection, header, frame, chunk_checksums, options.read_timeout);
+      !sent) {
     co_return sent;
   }
-  if (options.on_kv_bytes) options.on_kv_bytes("served", request.codec, header.frame_bytes, raw.size());
+  if (options.on_kv_bytes) options.on_kv_bytes("served", request.codec, header.frame_bytes, raw_bytes);
   co_return ok();
 }
 
@@ -294,18 +313,18 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
     co_return fail(ErrorCode::kResourceExhausted, fmt::format("pushed frame of {} bytes exceeds the limit {}",
                                                               header.frame_bytes, options.max_entry_bytes));
   }
-  std::vector<std::uint8_t> frame;
+  auto received = shared->buffers.take(static_cast<std::size_t>(header.frame_bytes));
+  const auto frame = received.u8();
   if (auto got = co_await read_encoded_chunks(connection, header, frame, options.read_timeout); !got) co_return got;
-  auto frame_header = codec::inspect_frame(frame);
-  if (!frame_header) co_return outcome::failure(frame_header.error());
-  auto raw = codec::decode_frame(*options.codecs, frame, options.max_entry_bytes);
-  if (!raw) co_return outcome::failure(raw.error());
-  auto entry = shm::make_stored_entry(frame_header.value().layout, std::as_bytes(std::span(raw.value())));
+  auto decoded = codec::decode_frame_view(*options.codecs, frame, options.max_entry_bytes, shared->buffers);
+  if (!decoded) co_return outcome::failure(decoded.error());
+  auto entry = shm::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv));
   if (!entry) co_return outcome::failure(entry.error());
   if (auto put = shared->store->put(header.key, std::move(entry).value()); !put) co_return put;
   if (options.on_kv_bytes) {
-    const auto* used = options.codecs->find(frame_header.value().codec_id);
-    options.on_kv_bytes("received", used != nullptr ? used->name() : "unknown", header.frame_bytes, raw.value().size());
+    const auto* used = options.codecs->find(decoded.value().header.codec_id);
+    options.on_kv_bytes("received", used != nullptr ? used->name() : "unknown", header.frame_bytes,
+                        decoded.value().kv.size());
   }
   shm::ByteWriter done;
   done.put(header.id);

@@ -12,6 +12,7 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/core/warm_buffers.h"
 
 namespace kvrelay::codec {
 
@@ -59,6 +60,17 @@ struct EncodeOptions {
 // output's contents are unspecified but no byte outside it is touched.
 [[nodiscard]] Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
                                   std::span<std::uint8_t> output);
+
+// A frame's KV, checked like decode_frame. A raw frame without a zstd stage holds the KV
+// verbatim: `kv` is then a view into the frame (no copy). Any other codec decodes into
+// `storage`, a buffer from `buffers`. Refuses layouts above `max_output_bytes`.
+struct DecodedKv {
+  FrameHeader header;
+  std::span<const std::uint8_t> kv;
+  WarmBufferPool::Lease storage;
+};
+[[nodiscard]] Result<DecodedKv> decode_frame_view(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                                                  std::uint64_t max_output_bytes, WarmBufferPool& buffers);
 
 // Allocating variant; refuses layouts above `max_output_bytes` (hostile frames can claim terabytes).
 [[nodiscard]] Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry,

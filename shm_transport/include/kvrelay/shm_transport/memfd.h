@@ -33,6 +33,11 @@ inline constexpr unsigned kSizeSeals = 0x0002U | 0x0004U;  // F_SEAL_SHRINK | F_
 // its own permanent mapping at several GB/s (measured in bench/transport_bench).
 [[nodiscard]] Status write_memfd(int fd, std::uint64_t offset, std::span<const std::byte> bytes);
 
+// Reads `out.size()` bytes at `offset` with pread: the kernel copies from the segment's pages
+// into memory the caller keeps warm, where mapping the segment would pay a first touch per
+// page on every read.
+[[nodiscard]] Status read_memfd(int fd, std::uint64_t offset, std::span<std::byte> out);
+
 // xxh3_64 of the first `size` bytes of `fd`, read with pread through a small per-thread
 // buffer that stays mapped (and warm) across calls, for the same reason.
 [[nodiscard]] Result<std::uint64_t> checksum_memfd(int fd, std::uint64_t size);

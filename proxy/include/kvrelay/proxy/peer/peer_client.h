@@ -14,6 +14,7 @@
 
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/proxy/peer/link_estimator.h"
 #include "kvrelay/proxy/peer/peer_protocol.h"
 
@@ -34,6 +35,9 @@ struct PeerClientOptions {
   std::function<void(std::uint64_t, std::uint64_t)> on_progress;
   // Where RTT and throughput samples go (optional); keyed by the remote node id.
   std::shared_ptr<LinkEstimator> link_estimator;
+  // Where fetched frames are received (optional: without it each fetch gets a fresh buffer,
+  // which on some hosts costs more in first-touch page faults than the transfer).
+  std::shared_ptr<WarmBufferPool> frame_buffers;
 };
 
 // Client options for sending to `peer` under `policy`: our node id, the policy's read
@@ -61,7 +65,12 @@ class PeerClient {
   // refused before anything is allocated for it.
   struct FetchedFrame {
     shm::EntryKey key;
-    std::vector<std::uint8_t> frame;
+    WarmBufferPool::Lease buffer;  // holds the frame; back to frame_buffers when dropped
+    [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8(); }
+    // From sending the request to the reply's header: the peer's lookup, read and encode, plus
+    // one round trip. Then the chunks themselves, checksums included.
+    std::chrono::microseconds reply_wait{};
+    std::chrono::microseconds transfer{};
   };
   [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes);
   // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.

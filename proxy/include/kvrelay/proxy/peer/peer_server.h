@@ -31,6 +31,10 @@ struct PeerServerOptions {
   std::chrono::milliseconds idle_timeout{60'000};  // between frames outside transfers
   std::size_t remembered_transfers = 65'536;       // committed ids kept for exactly-once
   std::uint64_t max_entry_bytes = 64ULL << 30;     // larger transfers are refused up front
+  // Buffers that fetches are read and encoded into (and pushed frames received into) are kept
+  // for the next one up to this many bytes in all (at most 4 buffers): fresh ones cost a
+  // first-touch page fault per 4 KiB on hosts with lazily built page tables.
+  std::uint64_t warm_buffer_bytes = 192ULL << 20;
   // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
   std::shared_ptr<const codec::CodecRegistry> codecs;
   // Encoded KV that left ("served") or arrived ("received"): codec spec, frame bytes, raw bytes.
