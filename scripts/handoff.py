@@ -167,9 +167,9 @@ def context_prompt(length, seed):
 
 def run_length(cluster, length, seed, rng=None):
     """B's time to first token under every medium for one context length. With `rng` (a
-    random.Random) the forced media run in a shuffled order, so a drift in the machine's load
-    does not always land on the same medium; the engine's run stays after them (it learns from
-    what they measured, as it would from live traffic)."""
+    random.Random) the forced media and the engine's run go in a shuffled order, so neither a
+    drift in the machine's load nor a position in the sequence always lands on the same one (the
+    engine learns from every handoff measured before it, as it would from live traffic)."""
     prompt = context_prompt(length, seed)
     a_reply = cluster.complete("node-a", "agent-a", prompt, A_ANSWER_TOKENS)
     b_prompt = prompt + a_reply["choices"][0]["token_ids"] + FOLLOW_UP
@@ -192,12 +192,11 @@ def run_length(cluster, length, seed, rng=None):
                        "token_ids": reply["choices"][0]["token_ids"],
                        "medium": decision.get("medium", medium) if medium is None else medium}
 
-    order = list(FORCED_MEDIA)
+    order = [(medium, medium) for medium in FORCED_MEDIA] + [("engine", None)]
     if rng is not None:
         rng.shuffle(order)
-    for medium in order:
-        run_b(medium, "node-b", "agent-b", "a-to-b", medium)
-    run_b("engine", "node-b", "agent-b", "a-to-b", None)
+    for label, medium in order:
+        run_b(label, "node-b", "agent-b", "a-to-b", medium)
     run_b("kv_raw_shm", "node-a", "agent-b-local", "a-to-b-local", "kv_raw")
     reference = runs["tokens"]["token_ids"]
     for run in runs.values():
