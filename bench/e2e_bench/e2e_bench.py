@@ -4,8 +4,9 @@ as tokens and as each KV medium (TCP between two sidecars, and kv_raw over share
 node), the decision engine's choice, and its regret against the best medium measured in the same
 run. Prints one JSON object. Usage: e2e_bench.py [BUILD_DIR] [--lengths ...] [--repeats N]
 
-Noise control: one discarded warm-up handoff before the first length (connections, page cache,
-the engine's first link estimates); forced media in a shuffled order per repeat; lengths up to
+Noise control: one discarded kv_raw handoff at the longest length (the sidecars' transfer
+buffers are kept between fetches; see handoff.warm_up) and one discarded round at the first
+length (connections, the engine's first link estimates); forced media in a shuffled order per repeat; lengths up to
 512 tokens get `--short-repeats` runs (each costs well under a second, and their medians are
 what the short-length regret goal is judged on). Medians are reported with each medium's spread
 (interquartile range over the median) so a regret can be read against the noise it sits in.
@@ -76,7 +77,8 @@ def main():
               "short_repeats": args.short_repeats, "lengths": []}
     rng = random.Random(args.seed)
     with handoff.Cluster(args.build, args.shape) as cluster:
-        handoff.run_length(cluster, lengths[0], 10_000, rng)  # warm-up, discarded
+        handoff.warm_up(cluster, max(lengths))
+        handoff.run_length(cluster, lengths[0], 10_000, rng)  # the engine's first estimates, discarded
         seed = 0
         for length in lengths:
             samples = []
