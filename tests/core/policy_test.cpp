@@ -72,6 +72,7 @@ TEST_CASE("a valid policy is parsed into typed fields with defaults", "[core][po
   CHECK(policy.find_route("r0")->enabled);
   CHECK(policy.find_route("r0")->hysteresis_threshold == Approx(0.15));
   CHECK(policy.limits.max_body_bytes == 16ULL * 1024 * 1024);
+  CHECK(policy.limits.peer_buffer_bytes == 192ULL << 20);
   CHECK(policy.find_peer("node-b")->address.port == 7071);
 }
 
@@ -90,6 +91,16 @@ TEST_CASE("out-of-range values are rejected with their pointer", "[core][policy]
   CHECK_THAT(message, Catch::Contains("config/x.json: /routes/0/audit_fraction: expected number 0..1, got 1.5"));
   CHECK_THAT(message, Catch::Contains("/agents/0/model/layers: expected integer 1..1024, got 0"));
   CHECK_THAT(message, Catch::Contains("/limits/max_connections: expected integer 1..1048576, got -3"));
+}
+
+TEST_CASE("peer transfer buffers can be kept smaller, or not at all", "[core][policy]") {
+  auto document = minimal_policy();
+  document["limits"] = {{"peer_buffer_bytes", 0}};
+  const auto none = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(none);
+  CHECK(none.value().limits.peer_buffer_bytes == 0);
+  document["limits"] = {{"peer_buffer_bytes", -1}};
+  CHECK_THAT(rejection(document), Catch::Contains("/limits/peer_buffer_bytes: expected integer"));
 }
 
 TEST_CASE("unknown keys are rejected, listing what is allowed", "[core][policy]") {

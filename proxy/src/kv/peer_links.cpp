@@ -15,6 +15,7 @@ constexpr std::chrono::milliseconds kProbeTimeout{1'000};
 
 PeerLinks::PeerLinks(std::shared_ptr<RuntimePolicy> policy, metrics::Registry& registry)
     : policy_(std::move(policy)),
+      buffers_(std::make_shared<WarmBufferPool>(kWarmBuffers, policy_->current()->limits.peer_buffer_bytes)),
       up_(registry.gauge("kvrelay_peer_up", "1 if the last call to the peer succeeded, else 0", {"peer"})),
       rtt_(registry.gauge("kvrelay_peer_link_rtt_seconds", "Windowed median RTT of the link to a peer", {"peer"})),
       throughput_(registry.gauge("kvrelay_peer_link_throughput_bytes_per_second",

@@ -55,9 +55,8 @@ class PeerLinks {
 
   [[nodiscard]] std::optional<peer::LinkEstimate> estimate(const std::string& peer_id) const;
   // Where fetched frames land, and what the KV path decodes and joins them in: kept warm between
-  // fetches (at most kWarmBuffers buffers, kWarmBufferBytes bytes).
+  // fetches (at most kWarmBuffers buffers, limits.peer_buffer_bytes bytes as of construction).
   static constexpr std::size_t kWarmBuffers = 4;
-  static constexpr std::uint64_t kWarmBufferBytes = 192ULL << 20;
   [[nodiscard]] WarmBufferPool& buffers() { return *buffers_; }
   [[nodiscard]] nlohmann::json describe() const;
 
@@ -91,7 +90,7 @@ class PeerLinks {
 
   std::shared_ptr<RuntimePolicy> policy_;
   std::shared_ptr<peer::LinkEstimator> estimator_ = std::make_shared<peer::LinkEstimator>();
-  std::shared_ptr<WarmBufferPool> buffers_ = std::make_shared<WarmBufferPool>(kWarmBuffers, kWarmBufferBytes);
+  std::shared_ptr<WarmBufferPool> buffers_;
   std::function<void(const std::string&, double)> on_rtt_;
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<PeerState>, std::less<>> peers_;

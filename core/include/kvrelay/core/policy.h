@@ -111,6 +111,8 @@ struct LimitsPolicy {
   std::uint32_t max_connections = 1024;
   std::uint32_t max_queued_responses = 64;
   std::uint64_t kv_store_bytes = 1ULL << 30;
+  // Peer transfer buffers kept warm between fetches, per side (fetching, serving); read at start.
+  std::uint64_t peer_buffer_bytes = 192ULL << 20;
   std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url
   // Longest a worker's KV lookup may wait on peers before the sidecar answers "miss".
   std::chrono::milliseconds kv_lookup_timeout{2'000};
