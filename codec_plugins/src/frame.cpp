@@ -2,6 +2,11 @@
 
 #include <xxhash.h>
 #include <zstd.h>
+#if defined(KVRELAY_HAVE_XXH3_DISPATCH)
+// Turns XXH3_64bits into the library's CPU-dispatching entry (AVX2 / AVX-512, same values):
+// the checksum is a full pass over every frame on encode and on decode.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <fmt/format.h>
 
