@@ -14,7 +14,9 @@
 
 // GCC 12 warns inside its own AVX-512 headers (_mm512_undefined_epi32 as a "maybe uninitialized"
 // pass-through operand, GCC bug 105593); the warning is about the header, not this code.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <cstring>
 
@@ -222,7 +224,7 @@ void encode_values_512(const QuantEncodeArgs& a) {
   float* __restrict hi = lo + padded;
   float* __restrict zero = hi + padded;
   float* __restrict inv = zero + padded;
-  std::uint8_t* __restrict halves = reinterpret_cast<std::uint8_t*>(a.scratch_halves);  // scales, then zeros
+  auto* __restrict halves = reinterpret_cast<std::uint8_t*>(a.scratch_halves);  // scales, then zeros
   for (std::size_t g = groups; g < padded; ++g)
     lo[g] = hi[g] = 0.0F;
   const __m512 top = _mm512_set1_ps(a.max_code);
