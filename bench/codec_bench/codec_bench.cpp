@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-name", kv_name, "Its name in the output (default: the file path)");
   app.add_option("--kv-convert", kv_convert, "fp32 --kv only: also run it converted to these dtypes (fp16, bf16)")
       ->delimiter(',');
-  app.add_option("--cpu-path", cpu_path, "Codec loops: auto (fastest this CPU runs), baseline (SSE2) or avx2");
+  app.add_option("--cpu-path", cpu_path, "Codec loops: auto (fastest this CPU runs), baseline (SSE2), avx2 or avx512");
   CLI11_PARSE(app, argc, argv);
 
   if (cpu_path != "auto") {

@@ -14,8 +14,21 @@ bool avx2_available() noexcept {
 #endif
 }
 
+// The OS must save the vector state too: libgcc's check reads XCR0 as well as CPUID.
+bool avx512_available() noexcept {
+#if defined(KVRELAY_CODEC_HAVE_AVX512)
+  __builtin_cpu_init();
+  return avx2_available() && __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
+         __builtin_cpu_supports("avx512vl") != 0 && __builtin_cpu_supports("avx512dq") != 0;
+#else
+  return false;
+#endif
+}
+
 CpuPath fastest() noexcept {
-  static const CpuPath path = avx2_available() ? CpuPath::kAvx2 : CpuPath::kBaseline;
+  static const CpuPath path = avx512_available() ? CpuPath::kAvx512
+                              : avx2_available() ? CpuPath::kAvx2
+                                                 : CpuPath::kBaseline;
   return path;
 }
 
@@ -31,7 +44,15 @@ CpuPath active_cpu_path() noexcept {
 }
 
 bool cpu_path_supported(CpuPath path) noexcept {
-  return path == CpuPath::kBaseline || avx2_available();
+  switch (path) {
+    case CpuPath::kBaseline:
+      return true;
+    case CpuPath::kAvx2:
+      return avx2_available();
+    case CpuPath::kAvx512:
+      return avx512_available();
+  }
+  return false;
 }
 
 bool force_cpu_path(CpuPath path) noexcept {
@@ -45,12 +66,21 @@ void reset_cpu_path() noexcept {
 }
 
 const char* cpu_path_name(CpuPath path) noexcept {
-  return path == CpuPath::kAvx2 ? "avx2" : "baseline";
+  switch (path) {
+    case CpuPath::kBaseline:
+      return "baseline";
+    case CpuPath::kAvx2:
+      return "avx2";
+    case CpuPath::kAvx512:
+      return "avx512";
+  }
+  return "baseline";
 }
 
 std::optional<CpuPath> parse_cpu_path(std::string_view name) noexcept {
   if (name == "baseline") return CpuPath::kBaseline;
   if (name == "avx2") return CpuPath::kAvx2;
+  if (name == "avx512") return CpuPath::kAvx512;
   return std::nullopt;
 }
 

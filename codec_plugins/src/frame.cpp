@@ -2,10 +2,18 @@
 
 #include <xxhash.h>
 #include <zstd.h>
+#if defined(KVRELAY_HAVE_XXH3_DISPATCH)
+// Turns XXH3_64bits into the library's CPU-dispatching entry (AVX2 / AVX-512, same values):
+// the checksum is a full pass over every frame on encode and on decode.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <fmt/format.h>
 
 #include <cstring>
+#include <memory>
+
+#include "streamed_encode.h"
 
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 
@@ -77,6 +85,32 @@ Result<EncodePlan> plan_encode(const Codec& codec, const KvLayout& layout, const
   return plan;
 }
 
+void write_header(std::uint8_t* out, const Codec& codec, const KvLayout& layout, const EncodeOptions& options,
+                  const std::vector<std::uint8_t>& params, std::uint64_t inner_size, std::uint64_t payload_size) {
+  put<std::uint32_t>(out, kOffMagic, kFrameMagic);
+  put<std::uint16_t>(out, kOffVersion, kFrameVersion);
+  put<std::uint8_t>(out, kOffFlags, options.zstd_stage ? kFrameFlagZstdStage : 0);
+  put<std::uint8_t>(out, kOffDtype, static_cast<std::uint8_t>(layout.dtype));
+  put<std::uint32_t>(out, kOffCodec, codec.id());
+  put<std::uint32_t>(out, kOffLayers, layout.layers);
+  put<std::uint32_t>(out, kOffHeads, layout.kv_heads);
+  put<std::uint32_t>(out, kOffHeadDim, layout.head_dim);
+  put<std::uint64_t>(out, kOffTokens, layout.tokens);
+  put<std::uint32_t>(out, kOffParamsLength, static_cast<std::uint32_t>(params.size()));
+  put<std::uint64_t>(out, kOffInnerLength, inner_size);
+  put<std::uint64_t>(out, kOffPayloadLength, payload_size);
+  if (!params.empty()) std::memcpy(out + kFrameHeaderSize, params.data(), params.size());
+}
+
+struct HashStateDeleter {
+  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
+};
+using HashState = std::unique_ptr<XXH3_state_t, HashStateDeleter>;
+
+void hash_ready(void* context, const std::uint8_t* bytes, std::size_t size) {
+  (void)XXH3_64bits_update(static_cast<XXH3_state_t*>(context), bytes, size);
+}
+
 }  // namespace
 
 Result<std::uint64_t> max_frame_size(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
@@ -101,7 +135,23 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
   const std::size_t prefix = kFrameHeaderSize + params.size();
   std::size_t inner_size = 0;
   std::size_t payload_size = 0;
-  if (options.zstd_stage) {
+  std::uint8_t* out = frame.data();
+  // A streamed encoder's payload is hashed section by section while it is still in cache (one
+  // DRAM pass fewer). The header goes first in the hash, so it is written assuming the payload
+  // fills the codec's bound (the built-in streamed codecs always do); otherwise the whole frame
+  // is hashed again below.
+  const detail::StreamedEncodeFn streamed = options.zstd_stage ? nullptr : detail::streamed_encoder(&codec.plugin());
+  HashState streamed_hash(streamed != nullptr ? XXH3_createState() : nullptr);
+  if (streamed != nullptr && streamed_hash != nullptr) {
+    write_header(out, codec, layout, options, params, plan.bound, plan.bound);
+    (void)XXH3_64bits_reset(streamed_hash.get());
+    (void)XXH3_64bits_update(streamed_hash.get(), out, prefix);
+    const int code = streamed(&c_layout, params.data(), params.size(), kv.data(), kv.size(), out + prefix, plan.bound,
+                              &inner_size, detail::OutputSink{hash_ready, streamed_hash.get()});
+    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
+    if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
+    payload_size = inner_size;
+  } else if (options.zstd_stage) {
     // Reused per thread: fresh multi-megabyte buffers cost more in page faults than the codec.
     thread_local std::vector<std::uint8_t> inner;
     if (inner.size() < plan.bound) inner.resize(plan.bound);
@@ -122,22 +172,13 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     payload_size = inner_size;
   }
-  std::uint8_t* out = frame.data();
-  put<std::uint32_t>(out, kOffMagic, kFrameMagic);
-  put<std::uint16_t>(out, kOffVersion, kFrameVersion);
-  put<std::uint8_t>(out, kOffFlags, options.zstd_stage ? kFrameFlagZstdStage : 0);
-  put<std::uint8_t>(out, kOffDtype, static_cast<std::uint8_t>(layout.dtype));
-  put<std::uint32_t>(out, kOffCodec, codec.id());
-  put<std::uint32_t>(out, kOffLayers, layout.layers);
-  put<std::uint32_t>(out, kOffHeads, layout.kv_heads);
-  put<std::uint32_t>(out, kOffHeadDim, layout.head_dim);
-  put<std::uint64_t>(out, kOffTokens, layout.tokens);
-  put<std::uint32_t>(out, kOffParamsLength, static_cast<std::uint32_t>(params.size()));
-  put<std::uint64_t>(out, kOffInnerLength, inner_size);
-  put<std::uint64_t>(out, kOffPayloadLength, payload_size);
-  if (!params.empty()) std::memcpy(out + kFrameHeaderSize, params.data(), params.size());
   const std::size_t body = prefix + payload_size;
-  put<std::uint64_t>(out, body, XXH3_64bits(out, body));
+  if (streamed_hash != nullptr && inner_size == plan.bound) {
+    put<std::uint64_t>(out, body, XXH3_64bits_digest(streamed_hash.get()));
+  } else {
+    write_header(out, codec, layout, options, params, inner_size, payload_size);
+    put<std::uint64_t>(out, body, XXH3_64bits(out, body));
+  }
   return body + kFrameTrailerSize;
 }
 

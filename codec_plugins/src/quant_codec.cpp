@@ -11,6 +11,7 @@
 #include "codec_common.h"
 #include "quant_kernel_api.h"
 #include "quant_layout.h"
+#include "streamed_encode.h"
 
 namespace kvrelay::codec {
 namespace {
@@ -84,9 +85,11 @@ detail::QuantTensorDims tensor_dims(QuantKind kind, const Plan& plan, bool is_va
 }
 
 const detail::QuantKernelSet& kernels_for(DType dtype) {
-#if defined(KVRELAY_CODEC_HAVE_AVX2)
-  const detail::QuantKernelTable& table =
-      active_cpu_path() == CpuPath::kAvx2 ? detail::avx2_quant_kernels() : detail::baseline_quant_kernels();
+#if defined(KVRELAY_CODEC_HAVE_AVX2) && defined(KVRELAY_CODEC_HAVE_AVX512)
+  const CpuPath path = active_cpu_path();
+  const detail::QuantKernelTable& table = path == CpuPath::kAvx512 ? detail::avx512_quant_kernels()
+                                          : path == CpuPath::kAvx2 ? detail::avx2_quant_kernels()
+                                                                   : detail::baseline_quant_kernels();
 #else
   const detail::QuantKernelTable& table = detail::baseline_quant_kernels();
 #endif
@@ -143,9 +146,12 @@ std::uint64_t quant_max_size(const kvrelay_codec_layout* layout, const void* par
   return make_plan(kKind, layout, params, params_size, plan) == KVRELAY_CODEC_OK ? plan.total : 0;
 }
 
+// Reports each tensor's section (sinks, recent window, metadata, codes) once it is written: the
+// metadata precedes the codes it describes, so a section is final only at its end.
 template <QuantKind kKind>
-int quant_encode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, const void* input,
-                 std::size_t input_size, void* output, std::size_t output_capacity, std::size_t* output_size) {
+int quant_encode_streamed(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size,
+                          const void* input, std::size_t input_size, void* output, std::size_t output_capacity,
+                          std::size_t* output_size, detail::OutputSink sink) {
   return detail::guarded([&] {
     Plan plan;
     if (const int code = make_plan(kKind, layout, params, params_size, plan); code != KVRELAY_CODEC_OK) return code;
@@ -168,10 +174,21 @@ int quant_encode(const kvrelay_codec_layout* layout, const void* params, std::si
       const std::uint8_t* middle = source + sink_bytes;
       encode_middle(kKind, plan, is_value, middle, out, out + section.meta_bytes, scratch);
       out += section.total();
+      if (sink.ready != nullptr) {
+        const std::size_t section_bytes = sink_bytes + recent_bytes + section.total();
+        sink.ready(sink.context, out - section_bytes, section_bytes);
+      }
     }
     *output_size = plan.total;
     return KVRELAY_CODEC_OK;
   });
+}
+
+template <QuantKind kKind>
+int quant_encode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, const void* input,
+                 std::size_t input_size, void* output, std::size_t output_capacity, std::size_t* output_size) {
+  return quant_encode_streamed<kKind>(layout, params, params_size, input, input_size, output, output_capacity,
+                                      output_size, detail::OutputSink{});
 }
 
 template <QuantKind kKind>
@@ -259,6 +276,13 @@ const kvrelay_codec_plugin* int8_codec() noexcept {
 }
 const kvrelay_codec_plugin* int4_codec() noexcept {
   return &kInt4;
+}
+
+detail::StreamedEncodeFn detail::quant_streamed_encoder(const kvrelay_codec_plugin* plugin) noexcept {
+  if (plugin == &kFp8) return quant_encode_streamed<QuantKind::kFp8>;
+  if (plugin == &kInt8) return quant_encode_streamed<QuantKind::kInt8>;
+  if (plugin == &kInt4) return quant_encode_streamed<QuantKind::kInt4>;
+  return nullptr;
 }
 
 }  // namespace kvrelay::codec

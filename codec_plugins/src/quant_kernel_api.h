@@ -60,5 +60,6 @@ struct QuantKernelTable {
 
 const QuantKernelTable& baseline_quant_kernels() noexcept;
 const QuantKernelTable& avx2_quant_kernels() noexcept;
+const QuantKernelTable& avx512_quant_kernels() noexcept;
 
 }  // namespace kvrelay::codec::detail

@@ -54,6 +54,15 @@ std::vector<std::uint8_t> params_with(std::uint32_t group) {
   return {wire.begin(), wire.end()};
 }
 
+// The vector builds this CPU runs, to compare with the portable one.
+std::vector<CpuPath> supported_vector_paths() {
+  std::vector<CpuPath> paths;
+  for (CpuPath path : {CpuPath::kAvx2, CpuPath::kAvx512}) {
+    if (cpu_path_supported(path)) paths.push_back(path);
+  }
+  return paths;
+}
+
 // Restores the fastest path when a test ends, whatever it forced.
 struct PathGuard {
   ~PathGuard() { reset_cpu_path(); }
@@ -61,17 +70,21 @@ struct PathGuard {
 
 }  // namespace
 
-TEST_CASE("the portable and the AVX2 quantizer loops write the same bytes", "[codec][cpu_path]") {
-  if (!cpu_path_supported(CpuPath::kAvx2)) {
+TEST_CASE("the portable, AVX2 and AVX-512 quantizer loops write the same bytes", "[codec][cpu_path]") {
+  const std::vector<CpuPath> vector_paths = supported_vector_paths();
+  if (vector_paths.empty()) {
     WARN("CPU without AVX2+F16C: only the portable path exists here");
     return;
   }
   PathGuard guard;
   // Odd shapes: one token, tokens off the group, head_dim off the lane width and the group,
   // odd rows (int4 pairs), a single head; random bytes bring NaN, infinities and subnormals.
+  // For the AVX-512 loops: rows of 16 but not 32 elements (int4 keys fall back), head_dim 48
+  // (groups of 32 then 16, int4 half vectors), groups of 16, and 16-element heads.
   const std::vector<KvLayout> shapes = {{2, 3, 8, DType::kFloat32, 1},    {1, 1, 64, DType::kFloat32, 200},
                                         {3, 2, 36, DType::kFloat32, 170}, {1, 1, 7, DType::kFloat32, 151},
-                                        {1, 3, 5, DType::kFloat32, 201},  {2, 8, 128, DType::kFloat32, 190}};
+                                        {1, 3, 5, DType::kFloat32, 201},  {2, 8, 128, DType::kFloat32, 190},
+                                        {1, 1, 48, DType::kFloat32, 133}, {1, 3, 16, DType::kFloat32, 97}};
   std::mt19937 random(11);
   int compared = 0;
   for (auto layout : shapes) {
@@ -83,24 +96,26 @@ TEST_CASE("the portable and the AVX2 quantizer loops write the same bytes", "[co
         byte = static_cast<std::uint8_t>(random());
       for (const auto* input : {&kv, &noise}) {
         for (int index = 0; index < 3; ++index) {
-          for (std::uint32_t group : {2U, 6U, 32U, 64U}) {
+          for (std::uint32_t group : {2U, 6U, 16U, 32U, 64U}) {
             const auto& codec = *quantizer(index);
-            INFO(codec.name << " group " << group << " " << layout.describe() << (input == &noise ? " noise" : ""));
             const auto params = params_with(group);
             REQUIRE(force_cpu_path(CpuPath::kBaseline));
             const auto portable = encode_payload(codec, layout, *input, params);
             const auto portable_back = decode_payload(codec, layout, portable, params, input->size());
-            REQUIRE(force_cpu_path(CpuPath::kAvx2));
-            const auto avx2 = encode_payload(codec, layout, *input, params);
-            CHECK(avx2 == portable);
-            CHECK(decode_payload(codec, layout, portable, params, input->size()) == portable_back);
-            ++compared;
+            for (CpuPath path : vector_paths) {
+              INFO(codec.name << " group " << group << " " << layout.describe() << (input == &noise ? " noise" : "")
+                              << " on " << cpu_path_name(path));
+              REQUIRE(force_cpu_path(path));
+              CHECK(encode_payload(codec, layout, *input, params) == portable);
+              CHECK(decode_payload(codec, layout, portable, params, input->size()) == portable_back);
+              ++compared;
+            }
           }
         }
       }
     }
   }
-  CHECK(compared == 6 * 3 * 2 * 3 * 4);
+  CHECK(compared == 8 * 3 * 2 * 3 * 5 * static_cast<int>(vector_paths.size()));
 }
 
 namespace {
@@ -121,8 +136,9 @@ bool same_or_both_half_nan(const std::vector<std::uint8_t>& a, const std::vector
 
 }  // namespace
 
-TEST_CASE("the portable and the AVX2 loops decode any payload bytes alike", "[codec][cpu_path]") {
-  if (!cpu_path_supported(CpuPath::kAvx2)) {
+TEST_CASE("the portable, AVX2 and AVX-512 loops decode any payload bytes alike", "[codec][cpu_path]") {
+  const std::vector<CpuPath> vector_paths = supported_vector_paths();
+  if (vector_paths.empty()) {
     WARN("CPU without AVX2+F16C: only the portable path exists here");
     return;
   }
@@ -130,11 +146,10 @@ TEST_CASE("the portable and the AVX2 loops decode any payload bytes alike", "[co
   // Random payloads: every code value, scales and zeros that are NaN, infinite or subnormal,
   // so the vector decoders' NaN-free shortcuts and their exact fallbacks both run; shapes with
   // whole vectors, nibble rows starting on odd elements and short tails.
-  const std::vector<KvLayout> shapes = {{1, 2, 128, DType::kFloat32, 180},
-                                        {2, 3, 36, DType::kFloat32, 170},
-                                        {1, 3, 5, DType::kFloat32, 201},
-                                        {1, 1, 7, DType::kFloat32, 151},
-                                        {1, 4, 64, DType::kFloat32, 140}};
+  const std::vector<KvLayout> shapes = {{1, 2, 128, DType::kFloat32, 180}, {2, 3, 36, DType::kFloat32, 170},
+                                        {1, 3, 5, DType::kFloat32, 201},   {1, 1, 7, DType::kFloat32, 151},
+                                        {1, 4, 64, DType::kFloat32, 140},  {1, 1, 48, DType::kFloat32, 133},
+                                        {1, 3, 16, DType::kFloat32, 97}};
   std::mt19937 random(23);
   int compared = 0;
   for (auto layout : shapes) {
@@ -142,9 +157,8 @@ TEST_CASE("the portable and the AVX2 loops decode any payload bytes alike", "[co
       layout.dtype = dtype;
       const std::size_t size = layout.total_bytes().value();
       for (int index = 0; index < 3; ++index) {
-        for (std::uint32_t group : {6U, 32U, 64U}) {
+        for (std::uint32_t group : {6U, 16U, 32U, 64U}) {
           const auto& codec = *quantizer(index);
-          INFO(codec.name << " group " << group << " " << layout.describe());
           const auto params = params_with(group);
           const kvrelay_codec_layout c_layout = to_c(layout);
           std::vector<std::uint8_t> payload(codec.max_encoded_size(&c_layout, params.data(), params.size()));
@@ -152,14 +166,17 @@ TEST_CASE("the portable and the AVX2 loops decode any payload bytes alike", "[co
             byte = static_cast<std::uint8_t>(random());
           REQUIRE(force_cpu_path(CpuPath::kBaseline));
           const auto portable = decode_payload(codec, layout, payload, params, size);
-          REQUIRE(force_cpu_path(CpuPath::kAvx2));
-          CHECK(same_or_both_half_nan(decode_payload(codec, layout, payload, params, size), portable, dtype));
-          ++compared;
+          for (CpuPath path : vector_paths) {
+            INFO(codec.name << " group " << group << " " << layout.describe() << " on " << cpu_path_name(path));
+            REQUIRE(force_cpu_path(path));
+            CHECK(same_or_both_half_nan(decode_payload(codec, layout, payload, params, size), portable, dtype));
+            ++compared;
+          }
         }
       }
     }
   }
-  CHECK(compared == 5 * 3 * 3 * 3);
+  CHECK(compared == 7 * 3 * 3 * 4 * static_cast<int>(vector_paths.size()));
 }
 
 TEST_CASE("quantizer payloads keep the bytes of the reference implementation the CUDA kernels match",
@@ -179,7 +196,7 @@ TEST_CASE("quantizer payloads keep the bytes of the reference implementation the
       {"int4", DType::kBFloat16, 0xcaa3024b9b10cb9cULL},
   };
   PathGuard guard;
-  for (CpuPath path : {CpuPath::kBaseline, CpuPath::kAvx2}) {
+  for (CpuPath path : {CpuPath::kBaseline, CpuPath::kAvx2, CpuPath::kAvx512}) {
     if (!force_cpu_path(path)) continue;
     for (const auto& golden : goldens) {
       const KvLayout layout{2, 3, 36, golden.dtype, 170};
@@ -196,10 +213,18 @@ TEST_CASE("quantizer payloads keep the bytes of the reference implementation the
 TEST_CASE("cpu path names parse and an unsupported path is refused", "[codec][cpu_path]") {
   CHECK(parse_cpu_path("baseline") == CpuPath::kBaseline);
   CHECK(parse_cpu_path("avx2") == CpuPath::kAvx2);
-  CHECK_FALSE(parse_cpu_path("avx512"));
+  CHECK(parse_cpu_path("avx512") == CpuPath::kAvx512);
+  CHECK_FALSE(parse_cpu_path("avx10"));
+  for (CpuPath path : {CpuPath::kBaseline, CpuPath::kAvx2, CpuPath::kAvx512})
+    CHECK(parse_cpu_path(cpu_path_name(path)) == path);
   PathGuard guard;
   CHECK(force_cpu_path(CpuPath::kBaseline));
   CHECK(active_cpu_path() == CpuPath::kBaseline);
+  // AVX-512 implies AVX2 here: a CPU (or build) without AVX2 refuses AVX-512 too.
+  if (!cpu_path_supported(CpuPath::kAvx2)) CHECK_FALSE(force_cpu_path(CpuPath::kAvx512));
   reset_cpu_path();
-  CHECK(active_cpu_path() == (cpu_path_supported(CpuPath::kAvx2) ? CpuPath::kAvx2 : CpuPath::kBaseline));
+  const CpuPath fastest = cpu_path_supported(CpuPath::kAvx512) ? CpuPath::kAvx512
+                          : cpu_path_supported(CpuPath::kAvx2) ? CpuPath::kAvx2
+                                                               : CpuPath::kBaseline;
+  CHECK(active_cpu_path() == fastest);
 }

@@ -65,6 +65,29 @@ TEST_CASE("frame header carries every field at its documented offset", "[codec][
   CHECK(header.value().layout == s.layout);
 }
 
+TEST_CASE("frames hashed while they are encoded carry the checksum of their bytes", "[codec][frame]") {
+  // raw copies and hashes 256 KiB pieces, the quantizers one tensor section at a time: a layout
+  // of several pieces and tensors, and an empty one.
+  const CodecRegistry registry = CodecRegistry::with_builtins();
+  for (const KvLayout& layout : {KvLayout{2, 4, 64, DType::kFloat32, 300}, KvLayout{3, 2, 36, DType::kBFloat16, 170},
+                                 KvLayout{1, 1, 8, DType::kFloat16, 0}}) {
+    const auto kv = synthetic_kv(layout, 3).value();
+    for (const char* name : {"raw", "fp8", "int8", "int4", "int4+zstd", "lossless"}) {
+      INFO(name << " " << layout.describe());
+      const auto spec = resolve_codec(registry, name).value();
+      EncodeOptions options;
+      options.zstd_stage = spec.zstd_stage;
+      const auto frame = encode_frame(*spec.codec, layout, kv, options).value();
+      const std::size_t body = frame.size() - kFrameTrailerSize;
+      std::uint64_t checksum = 0;
+      std::memcpy(&checksum, frame.data() + body, 8);
+      CHECK(checksum == XXH3_64bits(frame.data(), body));
+      std::vector<std::uint8_t> output(kv.size());
+      CHECK(decode_frame(registry, frame, output));
+    }
+  }
+}
+
 TEST_CASE("flipping any single bit of a valid frame is always detected", "[codec][frame]") {
   Sample s;
   for (const char* name : {"raw", "int4", "lossless"}) {

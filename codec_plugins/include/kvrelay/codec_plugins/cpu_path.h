@@ -1,8 +1,8 @@
 #pragma once
 
-// Which build of the CPU codec loops runs: the portable x86-64 one (SSE2) or the AVX2 + F16C
-// one. Both write the same bytes; the fastest one the CPU supports is chosen at start-up.
-// Forcing a path is for tests and benchmarks (it is process-wide).
+// Which build of the CPU codec loops runs: the portable x86-64 one (SSE2), the AVX2 + F16C one
+// or the AVX-512 (F, BW, VL, DQ) one. All write the same bytes; the fastest one the CPU supports
+// is chosen at start-up. Forcing a path is for tests and benchmarks (it is process-wide).
 
 #include <cstdint>
 #include <optional>
@@ -10,7 +10,7 @@
 
 namespace kvrelay::codec {
 
-enum class CpuPath : std::uint8_t { kBaseline, kAvx2 };
+enum class CpuPath : std::uint8_t { kBaseline, kAvx2, kAvx512 };
 
 [[nodiscard]] CpuPath active_cpu_path() noexcept;
 [[nodiscard]] bool cpu_path_supported(CpuPath path) noexcept;
