@@ -15,11 +15,14 @@ add_library(kvrelay::dep::xxhash ALIAS kvrelay_dep_xxhash)
 # XXH3_64bits of the packaged library is its portable SSE2 build (~14 GB/s here); on x86 the
 # library also exports XXH3_*_dispatch, which runs its AVX2 / AVX-512 build when the CPU has one
 # (same hash values, ~2.3x faster in cache). Code that hashes bulk data includes
-# xxh_x86dispatch.h where KVRELAY_HAVE_XXH3_DISPATCH is true (codec_plugins/CMakeLists.txt).
+# xxh_x86dispatch.h where KVRELAY_HAVE_XXH3_DISPATCH is true (kvrelay/core/bulk_hash.h).
 include(CheckSymbolExists)
 set(CMAKE_REQUIRED_LIBRARIES PkgConfig::XXHASH)
 check_symbol_exists(XXH3_64bits_dispatch "xxh_x86dispatch.h" KVRELAY_HAVE_XXH3_DISPATCH)
 unset(CMAKE_REQUIRED_LIBRARIES)
+if(KVRELAY_HAVE_XXH3_DISPATCH)
+  target_compile_definitions(kvrelay_dep_xxhash INTERFACE KVRELAY_HAVE_XXH3_DISPATCH=1)
+endif()
 
 add_library(kvrelay_dep_zstd INTERFACE)
 if(TARGET zstd::libzstd_shared)

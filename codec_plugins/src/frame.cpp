@@ -1,21 +1,16 @@
 #include "kvrelay/codec_plugins/frame.h"
 
-#include <xxhash.h>
 #include <zstd.h>
-#if defined(KVRELAY_HAVE_XXH3_DISPATCH)
-// Turns XXH3_64bits into the library's CPU-dispatching entry (AVX2 / AVX-512, same values):
-// the checksum is a full pass over every frame on encode and on decode.
-#include <xxh_x86dispatch.h>
-#endif
 
 #include <fmt/format.h>
 
 #include <cstring>
 #include <memory>
 
-#include "streamed_encode.h"
-
 #include "kvrelay/codec_plugins/builtin_codecs.h"
+#include "kvrelay/core/bulk_hash.h"  // the checksum is a full pass over every frame, both ways
+
+#include "streamed_encode.h"
 
 namespace kvrelay::codec {
 namespace {

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <xxhash.h>
 
 #include <fmt/format.h>
 
@@ -13,6 +12,7 @@
 #include <cstring>
 #include <memory>
 
+#include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 

@@ -1,9 +1,8 @@
 #include "kvrelay/shm_transport/entry.h"
 
-#include <xxhash.h>
-
 #include <fmt/format.h>
 
+#include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/memfd.h"
 
 namespace kvrelay::shm {

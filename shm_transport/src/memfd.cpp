@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <fmt/format.h>
 
@@ -16,6 +15,8 @@
 #include <memory>
 #include <utility>
 #include <vector>
+
+#include "kvrelay/core/bulk_hash.h"
 
 namespace kvrelay::shm {
 

@@ -4,8 +4,6 @@
 // (awaitable_frame_base has matching class-level new/delete).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <xxhash.h>
-
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/detached.hpp>
@@ -15,6 +13,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/client.h"
 

@@ -6,7 +6,6 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <xxhash.h>
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
@@ -14,6 +13,8 @@
 
 #include <algorithm>
 #include <array>
+
+#include "kvrelay/core/bulk_hash.h"
 
 namespace kvrelay::proxy::peer::detail {
 

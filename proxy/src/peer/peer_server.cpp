@@ -4,8 +4,6 @@
 // (awaitable_frame_base has matching class-level new/delete).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <xxhash.h>
-
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
@@ -21,6 +19,7 @@
 #include <vector>
 
 #include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/memfd.h"
