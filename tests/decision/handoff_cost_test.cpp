@@ -45,8 +45,7 @@ TEST_CASE("LinearCostFit recovers a fixed cost plus a cost per byte", "[decision
   }
 }
 
-TEST_CASE("LinearCostFit keeps its prediction through a few handoffs measured on a busy host",
-          "[decision][handoff]") {
+TEST_CASE("LinearCostFit keeps its prediction through a few handoffs measured on a busy host", "[decision][handoff]") {
   LinearCostFit fit;
   for (int i = 0; i < 12; ++i) {
     const double bytes = (1 + i % 4) * 1e6;
