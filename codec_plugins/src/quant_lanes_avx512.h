@@ -62,8 +62,12 @@ KVRELAY_LANES void store16(__m512 value, std::uint8_t* destination) {
   if constexpr (kDtype == DType::kFloat32) {
     _mm512_storeu_ps(destination, value);
   } else if constexpr (kDtype == DType::kFloat16) {
+    // Without optimisation GCC's _mm512_cvtps_ph is a macro passing mask -1 as an unsigned short.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-conversion"
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(destination),
                         _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#pragma GCC diagnostic pop
   } else {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(destination), _mm512_cvtepi32_epi16(float_to_bf16_lanes(value)));
   }
