@@ -1,8 +1,10 @@
+#include <malloc.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <climits>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -45,7 +47,16 @@ std::string default_model_name(const ModelSource& source) {
   return "synthetic";
 }
 
+// A serving process keeps the heap memory it freed, as inference servers keep their buffers:
+// glibc otherwise trims the heap after a request's buffers are freed and the next request
+// faults fresh pages in again. On a VM with shadow paging (~4 ms/MiB) that stalled about a third
+// of B's 25-token prefills after a KV import from 25 ms to 50-130 ms (bench/e2e_bench).
+void keep_freed_heap() {
+  if (mallopt(M_TRIM_THRESHOLD, INT_MAX) != 1) spdlog::warn("mallopt(M_TRIM_THRESHOLD) refused: the heap may shrink");
+}
+
 int run_serve(const ServeOptions& options) {
+  keep_freed_heap();
   apply_blas_threads(options.blas_threads);
   const auto load_start = std::chrono::steady_clock::now();
   auto model = load_model(options.source);
