@@ -165,16 +165,22 @@ def context_prompt(length, seed):
     return [1] + [3 + (index * 37 + seed * 101) % 500 for index in range(length - 1)]
 
 
+def handoff_prompt(cluster, length, seed):
+    """A answers a `length`-token prompt on node-a; B's prompt is A's prompt + answer + follow-up."""
+    prompt = context_prompt(length, seed)
+    a_reply = cluster.complete("node-a", "agent-a", prompt, A_ANSWER_TOKENS)
+    return prompt + a_reply["choices"][0]["token_ids"] + FOLLOW_UP
+
+
 def warm_up(cluster, length):
     """One discarded handoff of `length` tokens with kv_raw over TCP: the sidecars' transfer
     buffers are kept between fetches (fresh memory costs ~4 ms/MiB on this VM), so the first
     transfer of a new size pays for pages every later one reuses. Measuring after it shows a
     running sidecar, not one that just started."""
-    prompt = context_prompt(length, 99_999)
-    a_reply = cluster.complete("node-a", "agent-a", prompt, A_ANSWER_TOKENS)
+    b_prompt = handoff_prompt(cluster, length, 99_999)
     cluster.force("node-b", "a-to-b", "kv_raw")
     cluster.flush("node-b")
-    cluster.complete("node-b", "agent-b", prompt + a_reply["choices"][0]["token_ids"] + FOLLOW_UP, 1)
+    cluster.complete("node-b", "agent-b", b_prompt, 1)
     cluster.flush("node-b")
 
 
@@ -183,9 +189,7 @@ def run_length(cluster, length, seed, rng=None):
     random.Random) the forced media and the engine's run go in a shuffled order, so neither a
     drift in the machine's load nor a position in the sequence always lands on the same one (the
     engine learns from every handoff measured before it, as it would from live traffic)."""
-    prompt = context_prompt(length, seed)
-    a_reply = cluster.complete("node-a", "agent-a", prompt, A_ANSWER_TOKENS)
-    b_prompt = prompt + a_reply["choices"][0]["token_ids"] + FOLLOW_UP
+    b_prompt = handoff_prompt(cluster, length, seed)
     runs = {}
 
     def run_b(label, node, agent, route, medium):
