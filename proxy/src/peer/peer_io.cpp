@@ -20,7 +20,8 @@ namespace kvrelay::proxy::peer::detail {
 
 asio::awaitable<void> watchdog(std::shared_ptr<PeerConnection> connection) {
   while (!connection->closed) {
-    connection->timer.expires_at(connection->deadline);
+    connection->wake_at = connection->deadline;
+    connection->timer.expires_at(connection->wake_at);
     [[maybe_unused]] auto [ec] = co_await connection->timer.async_wait(kNoThrow);
     if (connection->closed) break;
     if (connection->deadline <= std::chrono::steady_clock::now()) {
@@ -62,6 +63,37 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
   co_return ok();
 }
 
+asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buffer first, asio::mutable_buffer second,
+                                   std::chrono::milliseconds timeout) {
+  connection.arm(timeout);
+  const std::array<asio::mutable_buffer, 2> buffers{first, second};
+  auto [ec, transferred] = co_await asio::async_read(connection.socket, buffers, kNoThrow);
+  if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
+  co_return ok();
+}
+
+std::uint64_t checksum_chunk_into(XXH3_state_t& whole, std::span<const std::byte> chunk) {
+  constexpr std::size_t kPieceBytes = 32 * 1024;
+  if (chunk.size() <= kPieceBytes) {
+    XXH3_64bits_update(&whole, chunk.data(), chunk.size());
+    return XXH3_64bits(chunk.data(), chunk.size());
+  }
+  // Streamed and one-shot XXH3 agree. One state per thread, made once (the type is opaque here).
+  thread_local const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> own(XXH3_createState(),
+                                                                                  &XXH3_freeState);
+  if (!own) {  // out of memory for 576 bytes: two passes
+    XXH3_64bits_update(&whole, chunk.data(), chunk.size());
+    return XXH3_64bits(chunk.data(), chunk.size());
+  }
+  XXH3_64bits_reset(own.get());
+  for (std::size_t offset = 0; offset < chunk.size(); offset += kPieceBytes) {
+    const auto piece = chunk.subspan(offset, std::min(kPieceBytes, chunk.size() - offset));
+    XXH3_64bits_update(own.get(), piece.data(), piece.size());
+    XXH3_64bits_update(&whole, piece.data(), piece.size());
+  }
+  return XXH3_64bits_digest(own.get());
+}
+
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   std::chrono::milliseconds timeout) {
   connection.arm(timeout);
@@ -75,10 +107,13 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
                                               std::chrono::milliseconds timeout) {
   std::array<std::byte, kPeerHeaderBytes> header_bytes{};
   connection.arm(first_byte_timeout);
-  auto [ec, got] = co_await connection.socket.async_read_some(asio::buffer(header_bytes.data(), 1), kNoThrow);
+  // Whatever of the header has arrived (usually all of it: one system call), never past it.
+  auto [ec, got] = co_await connection.socket.async_read_some(asio::buffer(header_bytes), kNoThrow);
   if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
-  auto rest = co_await read_exact(connection, asio::buffer(header_bytes.data() + 1, kPeerHeaderBytes - 1), timeout);
-  if (!rest) co_return outcome::failure(rest.error());
+  if (got < kPeerHeaderBytes) {
+    auto rest = co_await read_exact(connection, asio::buffer(header_bytes.data() + got, kPeerHeaderBytes - got), timeout);
+    if (!rest) co_return outcome::failure(rest.error());
+  }
   auto header = decode_peer_header(header_bytes);
   if (!header) co_return outcome::failure(header.error());
   PeerFrame frame;
@@ -159,20 +194,19 @@ asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const En
       co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} has {} bytes, expected {}", index,
                                                        next.value().header.length - kChunkHeaderBytes, expected));
     }
-    auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes), timeout);
+    std::uint8_t* destination = frame.data() + offset;
+    auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes),
+                                   asio::buffer(destination, static_cast<std::size_t>(expected)), timeout);
     if (!got) co_return got;
     const auto chunk = decode_chunk_header(chunk_header_bytes);
     if (chunk.transfer_id != header.id || chunk.index != index) {
       co_return fail(ErrorCode::kProtocol,
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
-    std::uint8_t* destination = frame.data() + offset;
-    got = co_await read_exact(connection, asio::buffer(destination, static_cast<std::size_t>(expected)), timeout);
-    if (!got) co_return got;
-    if (XXH3_64bits(destination, static_cast<std::size_t>(expected)) != chunk.checksum) {
+    const auto received = std::as_bytes(std::span(destination, static_cast<std::size_t>(expected)));
+    if (checksum_chunk_into(*whole, received) != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch, fmt::format("chunk {} checksum mismatch", index));
     }
-    XXH3_64bits_update(whole.get(), destination, static_cast<std::size_t>(expected));
   }
   if (XXH3_64bits_digest(whole.get()) != header.frame_checksum) {
     co_return fail(ErrorCode::kChecksumMismatch, "encoded entry checksum mismatch");

@@ -177,7 +177,10 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} has {} bytes, expected {}", index,
                                                        frame.value().header.length - kChunkHeaderBytes, expected));
     }
-    if (auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes), options.read_timeout); !got) {
+    const auto length = static_cast<std::size_t>(expected);
+    if (auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes),
+                                       asio::buffer(buffer.data(), length), options.read_timeout);
+        !got) {
       co_return got;
     }
     const auto chunk = decode_chunk_header(chunk_header_bytes);
@@ -185,16 +188,11 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       co_return fail(ErrorCode::kProtocol,
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
-    const auto length = static_cast<std::size_t>(expected);
-    if (auto got = co_await read_exact(connection, asio::buffer(buffer.data(), length), options.read_timeout); !got) {
-      co_return got;
-    }
-    const std::uint64_t actual = XXH3_64bits(buffer.data(), length);
+    const std::uint64_t actual = checksum_chunk_into(*total, std::span<const std::byte>(buffer.data(), length));
     if (actual != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch,
                      fmt::format("chunk {} checksum 0x{:016x} != 0x{:016x}", index, actual, chunk.checksum));
     }
-    XXH3_64bits_update(total, buffer.data(), length);
     if (auto written = shm::write_memfd(memfd.value().get(), offset, std::span<const std::byte>(buffer.data(), length));
         !written) {
       co_return written;
