@@ -3,6 +3,7 @@ option(KVRELAY_BUILD_BENCH "Build the benchmarks in bench/" ON)
 option(KVRELAY_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
 option(KVRELAY_WERROR "Treat compiler warnings as errors" OFF)
 option(KVRELAY_FUZZ "Build libFuzzer targets (needs clang)" OFF)
+option(KVRELAY_TEST_PCH "Share one precompiled header (Catch2, nlohmann/json, Asio, the standard library) among the test executables" ON)
 set(KVRELAY_CUDA "AUTO" CACHE STRING "Build CUDA kernels: AUTO (when nvcc is found), ON or OFF")
 set_property(CACHE KVRELAY_CUDA PROPERTY STRINGS AUTO ON OFF)
 # Line tables keep sanitizer and crash stack traces symbolized while compiling heavy Beast/Asio/Catch2
