@@ -3,7 +3,7 @@ option(KVRELAY_BUILD_BENCH "Build the benchmarks in bench/" ON)
 option(KVRELAY_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
 option(KVRELAY_WERROR "Treat compiler warnings as errors" OFF)
 option(KVRELAY_FUZZ "Build libFuzzer targets (needs clang)" OFF)
-option(KVRELAY_TEST_PCH "Share one precompiled header (Catch2, nlohmann/json, Asio, the standard library) among the test executables" ON)
+option(KVRELAY_PCH "Precompile the heavy third-party headers (Asio, Beast, nlohmann/json, fmt, spdlog, Catch2) per target" ON)
 set(KVRELAY_CUDA "AUTO" CACHE STRING "Build CUDA kernels: AUTO (when nvcc is found), ON or OFF")
 set_property(CACHE KVRELAY_CUDA PROPERTY STRINGS AUTO ON OFF)
 # Line tables keep sanitizer and crash stack traces symbolized while compiling heavy Beast/Asio/Catch2
@@ -50,3 +50,14 @@ function(kvrelay_add_component name)
   target_link_libraries(kvrelay_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE kvrelay_warnings ${ARG_PRIVATE_DEPS})
   install(DIRECTORY include/ DESTINATION include)
 endfunction()
+
+# Parsing Asio, Beast, nlohmann/json and Catch2 is about 40% of compiling one of our heavier files
+# (front_proxy.cpp, upstream_relay_test.cpp: 16.5 -> 9.3 s with a precompiled header). A target's
+# header is built with that target's own flags, so it is always valid for it. Only third-party
+# and standard headers belong in the list: a project header there would rebuild everything.
+function(kvrelay_precompile target)
+  if(KVRELAY_PCH)
+    target_precompile_headers(${target} PRIVATE ${ARGN})
+  endif()
+endfunction()
+

@@ -1,6 +1,6 @@
 #pragma once
 
-// The precompiled header of the test executables (KVRELAY_TEST_PCH): third-party and standard
+// The precompiled header of the test executables (KVRELAY_PCH): third-party and standard
 // headers that most test files include and that no project definition changes.
 
 #include <catch2/catch.hpp>
