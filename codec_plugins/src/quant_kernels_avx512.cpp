@@ -136,8 +136,23 @@ void encode_keys_512(const QuantEncodeArgs& a) {
     for (std::size_t t = 0; t < count; ++t) {
       const std::uint8_t* __restrict x = source + t * row_bytes;
       std::uint8_t* __restrict out = a.codes + (start + t) * a.code_row_bytes;
+      std::size_t c = 0;
+      for (; c + 64 <= row; c += 64) {
+        __m512i q[4];
+        for (std::size_t k = 0; k < 4; ++k) {
+          const std::size_t first = c + 16 * k;
+          q[k] = lanes16::quantize16_unclamped_low(lanes16::load16<kDtype>(x + first * kSize),
+                                                   _mm512_loadu_ps(zero + first), _mm512_loadu_ps(inv + first), top);
+        }
+        const __m512i codes = lanes16::codes64(q[0], q[1], q[2], q[3]);
+        if constexpr (kInt4) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c / 2), lanes16::nibble_pairs64(codes));
+        } else {
+          _mm512_storeu_si512(out + c, codes);
+        }
+      }
       if constexpr (kInt4) {
-        for (std::size_t c = 0; c < row; c += 32) {
+        for (; c < row; c += 32) {
           const __m128i low = lanes16::nibbles16(lanes16::quantize16(
               lanes16::load16<kDtype>(x + c * kSize), _mm512_loadu_ps(zero + c), _mm512_loadu_ps(inv + c), top));
           const __m128i high = lanes16::nibbles16(lanes16::quantize16(lanes16::load16<kDtype>(x + (c + 16) * kSize),
@@ -146,7 +161,7 @@ void encode_keys_512(const QuantEncodeArgs& a) {
           _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c / 2), _mm_unpacklo_epi64(low, high));
         }
       } else {
-        for (std::size_t c = 0; c < row; c += 16) {
+        for (; c < row; c += 16) {
           const __m512i q = lanes16::quantize16(lanes16::load16<kDtype>(x + c * kSize), _mm512_loadu_ps(zero + c),
                                                 _mm512_loadu_ps(inv + c), top);
           _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), _mm512_cvtepi32_epi8(q));
@@ -211,36 +226,52 @@ void decode_keys_any(const QuantDecodeArgs& a) {
 }
 
 // Values: per token, groups of `value_group` channels inside each head (whole vectors): each
-// group's min/max from the source in registers, the parameters of eight groups per step, then
-// each group quantized from the source again (now in L1).
+// group's min/max from the source in registers, sixteen groups reduced together
+// (reduce16x16), the parameters of eight groups per step, then the row quantized from the
+// source again (now in L1), four vectors per step with each vector's group looked up.
 template <DType kDtype, bool kInt4>
 void encode_values_512(const QuantEncodeArgs& a) {
   constexpr std::size_t kSize = kElementSize<kDtype>;
   const std::size_t row = a.row_elements;
   const std::size_t row_bytes = row * kSize;
+  const std::size_t vectors = row / 16;
   const std::size_t groups = a.kv_heads * (a.head_dim / a.value_group + (a.head_dim % a.value_group != 0 ? 1 : 0));
-  const std::size_t padded = (groups + 7) / 8 * 8;
+  const std::size_t padded = (groups + 15) / 16 * 16;
   float* __restrict lo = a.scratch_floats;
   float* __restrict hi = lo + padded;
   float* __restrict zero = hi + padded;
   float* __restrict inv = zero + padded;
   auto* __restrict halves = reinterpret_cast<std::uint8_t*>(a.scratch_halves);  // scales, then zeros
-  for (std::size_t g = groups; g < padded; ++g)
-    lo[g] = hi[g] = 0.0F;
+  std::uint16_t* __restrict vector_group = a.scratch_halves + 2 * padded;
+  for_each_group(a, [&](std::size_t g, std::size_t first, std::size_t count) {
+    for (std::size_t i = 0; i < count; i += 16)
+      vector_group[(first + i) / 16] = static_cast<std::uint16_t>(g);
+  });
   const __m512 top = _mm512_set1_ps(a.max_code);
   for (std::size_t t = 0; t < a.middle; ++t) {
     const std::uint8_t* __restrict source = a.rows + t * row_bytes;
     prefetch_bytes(source + kPrefetchDistance, row_bytes);
+    __m512 group_lo[16];
+    __m512 group_hi[16];
     for_each_group(a, [&](std::size_t g, std::size_t first, std::size_t count) {
       __m512 l = _mm512_set1_ps(__builtin_inff());
       __m512 h = _mm512_set1_ps(-__builtin_inff());
       for (std::size_t i = 0; i < count; i += 16) {
         const __m512 v = lanes16::load16<kDtype>(source + (first + i) * kSize);
-        l = _mm512_min_ps(v, l);
+        l = _mm512_min_ps(v, l);  // a NaN v keeps l
         h = _mm512_max_ps(v, h);
       }
-      lo[g] = lanes16::fold_min16(l);
-      hi[g] = lanes16::fold_max16(h);
+      const int lane = static_cast<int>(g % 16);
+      group_lo[lanes16::group_slot(lane)] = l;
+      group_hi[lanes16::group_slot(lane)] = h;
+      if (lane == 15 || g + 1 == groups) {
+        for (int unused = lane + 1; unused < 16; ++unused) {  // results not stored on the wire
+          group_lo[lanes16::group_slot(unused)] = l;
+          group_hi[lanes16::group_slot(unused)] = h;
+        }
+        _mm512_storeu_ps(lo + (g - static_cast<std::size_t>(lane)), lanes16::reduce16x16<false>(group_lo));
+        _mm512_storeu_ps(hi + (g - static_cast<std::size_t>(lane)), lanes16::reduce16x16<true>(group_hi));
+      }
     });
     make_groups8(lo, hi, padded, a.max_code, halves, halves + 2 * padded, zero, inv);
     // (scale, zero) per group, as on the wire.
@@ -253,36 +284,40 @@ void encode_values_512(const QuantEncodeArgs& a) {
       _mm256_mask_storeu_epi32(meta + 4 * g, lanes_left, pairs);
     }
     std::uint8_t* __restrict out = a.codes + t * a.code_row_bytes;
-    for_each_group(a, [&](std::size_t g, std::size_t first, std::size_t count) {
-      const __m512 z = _mm512_set1_ps(zero[g]);
-      const __m512 s = _mm512_set1_ps(inv[g]);
-      const std::uint8_t* __restrict x = source + first * kSize;
-      std::size_t i = 0;
-      if constexpr (kInt4) {
-        for (; i + 32 <= count; i += 32) {
-          const __m128i low =
-              lanes16::nibbles16(lanes16::quantize16(lanes16::load16<kDtype>(x + i * kSize), z, s, top));
-          const __m128i high =
-              lanes16::nibbles16(lanes16::quantize16(lanes16::load16<kDtype>(x + (i + 16) * kSize), z, s, top));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (first + i) / 2), _mm_unpacklo_epi64(low, high));
-        }
-        if (i < count) {
-          _mm_storel_epi64(reinterpret_cast<__m128i*>(out + (first + i) / 2),
-                           lanes16::nibbles16(lanes16::quantize16(lanes16::load16<kDtype>(x + i * kSize), z, s, top)));
-        }
-      } else {
-        for (; i < count; i += 16) {
-          const __m512i q = lanes16::quantize16(lanes16::load16<kDtype>(x + i * kSize), z, s, top);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + first + i), _mm512_cvtepi32_epi8(q));
-        }
+    std::size_t v = 0;
+    for (; v + 4 <= vectors; v += 4) {
+      __m512i q[4];
+      for (std::size_t k = 0; k < 4; ++k) {
+        const std::size_t g = vector_group[v + k];
+        q[k] = lanes16::quantize16_unclamped_low(lanes16::load16<kDtype>(source + 16 * (v + k) * kSize),
+                                                 _mm512_set1_ps(zero[g]), _mm512_set1_ps(inv[g]), top);
       }
-    });
+      const __m512i codes = lanes16::codes64(q[0], q[1], q[2], q[3]);
+      if constexpr (kInt4) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * v), lanes16::nibble_pairs64(codes));
+      } else {
+        _mm512_storeu_si512(out + 16 * v, codes);
+      }
+    }
+    for (; v < vectors; ++v) {
+      const std::size_t g = vector_group[v];
+      const __m512i q = lanes16::quantize16(lanes16::load16<kDtype>(source + 16 * v * kSize), _mm512_set1_ps(zero[g]),
+                                            _mm512_set1_ps(inv[g]), top);
+      if constexpr (kInt4) {
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 8 * v), lanes16::nibbles16(q));
+      } else {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * v), _mm512_cvtepi32_epi8(q));
+      }
+    }
   }
 }
 
 template <DType kDtype>
 void encode_values_any(const QuantEncodeArgs& a) {
-  if (!groups_in_vectors(a)) {
+  // The group table (one 16-bit entry per vector) shares the halves scratch with the metadata.
+  const std::size_t padded_groups = (a.row_elements / 16 + 15) / 16 * 16;
+  if (!groups_in_vectors(a) || 2 * padded_groups + a.row_elements / 16 > 2 * a.row_elements ||
+      a.row_elements / 16 > 0xFFFF) {
     avx2_set<kDtype>().encode_values(a);
   } else if (a.int4) {
     encode_values_512<kDtype, true>(a);
