@@ -231,7 +231,9 @@ void decode_keys_any(const QuantDecodeArgs& a) {
 // group's min/max from the source in registers, sixteen groups reduced together
 // (reduce16x16), the parameters of eight groups per step, then the row quantized from the
 // source again (now in L1), four vectors per step with each vector's group looked up.
-template <DType kDtype, bool kInt4>
+// kGroupVectors: the vectors of every group when all groups have the same length (it divides
+// head_dim), so the sweep's inner loop unrolls; 0 for any whole-vector grouping.
+template <DType kDtype, bool kInt4, std::size_t kGroupVectors>
 void encode_values_512(const QuantEncodeArgs& a) {
   constexpr std::size_t kSize = kElementSize<kDtype>;
   const std::size_t row = a.row_elements;
@@ -255,10 +257,10 @@ void encode_values_512(const QuantEncodeArgs& a) {
     prefetch_bytes(source + kPrefetchDistance, row_bytes);
     __m512 group_lo[16];
     __m512 group_hi[16];
-    for_each_group(a, [&](std::size_t g, std::size_t first, std::size_t count) {
+    const auto sweep_group = [&](std::size_t g, std::size_t first, std::size_t count) {
       __m512 l = _mm512_set1_ps(__builtin_inff());
       __m512 h = _mm512_set1_ps(-__builtin_inff());
-      for (std::size_t i = 0; i < count; i += 16) {
+      for (std::size_t i = 0; i < (kGroupVectors != 0 ? 16 * kGroupVectors : count); i += 16) {
         const __m512 v = lanes16::load16<kDtype>(source + (first + i) * kSize);
         l = _mm512_min_ps(v, l);  // a NaN v keeps l
         h = _mm512_max_ps(v, h);
@@ -274,7 +276,13 @@ void encode_values_512(const QuantEncodeArgs& a) {
         _mm512_storeu_ps(lo + (g - static_cast<std::size_t>(lane)), lanes16::reduce16x16<false>(group_lo));
         _mm512_storeu_ps(hi + (g - static_cast<std::size_t>(lane)), lanes16::reduce16x16<true>(group_hi));
       }
-    });
+    };
+    if constexpr (kGroupVectors != 0) {
+      for (std::size_t g = 0; g < groups; ++g)
+        sweep_group(g, 16 * kGroupVectors * g, 16 * kGroupVectors);
+    } else {
+      for_each_group(a, sweep_group);
+    }
     make_groups8(lo, hi, padded, a.max_code, halves, halves + 2 * padded, zero, inv);
     // (scale, zero) per group, as on the wire.
     std::uint8_t* meta = a.meta + t * groups * 4;
@@ -314,6 +322,15 @@ void encode_values_512(const QuantEncodeArgs& a) {
   }
 }
 
+template <DType kDtype, std::size_t kGroupVectors>
+void encode_values_with(const QuantEncodeArgs& a) {
+  if (a.int4) {
+    encode_values_512<kDtype, true, kGroupVectors>(a);
+  } else {
+    encode_values_512<kDtype, false, kGroupVectors>(a);
+  }
+}
+
 template <DType kDtype>
 void encode_values_any(const QuantEncodeArgs& a) {
   // The group table (one 16-bit entry per vector) shares the halves scratch with the metadata.
@@ -321,10 +338,12 @@ void encode_values_any(const QuantEncodeArgs& a) {
   if (!groups_in_vectors(a) || 2 * padded_groups + a.row_elements / 16 > 2 * a.row_elements ||
       a.row_elements / 16 > 0xFFFF) {
     avx2_set<kDtype>().encode_values(a);
-  } else if (a.int4) {
-    encode_values_512<kDtype, true>(a);
+  } else if (a.value_group == 32 && a.head_dim % 32 == 0) {
+    encode_values_with<kDtype, 2>(a);
+  } else if (a.value_group == 64 && a.head_dim % 64 == 0) {
+    encode_values_with<kDtype, 4>(a);
   } else {
-    encode_values_512<kDtype, false>(a);
+    encode_values_with<kDtype, 0>(a);
   }
 }
 
