@@ -347,7 +347,8 @@ void encode_values_any(const QuantEncodeArgs& a) {
   }
 }
 
-template <DType kDtype, bool kInt4>
+// kGroupVectors as for encode_values_512.
+template <DType kDtype, bool kInt4, std::size_t kGroupVectors>
 void decode_values_512(const QuantDecodeArgs& a) {
   constexpr std::size_t kSize = kElementSize<kDtype>;
   const std::size_t row = a.row_elements;
@@ -366,13 +367,28 @@ void decode_values_512(const QuantDecodeArgs& a) {
     }
     const std::uint8_t* __restrict codes = a.codes + t * a.code_row_bytes;
     std::uint8_t* __restrict destination = a.rows + t * row_bytes;
-    for_each_group(a, [&](std::size_t g, std::size_t first, std::size_t count) {
+    const auto decode_group = [&](std::size_t g, std::size_t first, std::size_t count) {
       const __m512 scale = _mm512_set1_ps(pairs[2 * g]);
       const __m512 zero = _mm512_set1_ps(pairs[2 * g + 1]);
-      for (std::size_t i = 0; i < count; i += 16)
+      for (std::size_t i = 0; i < (kGroupVectors != 0 ? 16 * kGroupVectors : count); i += 16)
         lanes16::store16<kDtype>(lanes16::dequantize16(codes16(kInt4, codes, first + i), zero, scale),
                                  destination + (first + i) * kSize);
-    });
+    };
+    if constexpr (kGroupVectors != 0) {
+      for (std::size_t g = 0; g < groups; ++g)
+        decode_group(g, 16 * kGroupVectors * g, 16 * kGroupVectors);
+    } else {
+      for_each_group(a, decode_group);
+    }
+  }
+}
+
+template <DType kDtype, std::size_t kGroupVectors>
+void decode_values_with(const QuantDecodeArgs& a) {
+  if (a.int4) {
+    decode_values_512<kDtype, true, kGroupVectors>(a);
+  } else {
+    decode_values_512<kDtype, false, kGroupVectors>(a);
   }
 }
 
@@ -380,10 +396,12 @@ template <DType kDtype>
 void decode_values_any(const QuantDecodeArgs& a) {
   if (!groups_in_vectors(a)) {
     avx2_set<kDtype>().decode_values(a);
-  } else if (a.int4) {
-    decode_values_512<kDtype, true>(a);
+  } else if (a.value_group == 32 && a.head_dim % 32 == 0) {
+    decode_values_with<kDtype, 2>(a);
+  } else if (a.value_group == 64 && a.head_dim % 64 == 0) {
+    decode_values_with<kDtype, 4>(a);
   } else {
-    decode_values_512<kDtype, false>(a);
+    decode_values_with<kDtype, 0>(a);
   }
 }
 
