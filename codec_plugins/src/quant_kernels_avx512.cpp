@@ -58,6 +58,18 @@ inline __attribute__((always_inline)) void prefetch_bytes(const std::uint8_t* st
     __builtin_prefetch(start + b);
 }
 
+// True for bf16 when every scale and zero of a stretch is finite: `code * scale + zero` (fp8:
+// `e4m3 * scale`) is then never NaN, and the bf16 stores skip their NaN select. fp16 and fp32
+// stores have none, so their loops are built once.
+template <DType kDtype>
+bool no_nan_possible(const float* scales, const float* zeros, std::size_t count) {
+  if constexpr (kDtype == DType::kBFloat16) {
+    return lanes::all_finite(scales, count) && lanes::all_finite(zeros, count);
+  } else {
+    return false;
+  }
+}
+
 // Value groups (and fp8 heads) that are whole vectors: every group's first element and length
 // are multiples of 16.
 bool groups_in_vectors(const QuantTensorDims& a) {
@@ -204,14 +216,21 @@ void decode_keys_512(const QuantDecodeArgs& a) {
       _mm512_storeu_ps(scale + c, lanes16::load16<DType::kFloat16>(meta + 2 * c));
       _mm512_storeu_ps(zero + c, lanes16::load16<DType::kFloat16>(meta + row * 2 + 2 * c));
     }
-    for (std::size_t t = 0; t < count; ++t) {
-      const std::uint8_t* __restrict codes = a.codes + (start + t) * a.code_row_bytes;
-      std::uint8_t* __restrict destination = a.rows + (start + t) * row_bytes;
-      for (std::size_t c = 0; c < row; c += 16) {
-        const __m512 x =
-            lanes16::dequantize16(codes16(kInt4, codes, c), _mm512_loadu_ps(zero + c), _mm512_loadu_ps(scale + c));
-        lanes16::store16<kDtype>(x, destination + c * kSize);
+    const auto decode_rows = [&]<bool kNoNaN>() {
+      for (std::size_t t = 0; t < count; ++t) {
+        const std::uint8_t* __restrict codes = a.codes + (start + t) * a.code_row_bytes;
+        std::uint8_t* __restrict destination = a.rows + (start + t) * row_bytes;
+        for (std::size_t c = 0; c < row; c += 16) {
+          const __m512 x =
+              lanes16::dequantize16(codes16(kInt4, codes, c), _mm512_loadu_ps(zero + c), _mm512_loadu_ps(scale + c));
+          lanes16::store16<kDtype, kNoNaN>(x, destination + c * kSize);
+        }
       }
+    };
+    if (no_nan_possible<kDtype>(scale, zero, row)) {
+      decode_rows.template operator()<true>();
+    } else {
+      decode_rows.template operator()<false>();
     }
   }
 }
@@ -367,18 +386,25 @@ void decode_values_512(const QuantDecodeArgs& a) {
     }
     const std::uint8_t* __restrict codes = a.codes + t * a.code_row_bytes;
     std::uint8_t* __restrict destination = a.rows + t * row_bytes;
-    const auto decode_group = [&](std::size_t g, std::size_t first, std::size_t count) {
-      const __m512 scale = _mm512_set1_ps(pairs[2 * g]);
-      const __m512 zero = _mm512_set1_ps(pairs[2 * g + 1]);
-      for (std::size_t i = 0; i < (kGroupVectors != 0 ? 16 * kGroupVectors : count); i += 16)
-        lanes16::store16<kDtype>(lanes16::dequantize16(codes16(kInt4, codes, first + i), zero, scale),
-                                 destination + (first + i) * kSize);
+    const auto decode_row = [&]<bool kNoNaN>() {
+      const auto decode_group = [&](std::size_t g, std::size_t first, std::size_t count) {
+        const __m512 scale = _mm512_set1_ps(pairs[2 * g]);
+        const __m512 zero = _mm512_set1_ps(pairs[2 * g + 1]);
+        for (std::size_t i = 0; i < (kGroupVectors != 0 ? 16 * kGroupVectors : count); i += 16)
+          lanes16::store16<kDtype, kNoNaN>(lanes16::dequantize16(codes16(kInt4, codes, first + i), zero, scale),
+                                           destination + (first + i) * kSize);
+      };
+      if constexpr (kGroupVectors != 0) {
+        for (std::size_t g = 0; g < groups; ++g)
+          decode_group(g, 16 * kGroupVectors * g, 16 * kGroupVectors);
+      } else {
+        for_each_group(a, decode_group);
+      }
     };
-    if constexpr (kGroupVectors != 0) {
-      for (std::size_t g = 0; g < groups; ++g)
-        decode_group(g, 16 * kGroupVectors * g, 16 * kGroupVectors);
+    if (no_nan_possible<kDtype>(pairs, pairs, 2 * groups)) {
+      decode_row.template operator()<true>();
     } else {
-      for_each_group(a, decode_group);
+      decode_row.template operator()<false>();
     }
   }
 }
@@ -488,17 +514,25 @@ void decode_fp8_512(const QuantDecodeArgs& a) {
   constexpr std::size_t kSize = kElementSize<kDtype>;
   const std::size_t row = a.row_elements;
   const std::size_t dim = a.head_dim;
+  float* __restrict scales = a.scratch_floats;
   for (std::size_t t = 0; t < a.middle; ++t) {
     const std::uint8_t* __restrict codes = a.codes + t * row;
     std::uint8_t* __restrict destination = a.rows + t * row * kSize;
-    for (std::size_t h = 0; h < a.kv_heads; ++h) {
-      float scale;
-      std::memcpy(&scale, a.meta + (t * a.kv_heads + h) * 4, 4);
-      const __m512 scale16 = _mm512_set1_ps(scale);
-      for (std::size_t d = h * dim; d < (h + 1) * dim; d += 16) {
-        const __m128i sixteen = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + d));
-        lanes16::store16<kDtype>(_mm512_mul_ps(lanes16::e4m3_to_float16(sixteen), scale16), destination + d * kSize);
+    std::memcpy(scales, a.meta + t * a.kv_heads * 4, a.kv_heads * 4);
+    const auto decode_row = [&]<bool kNoNaN>() {
+      for (std::size_t h = 0; h < a.kv_heads; ++h) {
+        const __m512 scale16 = _mm512_set1_ps(scales[h]);
+        for (std::size_t d = h * dim; d < (h + 1) * dim; d += 16) {
+          const __m128i sixteen = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + d));
+          lanes16::store16<kDtype, kNoNaN>(_mm512_mul_ps(lanes16::e4m3_to_float16(sixteen), scale16),
+                                           destination + d * kSize);
+        }
       }
+    };
+    if (no_nan_possible<kDtype>(scales, scales, a.kv_heads)) {
+      decode_row.template operator()<true>();
+    } else {
+      decode_row.template operator()<false>();
     }
   }
 }
