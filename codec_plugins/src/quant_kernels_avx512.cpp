@@ -148,8 +148,6 @@ void encode_keys_512(const QuantEncodeArgs& a) {
     for (std::size_t t = 0; t < count; ++t) {
       const std::uint8_t* __restrict x = source + t * row_bytes;
       std::uint8_t* __restrict out = a.codes + (start + t) * a.code_row_bytes;
-      // The next group's rows stream in while this one is quantized, so its sweep reads L2.
-      prefetch_bytes(source + (count + t) * row_bytes, row_bytes);
       std::size_t c = 0;
       for (; c + 64 <= row; c += 64) {
         __m512i q[4];
