@@ -143,18 +143,13 @@ KVRELAY_LANES __m128i float_to_e4m3_16(__m512 value) {
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(m, 20), _mm512_set1_epi32(1));
   const __m512i normal =
       _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(m, _mm512_set1_epi32(0x7FFFF - (120 << 23))), odd), 20);
-  // Magnitudes below 2^-6 (e4m3 subnormals) are rare after scaling by amax / 448: their
-  // conversion runs only for the vectors that hold one.
+  const __m512 magic = _mm512_set1_ps(24576.0F);
+  const __m512i subnormal =
+      _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(magnitude, magic)), _mm512_castps_si512(magic));
   const __mmask16 is_subnormal = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(0.015625F), _CMP_LT_OQ);
-  __m512i code = normal;
-  if (is_subnormal != 0) {
-    const __m512 magic = _mm512_set1_ps(24576.0F);
-    const __m512i subnormal =
-        _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(magnitude, magic)), _mm512_castps_si512(magic));
-    code = _mm512_mask_blend_epi32(is_subnormal, normal, subnormal);
-  }
-  const __mmask16 negative = _mm512_movepi32_mask(_mm512_castps_si512(value));
-  return _mm512_cvtepi32_epi8(_mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x80)));
+  const __m512i code = _mm512_mask_blend_epi32(is_subnormal, normal, subnormal);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(value), 24), _mm512_set1_epi32(0x80));
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
 }
 
 // e4m3_to_float on sixteen codes (quant_lanes_avx2.h's e4m3_to_float8: the code's bits at
