@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <memory>
+#include <optional>
 
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 #include "kvrelay/core/bulk_hash.h"  // the checksum is a full pass over every frame, both ways
@@ -97,13 +97,8 @@ void write_header(std::uint8_t* out, const Codec& codec, const KvLayout& layout,
   if (!params.empty()) std::memcpy(out + kFrameHeaderSize, params.data(), params.size());
 }
 
-struct HashStateDeleter {
-  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-};
-using HashState = std::unique_ptr<XXH3_state_t, HashStateDeleter>;
-
 void hash_ready(void* context, const std::uint8_t* bytes, std::size_t size) {
-  (void)XXH3_64bits_update(static_cast<XXH3_state_t*>(context), bytes, size);
+  static_cast<BulkHashStream*>(context)->update(bytes, size);
 }
 
 }  // namespace
@@ -136,13 +131,14 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
   // fills the codec's bound (the built-in streamed codecs always do); otherwise the whole frame
   // is hashed again below.
   const detail::StreamedEncodeFn streamed = options.zstd_stage ? nullptr : detail::streamed_encoder(&codec.plugin());
-  HashState streamed_hash(streamed != nullptr ? XXH3_createState() : nullptr);
-  if (streamed != nullptr && streamed_hash != nullptr) {
+  std::optional<BulkHashStream> streamed_hash;
+  if (streamed != nullptr) streamed_hash.emplace();
+  if (streamed_hash && !streamed_hash->valid()) streamed_hash.reset();
+  if (streamed_hash) {
     write_header(out, codec, layout, options, params, plan.bound, plan.bound);
-    (void)XXH3_64bits_reset(streamed_hash.get());
-    (void)XXH3_64bits_update(streamed_hash.get(), out, prefix);
+    streamed_hash->update(out, prefix);
     const int code = streamed(&c_layout, params.data(), params.size(), kv.data(), kv.size(), out + prefix, plan.bound,
-                              &inner_size, detail::OutputSink{hash_ready, streamed_hash.get()});
+                              &inner_size, detail::OutputSink{hash_ready, &*streamed_hash});
     if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     payload_size = inner_size;
@@ -168,11 +164,11 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     payload_size = inner_size;
   }
   const std::size_t body = prefix + payload_size;
-  if (streamed_hash != nullptr && inner_size == plan.bound) {
-    put<std::uint64_t>(out, body, XXH3_64bits_digest(streamed_hash.get()));
+  if (streamed_hash && inner_size == plan.bound) {
+    put<std::uint64_t>(out, body, streamed_hash->digest());
   } else {
     write_header(out, codec, layout, options, params, inner_size, payload_size);
-    put<std::uint64_t>(out, body, XXH3_64bits(out, body));
+    put<std::uint64_t>(out, body, bulk_hash64(out, body));
   }
   return body + kFrameTrailerSize;
 }
@@ -221,7 +217,7 @@ Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
                 fmt::format("frame has {} trailing bytes after the announced {}", frame.size() - expected, expected));
   }
   header.checksum = get<std::uint64_t>(in, body);
-  const std::uint64_t actual = XXH3_64bits(in, body);
+  const std::uint64_t actual = bulk_hash64(in, body);
   if (actual != header.checksum) {
     return fail(ErrorCode::kChecksumMismatch,
                 fmt::format("frame checksum 0x{:016x} != computed 0x{:016x}", header.checksum, actual));

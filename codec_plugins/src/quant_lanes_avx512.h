@@ -55,9 +55,17 @@ KVRELAY_LANES __m512i float_to_bf16_lanes(__m512 value) {
   return _mm512_mask_or_epi32(rounded, is_nan, high, _mm512_set1_epi32(0x40));
 }
 
+// float_to_bf16_lanes for lanes known not to be NaN: the rounding alone.
+KVRELAY_LANES __m512i float_to_bf16_lanes_no_nan(__m512 value) {
+  const __m512i w = _mm512_castps_si512(value);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(w, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(0x7FFF)), odd), 16);
+}
+
 // Floats -> sixteen elements of `kDtype` at `destination` (round to nearest even; F16C's rounding
-// equals float_to_half on every non-NaN value, as in quant_lanes_avx2.h).
-template <DType kDtype>
+// equals float_to_half on every non-NaN value, as in quant_lanes_avx2.h). kNoNaN: the caller
+// knows no lane is NaN (bf16 then skips the NaN select, a third of its work).
+template <DType kDtype, bool kNoNaN = false>
 KVRELAY_LANES void store16(__m512 value, std::uint8_t* destination) {
   if constexpr (kDtype == DType::kFloat32) {
     _mm512_storeu_ps(destination, value);
@@ -68,6 +76,9 @@ KVRELAY_LANES void store16(__m512 value, std::uint8_t* destination) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(destination),
                         _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #pragma GCC diagnostic pop
+  } else if constexpr (kNoNaN) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(destination),
+                        _mm512_cvtepi32_epi16(float_to_bf16_lanes_no_nan(value)));
   } else {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(destination), _mm512_cvtepi32_epi16(float_to_bf16_lanes(value)));
   }
@@ -79,6 +90,28 @@ KVRELAY_LANES __m512i quantize16(__m512 value, __m512 zero, __m512 inv_scale, __
   scaled = _mm512_max_ps(scaled, _mm512_setzero_ps());  // NaN -> 0: max returns the second operand
   scaled = _mm512_min_ps(scaled, max_code);
   return _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_set1_ps(0.5F)));
+}
+
+// quantize16 without its lower clamp, for codes64: a lane the clamp would lift to 0 (negative,
+// NaN, -inf) converts to a negative number (INT_MIN for NaN), which codes64 saturates to 0, so
+// the code is the same. `min(max_code, scaled)` keeps a NaN (min returns its second operand).
+KVRELAY_LANES __m512i quantize16_unclamped_low(__m512 value, __m512 zero, __m512 inv_scale, __m512 max_code) {
+  const __m512 scaled = _mm512_min_ps(max_code, _mm512_mul_ps(_mm512_sub_ps(value, zero), inv_scale));
+  return _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_set1_ps(0.5F)));
+}
+
+// Four vectors of 32-bit codes (at most 255, negatives meaning 0) -> 64 code bytes in element
+// order: two saturating packs narrow them (interleaved per 128-bit lane), one permute restores
+// the order. Cheaper than four truncating vpmovdb, and the saturation replaces the lower clamp.
+KVRELAY_LANES __m512i codes64(__m512i q0, __m512i q1, __m512i q2, __m512i q3) {
+  const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
+  // Dword 4 * lane + k of `bytes` holds elements 4 * lane .. 4 * lane + 3 of q_k.
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), bytes);
+}
+
+// 64 codes in [0, 15], one per byte -> 32 bytes, element 2i in the low nibble (even + 16 * odd).
+KVRELAY_LANES __m256i nibble_pairs64(__m512i codes) {
+  return _mm512_cvtepi16_epi8(_mm512_maddubs_epi16(codes, _mm512_set1_epi16(0x1001)));
 }
 
 // Sixteen codes in [0, 15] (32-bit lanes) -> 8 bytes in the low half, element 2i in the low
@@ -127,6 +160,45 @@ KVRELAY_LANES __m512 e4m3_to_float16(__m128i codes) {
   const __m512 scaled_down = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), 20));
   const __m512 magnitude = _mm512_mul_ps(scaled_down, _mm512_castsi512_ps(_mm512_set1_epi32((127 + 120) << 23)));
   return _mm512_or_ps(magnitude, _mm512_castsi512_ps(sign));
+}
+
+template <bool kMax>
+KVRELAY_LANES __m512 min_or_max(__m512 a, __m512 b) {
+  if constexpr (kMax) {
+    return _mm512_max_ps(a, b);
+  } else {
+    return _mm512_min_ps(a, b);
+  }
+}
+
+// The min (or max) of each of sixteen NaN-free vectors, all in one vector: each step halves the
+// lanes per input with two shuffles and one min, so sixteen horizontal folds cost 45 operations
+// instead of 128. Lane 4q + k of the result reduces input q + 4k (group_slot maps back).
+template <bool kMax>
+KVRELAY_LANES __m512 reduce16x16(const __m512 (&v)[16]) {
+  __m512 halves[8];
+  for (int i = 0; i < 8; ++i) {
+    halves[i] = min_or_max<kMax>(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                                 _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  __m512 quarters[4];
+  for (int i = 0; i < 4; ++i) {
+    quarters[i] = min_or_max<kMax>(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0x88),
+                                   _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0xDD));
+  }
+  __m512 pairs[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512d x = _mm512_castps_pd(quarters[2 * i]);
+    const __m512d y = _mm512_castps_pd(quarters[2 * i + 1]);
+    pairs[i] = min_or_max<kMax>(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  return min_or_max<kMax>(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The input of reduce16x16 whose result lands in lane `lane`.
+constexpr int group_slot(int lane) {
+  return lane / 4 + 4 * (lane % 4);
 }
 
 // Horizontal min / max of sixteen NaN-free lanes (the order does not matter: make_quant_group

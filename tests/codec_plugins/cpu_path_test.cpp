@@ -80,11 +80,14 @@ TEST_CASE("the portable, AVX2 and AVX-512 quantizer loops write the same bytes",
   // Odd shapes: one token, tokens off the group, head_dim off the lane width and the group,
   // odd rows (int4 pairs), a single head; random bytes bring NaN, infinities and subnormals.
   // For the AVX-512 loops: rows of 16 but not 32 elements (int4 keys fall back), head_dim 48
-  // (groups of 32 then 16, int4 half vectors), groups of 16, and 16-element heads.
+  // (groups of 32 then 16, int4 half vectors), groups of 16, and 16-element heads; rows of 400
+  // and 480 elements (64-element steps and a 16- or 32-element rest, 25 value groups of 16: a
+  // second, partial reduction of sixteen groups).
   const std::vector<KvLayout> shapes = {{2, 3, 8, DType::kFloat32, 1},    {1, 1, 64, DType::kFloat32, 200},
                                         {3, 2, 36, DType::kFloat32, 170}, {1, 1, 7, DType::kFloat32, 151},
                                         {1, 3, 5, DType::kFloat32, 201},  {2, 8, 128, DType::kFloat32, 190},
-                                        {1, 1, 48, DType::kFloat32, 133}, {1, 3, 16, DType::kFloat32, 97}};
+                                        {1, 1, 48, DType::kFloat32, 133}, {1, 3, 16, DType::kFloat32, 97},
+                                        {1, 5, 80, DType::kFloat32, 77},  {1, 6, 80, DType::kFloat32, 45}};
   std::mt19937 random(11);
   int compared = 0;
   for (auto layout : shapes) {
@@ -115,7 +118,7 @@ TEST_CASE("the portable, AVX2 and AVX-512 quantizer loops write the same bytes",
       }
     }
   }
-  CHECK(compared == 8 * 3 * 2 * 3 * 5 * static_cast<int>(vector_paths.size()));
+  CHECK(compared == static_cast<int>(shapes.size()) * 3 * 2 * 3 * 5 * static_cast<int>(vector_paths.size()));
 }
 
 namespace {

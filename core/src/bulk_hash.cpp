@@ -1,0 +1,68 @@
+#include "kvrelay/core/bulk_hash.h"
+
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+#include "bulk_hash_avx2.h"
+#endif
+
+namespace kvrelay {
+namespace {
+
+bool use_avx2() noexcept {
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  static const bool supported = __builtin_cpu_supports("avx2") != 0;
+  return supported;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+std::uint64_t bulk_hash64(const void* data, std::size_t size) noexcept {
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  if (use_avx2()) return detail::xxh3_64_avx2(data, size);
+#endif
+  return XXH3_64bits(data, size);
+}
+
+BulkHashStream::BulkHashStream() noexcept : avx2_(use_avx2()) {
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  if (avx2_) {
+    state_ = detail::xxh3_avx2_state_new();
+    return;
+  }
+#endif
+  XXH3_state_t* state = XXH3_createState();
+  if (state != nullptr) (void)XXH3_64bits_reset(state);
+  state_ = state;
+}
+
+BulkHashStream::~BulkHashStream() {
+  if (state_ == nullptr) return;
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  if (avx2_) {
+    detail::xxh3_avx2_state_free(state_);
+    return;
+  }
+#endif
+  (void)XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+
+void BulkHashStream::update(const void* data, std::size_t size) noexcept {
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  if (avx2_) {
+    detail::xxh3_avx2_update(state_, data, size);
+    return;
+  }
+#endif
+  (void)XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+
+std::uint64_t BulkHashStream::digest() const noexcept {
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  if (avx2_) return detail::xxh3_avx2_digest(state_);
+#endif
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
+}  // namespace kvrelay
