@@ -8,9 +8,9 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -261,18 +261,18 @@ int main(int argc, char** argv) {
   result["repeats"] = kRepeats;
   result["memcpy_gbps"] = bench_memcpy(payload);
   if (!skip_shm) {
-  result["memcpy_fresh_pages_gbps"] = bench_memcpy_fresh(payload);
-  result["memcpy_remapped_pages_gbps"] = bench_memcpy_remapped(payload);
-  result["memfd_write_gbps"] = bench_memfd_write(payload);
+    result["memcpy_fresh_pages_gbps"] = bench_memcpy_fresh(payload);
+    result["memcpy_remapped_pages_gbps"] = bench_memcpy_remapped(payload);
+    result["memfd_write_gbps"] = bench_memfd_write(payload);
 
-  const auto shm_results = bench_shm(payload);
-  result["shm_publish_gbps"] = shm_results.publish_gbps;
-  result["shm_publish_vs_memcpy"] = shm_results.publish_gbps / result["memcpy_gbps"].get<double>();
-  result["shm_publish_vs_memcpy_fresh_pages"] =
-      shm_results.publish_gbps / result["memcpy_fresh_pages_gbps"].get<double>();
-  result["shm_publish_vs_memfd_write"] = shm_results.publish_gbps / result["memfd_write_gbps"].get<double>();
-  result["shm_small_msg_p50_us"] = shm_results.small_p50_us;
-  result["shm_small_msg_p99_us"] = shm_results.small_p99_us;
+    const auto shm_results = bench_shm(payload);
+    result["shm_publish_gbps"] = shm_results.publish_gbps;
+    result["shm_publish_vs_memcpy"] = shm_results.publish_gbps / result["memcpy_gbps"].get<double>();
+    result["shm_publish_vs_memcpy_fresh_pages"] =
+        shm_results.publish_gbps / result["memcpy_fresh_pages_gbps"].get<double>();
+    result["shm_publish_vs_memfd_write"] = shm_results.publish_gbps / result["memfd_write_gbps"].get<double>();
+    result["shm_small_msg_p50_us"] = shm_results.small_p50_us;
+    result["shm_small_msg_p99_us"] = shm_results.small_p99_us;
   }
 
   boost::asio::io_context io;

@@ -79,8 +79,7 @@ std::uint64_t checksum_chunk_into(XXH3_state_t& whole, std::span<const std::byte
     return XXH3_64bits(chunk.data(), chunk.size());
   }
   // Streamed and one-shot XXH3 agree. One state per thread, made once (the type is opaque here).
-  thread_local const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> own(XXH3_createState(),
-                                                                                  &XXH3_freeState);
+  thread_local const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> own(XXH3_createState(), &XXH3_freeState);
   if (!own) {  // out of memory for 576 bytes: two passes
     XXH3_64bits_update(&whole, chunk.data(), chunk.size());
     return XXH3_64bits(chunk.data(), chunk.size());
@@ -111,7 +110,8 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
   auto [ec, got] = co_await connection.socket.async_read_some(asio::buffer(header_bytes), kNoThrow);
   if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
   if (got < kPeerHeaderBytes) {
-    auto rest = co_await read_exact(connection, asio::buffer(header_bytes.data() + got, kPeerHeaderBytes - got), timeout);
+    auto rest =
+        co_await read_exact(connection, asio::buffer(header_bytes.data() + got, kPeerHeaderBytes - got), timeout);
     if (!rest) co_return outcome::failure(rest.error());
   }
   auto header = decode_peer_header(header_bytes);
