@@ -12,6 +12,17 @@ set_property(CACHE KVRELAY_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(KVRELAY_DEBUG_INFO "lines" CACHE STRING "Debug info in Debug/RelWithDebInfo builds: lines (-g1) or full (-g)")
 set_property(CACHE KVRELAY_DEBUG_INFO PROPERTY STRINGS lines full)
 
+# GNU ld takes ~2.5x as long as lld to link our Boost-heavy executables (kvrelay under ASan:
+# 11.4 -> 4.1 s; proxy_unit_tests 5.5 -> 2.3 s), and a CI run links ~25 of them per preset.
+option(KVRELAY_USE_LLD "Link C/C++ executables with lld when the compiler accepts -fuse-ld=lld" ON)
+if(KVRELAY_USE_LLD)
+  include(CheckLinkerFlag)
+  check_linker_flag(CXX "-fuse-ld=lld" KVRELAY_HAVE_LLD)
+  if(KVRELAY_HAVE_LLD)
+    add_link_options($<$<LINK_LANGUAGE:C,CXX>:-fuse-ld=lld>)
+  endif()
+endif()
+
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE RelWithDebInfo CACHE STRING "Build type" FORCE)
 endif()

@@ -9,7 +9,7 @@ packages=(
   libboost1.81-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libzstd-dev libxxhash-dev
   catch2 libcli11-dev libopenblas-dev
   python3 python3-jsonschema nginx-light prometheus
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev lld-14
 )
 
 missing=()
