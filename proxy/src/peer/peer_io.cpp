@@ -72,25 +72,19 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
   co_return ok();
 }
 
-std::uint64_t checksum_chunk_into(XXH3_state_t& whole, std::span<const std::byte> chunk) {
+std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk) {
   constexpr std::size_t kPieceBytes = 32 * 1024;
-  if (chunk.size() <= kPieceBytes) {
-    XXH3_64bits_update(&whole, chunk.data(), chunk.size());
-    return XXH3_64bits(chunk.data(), chunk.size());
+  BulkHashStream own;
+  if (chunk.size() <= kPieceBytes || !own.valid()) {  // small, or out of memory: two passes
+    whole.update(chunk.data(), chunk.size());
+    return bulk_hash64(chunk.data(), chunk.size());
   }
-  // Streamed and one-shot XXH3 agree. One state per thread, made once (the type is opaque here).
-  thread_local const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> own(XXH3_createState(), &XXH3_freeState);
-  if (!own) {  // out of memory for 576 bytes: two passes
-    XXH3_64bits_update(&whole, chunk.data(), chunk.size());
-    return XXH3_64bits(chunk.data(), chunk.size());
-  }
-  XXH3_64bits_reset(own.get());
   for (std::size_t offset = 0; offset < chunk.size(); offset += kPieceBytes) {
     const auto piece = chunk.subspan(offset, std::min(kPieceBytes, chunk.size() - offset));
-    XXH3_64bits_update(own.get(), piece.data(), piece.size());
-    XXH3_64bits_update(&whole, piece.data(), piece.size());
+    own.update(piece.data(), piece.size());
+    whole.update(piece.data(), piece.size());
   }
-  return XXH3_64bits_digest(own.get());
+  return own.digest();
 }
 
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
@@ -176,9 +170,8 @@ asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const En
     co_return fail(ErrorCode::kInternal,
                    fmt::format("receive buffer of {} bytes for a {}-byte frame", frame.size(), header.frame_bytes));
   }
-  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> whole(XXH3_createState(), &XXH3_freeState);
-  if (!whole) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
-  XXH3_64bits_reset(whole.get());
+  BulkHashStream whole;
+  if (!whole.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   const std::uint64_t chunks = header.chunk_count();
   for (std::uint64_t index = 0; index < chunks; ++index) {
@@ -204,11 +197,11 @@ asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const En
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
     const auto received = std::as_bytes(std::span(destination, static_cast<std::size_t>(expected)));
-    if (checksum_chunk_into(*whole, received) != chunk.checksum) {
+    if (checksum_chunk_into(whole, received) != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch, fmt::format("chunk {} checksum mismatch", index));
     }
   }
-  if (XXH3_64bits_digest(whole.get()) != header.frame_checksum) {
+  if (whole.digest() != header.frame_checksum) {
     co_return fail(ErrorCode::kChecksumMismatch, "encoded entry checksum mismatch");
   }
   co_return ok();

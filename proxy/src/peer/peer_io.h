@@ -71,7 +71,7 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
 
 // The chunk's own XXH3, with the chunk also fed into `whole`: one sweep in L1-sized pieces, each
 // hashed twice while it is in cache, instead of two passes over the chunk.
-[[nodiscard]] std::uint64_t checksum_chunk_into(XXH3_state_t& whole, std::span<const std::byte> chunk);
+[[nodiscard]] std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk);
 
 // Two buffers (header + body) so chunk data goes out without being copied. (No initializer
 // lists here: GCC 12 miscompiles braced lists inside co_await expressions.)

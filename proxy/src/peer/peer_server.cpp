@@ -158,10 +158,8 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   ReceiveBuffer buffer(shared, static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes)));
   if (auto sent = co_await send_frame(connection, begin_ok, options.read_timeout); !sent) co_return sent;
 
-  XXH3_state_t* total = XXH3_createState();
-  if (total == nullptr) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
-  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> total_guard(total, &XXH3_freeState);
-  XXH3_64bits_reset(total);
+  BulkHashStream total;
+  if (!total.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   const std::uint64_t chunks = begin.chunk_count();
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   for (std::uint64_t index = 0; index < chunks; ++index) {
@@ -188,7 +186,7 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       co_return fail(ErrorCode::kProtocol,
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
-    const std::uint64_t actual = checksum_chunk_into(*total, std::span<const std::byte>(buffer.data(), length));
+    const std::uint64_t actual = checksum_chunk_into(total, std::span<const std::byte>(buffer.data(), length));
     if (actual != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch,
                      fmt::format("chunk {} checksum 0x{:016x} != 0x{:016x}", index, actual, chunk.checksum));
@@ -206,7 +204,7 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     const auto ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
     if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
   }
-  const std::uint64_t digest = XXH3_64bits_digest(total);
+  const std::uint64_t digest = total.digest();
   if (digest != begin.info.checksum) {
     co_return fail(ErrorCode::kChecksumMismatch,
                    fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, begin.info.checksum));
