@@ -41,25 +41,6 @@ std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float
 
 namespace {
 
-// pread into memory the caller already touched: the kernel copies from the segment's pages, no
-// mapping (and none of its page faults) on this side.
-Status read_segment(int fd, std::uint64_t offset, std::span<std::byte> into, std::uint64_t segment_bytes) {
-  if (offset > segment_bytes || into.size() > segment_bytes - offset) {
-    return fail(ErrorCode::kOutOfRange,
-                fmt::format("read of {} bytes at {} past a {}-byte segment", into.size(), offset, segment_bytes));
-  }
-  std::size_t done = 0;
-  while (done < into.size()) {
-    const auto got = ::pread(fd, into.data() + done, into.size() - done, static_cast<off_t>(offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      return fail(ErrorCode::kIo, fmt::format("reading the KV segment: {}", got < 0 ? std::strerror(errno) : "short"));
-    }
-    done += static_cast<std::size_t>(got);
-  }
-  return ok();
-}
-
 std::string params_text(const nlohmann::json& params) {
   return params.is_null() ? std::string() : params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -89,10 +70,11 @@ Result<KvPrefix> SidecarKvConnector::segment_prefix(shm::ReadOnlyEntry entry, st
   }
   KvPrefix prefix;
   prefix.layout = info.layout;
-  // The segment is sealed against writes: reading it later, from the model thread, is safe.
-  auto segment = std::make_shared<shm::UniqueFd>(std::move(entry.fd));
-  prefix.read = [segment, bytes = info.bytes](std::uint64_t offset, std::span<float> into) -> Status {
-    return read_segment(segment->get(), offset * sizeof(float), std::as_writable_bytes(into), bytes);
+  // A sealed segment, or an arena block under lease until this prefix is dropped: either way
+  // its bytes cannot change, so reading it later, from the model thread, is safe.
+  auto held = std::make_shared<shm::ReadOnlyEntry>(std::move(entry));
+  prefix.read = [held](std::uint64_t offset, std::span<float> into) -> Status {
+    return held->read(offset * sizeof(float), std::as_writable_bytes(into));
   };
   return prefix;
 }

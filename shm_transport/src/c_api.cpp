@@ -85,11 +85,11 @@ int kvrelay_region_alloc(kvrelay_client* client, uint64_t size, kvrelay_region**
 }
 
 void* kvrelay_region_data(kvrelay_region* region) {
-  return region == nullptr ? nullptr : region->region.mapping.data();
+  return region == nullptr ? nullptr : region->region.bytes().data();
 }
 
 uint64_t kvrelay_region_size(const kvrelay_region* region) {
-  return region == nullptr ? 0 : region->region.mapping.size();
+  return region == nullptr ? 0 : region->region.bytes().size();
 }
 
 int kvrelay_region_commit(kvrelay_client* client, kvrelay_region* region, const kvrelay_key* key,
@@ -102,7 +102,7 @@ int kvrelay_region_commit(kvrelay_client* client, kvrelay_region* region, const 
     delete region;
     return invalid(client, "unknown dtype");
   }
-  const auto checksum = kvrelay::shm::checksum_bytes(region->region.mapping.bytes());
+  const auto checksum = kvrelay::shm::checksum_bytes(region->region.bytes());
   auto committed = client->client.commit(std::move(region->region), {key->model_id, key->context_hash},
                                          to_layout(*layout), checksum);
   delete region;
@@ -142,7 +142,7 @@ int kvrelay_lookup(kvrelay_client* client, const kvrelay_key* key, kvrelay_entry
 }
 
 const void* kvrelay_entry_data(const kvrelay_entry* entry) {
-  return entry == nullptr ? nullptr : entry->entry.mapping.data();
+  return entry == nullptr ? nullptr : entry->entry.bytes().data();
 }
 
 uint64_t kvrelay_entry_size(const kvrelay_entry* entry) {

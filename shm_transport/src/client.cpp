@@ -29,7 +29,24 @@ constexpr int kRingSpins = 20000;
 }  // namespace
 
 std::uint64_t checksum_bytes(std::span<const std::byte> bytes) {
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return bulk_hash64(bytes.data(), bytes.size());
+}
+
+ArenaLease::~ArenaLease() {
+  std::lock_guard lock(returns_->mutex);
+  returns_->ids.push_back(id_);
+}
+
+Status ReadOnlyEntry::read(std::uint64_t offset, std::span<std::byte> out) const {
+  if (offset > info.bytes || out.size() > info.bytes - offset) {
+    return fail(ErrorCode::kOutOfRange,
+                fmt::format("read of {} bytes at {} from a {}-byte entry", out.size(), offset, info.bytes));
+  }
+  if (arena) {
+    if (!out.empty()) std::memcpy(out.data(), bytes().data() + offset, out.size());
+    return ok();
+  }
+  return read_memfd(fd.get(), offset, out);
 }
 
 ShmClient::~ShmClient() = default;
@@ -58,8 +75,21 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path) {
 }
 
 Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::byte> payload,
-                                         MessageType expected_reply, std::size_t expected_fds,
-                                         std::span<const int> fds) {
+                                         MessageType expected_reply, std::size_t expected_fds, std::span<const int> fds,
+                                         std::optional<MessageType> alternate_reply) {
+  if (type != MessageType::kReleaseLeases && type != MessageType::kHello) {
+    KVRELAY_TRY(release_leases());
+  }
+  KVRELAY_TRY(auto reply, exchange(type, payload, fds));
+  if (reply.frame.type != expected_reply && reply.frame.type != alternate_reply.value_or(expected_reply)) {
+    return fail(ErrorCode::kProtocol, "unexpected reply type");
+  }
+  if (reply.fds.size() != expected_fds) return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
+  return reply;
+}
+
+Result<ShmClient::Reply> ShmClient::exchange(MessageType type, std::span<const std::byte> payload,
+                                             std::span<const int> fds) {
   if (!socket_) return fail(ErrorCode::kInvalidArgument, "client is not connected");
   const std::uint32_t request_id = next_request_++;
   auto sent = send_message(socket_.get(), encode_frame(type, request_id, payload), fds);
@@ -76,13 +106,75 @@ Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::
   KVRELAY_TRY(auto frame, decode_frame(reply.storage));
   reply.frame = frame;
   if (reply.frame.type == MessageType::kError) return outcome::failure(decode_error(reply.frame.payload));
-  if (reply.frame.type != expected_reply) return fail(ErrorCode::kProtocol, "unexpected reply type");
   if (reply.frame.request_id != request_id) return fail(ErrorCode::kProtocol, "reply for another request");
-  if (reply.fds.size() != expected_fds) return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
   return reply;
 }
 
+Status ShmClient::release_leases() {
+  if (!lease_returns_) return ok();
+  std::vector<std::uint64_t> ids;
+  {
+    std::lock_guard lock(lease_returns_->mutex);
+    ids.swap(lease_returns_->ids);
+  }
+  // Small batches keep each message far below the datagram limit.
+  constexpr std::size_t kBatch = 4096;
+  for (std::size_t first = 0; first < ids.size(); first += kBatch) {
+    const std::size_t count = std::min(kBatch, ids.size() - first);
+    ByteWriter request;
+    request.put(static_cast<std::uint32_t>(count));
+    for (std::size_t index = first; index < first + count; ++index)
+      request.put(ids[index]);
+    KVRELAY_TRY(call(MessageType::kReleaseLeases, request.bytes(), MessageType::kLeasesReleased, 0));
+  }
+  return ok();
+}
+
+Result<std::shared_ptr<const ClientArena>> ShmClient::adopt_arena(UniqueFd fd, std::uint64_t arena_bytes) {
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) return fail(ErrorCode::kInvalidArgument, "cannot stat the arena fd");
+  if (arena_ && arena_->device == info.st_dev && arena_->inode == info.st_ino) return arena_;
+  KVRELAY_TRY(check_sealed_memfd(fd.get(), arena_bytes));
+  auto arena = std::make_shared<ClientArena>();
+  KVRELAY_TRY(arena->mapping, Mapping::map(fd.get(), arena_bytes, true));
+  arena->fd = std::move(fd);
+  arena->device = info.st_dev;
+  arena->inode = info.st_ino;
+  arena_ = arena;
+  return arena_;
+}
+
+Result<WritableRegion> ShmClient::allocate_in_arena(std::uint64_t size) {
+  ByteWriter request;
+  request.put(size);
+  KVRELAY_TRY(auto reply, call(MessageType::kAllocArenaRegion, request.bytes(), MessageType::kArenaRegion, 1));
+  ByteReader reader(reply.frame.payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto granted = reader.get<std::uint64_t>();
+  const auto offset = reader.get<std::uint64_t>();
+  const auto arena_bytes = reader.get<std::uint64_t>();
+  if (!arena_bytes || reader.remaining() != 0 || *granted != size || *offset > *arena_bytes ||
+      size > *arena_bytes - *offset) {
+    return fail(ErrorCode::kProtocol, "malformed arena region reply");
+  }
+  WritableRegion region;
+  region.id = *id;
+  region.size = size;
+  region.arena_offset = *offset;
+  KVRELAY_TRY(region.arena, adopt_arena(std::move(reply.fds[0]), *arena_bytes));
+  return region;
+}
+
 Result<WritableRegion> ShmClient::allocate(std::uint64_t size) {
+  if (use_arena_ && server_version_ >= kArenaDataPlaneVersion) {
+    auto in_arena = allocate_in_arena(size);
+    if (in_arena) return in_arena;
+    // No arena, or no room in it: a region of our own still works, just slower.
+    if (in_arena.error().code == ErrorCode::kUnsupported)
+      use_arena_ = false;
+    else if (in_arena.error().code != ErrorCode::kResourceExhausted)
+      return in_arena;
+  }
   KVRELAY_TRY(auto region, allocate_unmapped(size));
   KVRELAY_TRY(auto mapping, Mapping::map(region.fd.get(), size, true));
   region.mapping = std::move(mapping);
@@ -167,27 +259,48 @@ Status ShmClient::publish_with_context(const EntryKey& key, const KvLayout& layo
 }
 
 Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum) {
-  KVRELAY_TRY(auto region, allocate_unmapped(bytes.size()));
-  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (!state) return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
-  XXH3_64bits_reset(state.get());
-  // Hash each cache-sized piece, then write it while it is still hot. The kernel writes into
-  // the segment through its own mapping; mapping a fresh region here would cost a page fault
-  // per 4 KiB (~4 ms/MiB on hosts with lazily built page tables).
+  std::optional<WritableRegion> arena_region;
+  if (use_arena_ && server_version_ >= kArenaDataPlaneVersion) {
+    auto in_arena = allocate_in_arena(bytes.size());
+    if (in_arena) {
+      arena_region = std::move(in_arena).value();
+    } else if (in_arena.error().code == ErrorCode::kUnsupported) {
+      use_arena_ = false;
+    } else if (in_arena.error().code != ErrorCode::kResourceExhausted) {
+      return outcome::failure(in_arena.error());
+    }
+  }
+  BulkHashStream hash;
+  if (!hash.valid()) return fail(ErrorCode::kResourceExhausted, "cannot allocate a hash state");
+  // Hash each cache-sized piece, then write it while it is still hot.
   constexpr std::size_t kPiece = 256 * 1024;
+  if (arena_region) {
+    const auto destination = arena_region->bytes();
+    for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
+      const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
+      hash.update(piece.data(), piece.size());
+      std::memcpy(destination.data() + offset, piece.data(), piece.size());
+    }
+    checksum = hash.digest();
+    return std::move(*arena_region);
+  }
+  KVRELAY_TRY(auto region, allocate_unmapped(bytes.size()));
+  // The kernel writes into a fresh segment through its own mapping; mapping it here would cost
+  // a page fault per 4 KiB (~4 ms/MiB on hosts with lazily built page tables).
   for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
     const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
-    XXH3_64bits_update(state.get(), piece.data(), piece.size());
+    hash.update(piece.data(), piece.size());
     KVRELAY_TRY(write_memfd(region.fd.get(), offset, piece));
   }
-  checksum = XXH3_64bits_digest(state.get());
+  checksum = hash.digest();
   return region;
 }
 
 Result<ReadOnlyEntry> ShmClient::lookup(const EntryKey& key) {
   ByteWriter request;
   encode_key(request, key);
-  KVRELAY_TRY(auto reply, call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1));
+  KVRELAY_TRY(auto reply,
+              call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1, {}, MessageType::kArenaEntry));
   ByteReader reader(reply.frame.payload);
   KVRELAY_TRY(auto entry, map_entry(reply, reader));
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed entry reply");
@@ -204,7 +317,8 @@ Result<ResolvedPrefix> ShmClient::resolve_unmapped(const ResolveRequest& request
 
 Result<ResolvedPrefix> ShmClient::resolve_as(const ResolveRequest& request, bool map) {
   if (server_version_ < 2) return fail(ErrorCode::kUnsupported, "the sidecar speaks data-plane version 1 (no resolve)");
-  KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(request), MessageType::kResolved, 1));
+  KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(request), MessageType::kResolved, 1, {},
+                               MessageType::kArenaResolved));
   ByteReader reader(reply.frame.payload);
   KVRELAY_TRY(auto entry, map_entry(reply, reader, map));
   const auto blocks = reader.get<std::uint32_t>();
@@ -231,6 +345,19 @@ Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader, boo
   ReadOnlyEntry entry;
   entry.info = EntryInfo{layout, *bytes, *checksum};
   KVRELAY_TRY(validate_entry_info(entry.info));
+  if (reply.frame.type == MessageType::kArenaEntry || reply.frame.type == MessageType::kArenaResolved) {
+    const auto offset = reader.get<std::uint64_t>();
+    const auto lease = reader.get<std::uint64_t>();
+    const auto arena_bytes = reader.get<std::uint64_t>();
+    if (!arena_bytes || *offset > *arena_bytes || entry.info.bytes > *arena_bytes - *offset) {
+      return fail(ErrorCode::kProtocol, "malformed arena entry reply");
+    }
+    // Owned from here, so an entry this client cannot use still goes back to the sidecar.
+    entry.lease = std::make_shared<ArenaLease>(lease_returns_, *lease);
+    KVRELAY_TRY(entry.arena, adopt_arena(std::move(reply.fds[0]), *arena_bytes));
+    entry.arena_offset = *offset;
+    return entry;
+  }
   KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), 0));
   KVRELAY_TRY(const unsigned seals, get_seals(reply.fds[0].get()));
   if ((seals & 0x0008U) == 0) return fail(ErrorCode::kPermissionDenied, "entry memfd is not sealed against writes");

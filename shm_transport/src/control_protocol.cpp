@@ -25,6 +25,12 @@ bool known_type(std::uint16_t type) {
     case MessageType::kResolve:
     case MessageType::kCommitContext:
     case MessageType::kPrefillReport:
+    case MessageType::kAllocArenaRegion:
+    case MessageType::kReleaseLeases:
+    case MessageType::kArenaRegion:
+    case MessageType::kLeasesReleased:
+    case MessageType::kArenaEntry:
+    case MessageType::kArenaResolved:
     case MessageType::kResolved:
     case MessageType::kContextCommitted:
     case MessageType::kPrefillNoted:
@@ -174,7 +180,7 @@ std::vector<std::byte> encode_stats(const ServerStats& stats) {
   ByteWriter writer;
   writer.put(stats.connections).put(stats.pending_regions).put(stats.pending_bytes).put(stats.entries);
   writer.put(stats.entry_bytes).put(stats.commits).put(stats.rejected_messages).put(stats.refused_connections);
-  writer.put(stats.open_rings);
+  writer.put(stats.open_rings).put(stats.arena_bytes).put(stats.arena_bytes_in_use).put(stats.leases);
   return writer.take();
 }
 
@@ -184,6 +190,12 @@ Result<ServerStats> decode_stats(std::span<const std::byte> payload) {
   for (std::uint64_t* field :
        {&stats.connections, &stats.pending_regions, &stats.pending_bytes, &stats.entries, &stats.entry_bytes,
         &stats.commits, &stats.rejected_messages, &stats.refused_connections, &stats.open_rings}) {
+    const auto value = reader.get<std::uint64_t>();
+    if (!value) return fail(ErrorCode::kTruncated, "stats reply truncated");
+    *field = *value;
+  }
+  if (reader.remaining() == 0) return stats;  // a version-2 sidecar: no arena
+  for (std::uint64_t* field : {&stats.arena_bytes, &stats.arena_bytes_in_use, &stats.leases}) {
     const auto value = reader.get<std::uint64_t>();
     if (!value) return fail(ErrorCode::kTruncated, "stats reply truncated");
     *field = *value;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/memfd.h"
 
@@ -23,9 +25,19 @@ Status validate_entry_info(const EntryInfo& info) {
   return ok();
 }
 
-Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, std::span<const std::byte> bytes) {
-  const EntryInfo info{layout, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())};
+Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, std::span<const std::byte> bytes,
+                                                       ShmArena* arena) {
+  const EntryInfo info{layout, bytes.size(), bulk_hash64(bytes.data(), bytes.size())};
   KVRELAY_TRY(validate_entry_info(info));
+  if (arena != nullptr) {
+    if (auto block = arena->allocate(bytes.size())) {
+      if (!bytes.empty()) std::memcpy(block.value()->bytes().data(), bytes.data(), bytes.size());
+      auto entry = std::make_shared<StoredEntry>();
+      entry->info = info;
+      entry->block = std::move(block).value();
+      return entry;
+    }
+  }
   // Filled through the kernel, never mapped here: no first-touch page faults, and nothing
   // writable mapped when F_SEAL_WRITE goes on.
   KVRELAY_TRY(auto fd, create_sealed_memfd_to_fill("kvrelay-entry", bytes.size()));
@@ -35,6 +47,30 @@ Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, s
   entry->info = info;
   entry->fd = std::move(fd);
   return entry;
+}
+
+Result<EntryView> view_entry(const StoredEntry& entry) {
+  EntryView view;
+  if (entry.block) {
+    view.block_ = entry.block;
+    view.view_ = entry.block->bytes();
+    return view;
+  }
+  KVRELAY_TRY(view.mapping_, Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  view.view_ = view.mapping_.bytes();
+  return view;
+}
+
+Status read_entry(const StoredEntry& entry, std::uint64_t offset, std::span<std::byte> out) {
+  if (offset > entry.info.bytes || out.size() > entry.info.bytes - offset) {
+    return fail(ErrorCode::kOutOfRange,
+                fmt::format("read of {} bytes at {} from a {}-byte entry", out.size(), offset, entry.info.bytes));
+  }
+  if (entry.block) {
+    if (!out.empty()) std::memcpy(out.data(), entry.block->bytes().data() + offset, out.size());
+    return ok();
+  }
+  return read_memfd(entry.fd.get(), offset, out);
 }
 
 void encode_key(ByteWriter& writer, const EntryKey& key) {

@@ -19,7 +19,9 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
+#include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 #include "kvrelay/shm_transport/memfd.h"
@@ -31,7 +33,8 @@ namespace {
 constexpr std::uint32_t kServerProtocolVersion = kDataPlaneVersion;
 
 struct Region {
-  UniqueFd fd;
+  UniqueFd fd;                        // a memfd region, or
+  std::shared_ptr<ArenaBlock> block;  // an arena region
   std::uint64_t size = 0;
 };
 
@@ -75,6 +78,11 @@ struct ShmServer::Connection {
   std::uint32_t uid = 0;
   std::int32_t pid = 0;
   std::map<std::uint64_t, Region> regions;
+  std::uint32_t client_version = 1;
+  // Arena entries handed to this client: their blocks stay allocated until it gives them back
+  // (ReleaseLeases) or hangs up.
+  std::unordered_map<std::uint64_t, std::shared_ptr<const StoredEntry>> leases;
+  std::uint64_t next_lease = 1;
   std::uint64_t pending_bytes = 0;
   // Small-message ring pair, once opened: requests flow client -> server in `requests`.
   Mapping ring_memory;
@@ -142,6 +150,14 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
   server->stop_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   server->resolved_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->stop_fd_ || !server->resolved_fd_) return fail(ErrorCode::kIo, "eventfd failed");
+  if (server->options_.arena_bytes > 0) {
+    auto arena = ShmArena::create(server->options_.arena_bytes);
+    if (!arena) {
+      return fail(arena.error().code, fmt::format("shared-memory arena of {} bytes: {}", server->options_.arena_bytes,
+                                                  arena.error().message));
+    }
+    server->arena_ = std::move(arena).value();
+  }
   if (server->options_.resolve_threads > 0) {
     server->resolve_pool_ = std::make_unique<ResolvePool>(server->options_.resolve_threads);
   }
@@ -179,6 +195,12 @@ ServerStats ShmServer::stats() const {
   stats.rejected_messages = rejected_.load();
   stats.refused_connections = refused_.load();
   stats.open_rings = open_rings_.load();
+  if (arena_) {
+    const auto arena_stats = arena_->stats();
+    stats.arena_bytes = arena_stats.capacity;
+    stats.arena_bytes_in_use = arena_stats.in_use;
+  }
+  stats.leases = leases_.load();
   return stats;
 }
 
@@ -260,31 +282,60 @@ void ShmServer::close_connection(std::size_t index) {
   pending_regions_ -= connection.regions.size();
   pending_bytes_ -= connection.pending_bytes;
   if (connection.wake_server) --open_rings_;
+  leases_ -= connection.leases.size();
   connections_.erase(connections_.begin() + static_cast<std::ptrdiff_t>(index));
   --connections_count_;
 }
 
-void ShmServer::resolve_reply(std::uint32_t id, Result<ResolvedEntry> resolved, std::vector<std::byte>& reply,
-                              std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
+void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
+                              std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
   if (!resolved) {
     // A miss is an answer, not a rejected message.
     if (resolved.error().code != ErrorCode::kNotFound) ++rejected_;
     reply = encode_error(id, resolved.error());
     return;
   }
-  const auto& entry = *resolved.value().entry;
-  reply_owned_fd.reset(::fcntl(entry.fd.get(), F_DUPFD_CLOEXEC, 0));
-  if (!reply_owned_fd) {
+  ByteWriter out;
+  auto type = entry_reply(connection, resolved.value().entry, true, out, reply_fds, reply_owned_fd);
+  if (!type) {
     ++rejected_;
-    reply = encode_error(id, Error{ErrorCode::kResourceExhausted, "cannot duplicate entry fd"});
+    reply = encode_error(id, type.error());
     return;
   }
-  ByteWriter out;
-  encode_layout(out, entry.info.layout);
-  out.put(entry.info.bytes).put(entry.info.checksum).put(resolved.value().meta.blocks);
+  out.put(resolved.value().meta.blocks);
   out.put_string(resolved.value().meta.medium);
-  reply = encode_frame(MessageType::kResolved, id, out.bytes());
+  reply = encode_frame(type.value(), id, out.bytes());
+}
+
+Result<MessageType> ShmServer::entry_reply(Connection& connection, const std::shared_ptr<const StoredEntry>& shared,
+                                           bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
+                                           UniqueFd& reply_owned_fd) {
+  const StoredEntry& stored = *shared;
+  const StoredEntry* entry = &stored;
+  std::shared_ptr<StoredEntry> copy;
+  if (stored.in_arena()) {
+    if (connection.client_version >= kArenaDataPlaneVersion &&
+        connection.leases.size() < options_.max_leases_per_connection) {
+      // The lease keeps the block (and so these bytes) from being reused while the client reads.
+      const std::uint64_t lease = connection.next_lease++;
+      connection.leases.emplace(lease, shared);
+      ++leases_;
+      encode_layout(out, stored.info.layout);
+      out.put(stored.info.bytes).put(stored.info.checksum);
+      out.put(stored.block->offset()).put(lease).put(stored.block->arena().capacity());
+      reply_fds.push_back(stored.block->arena().fd());
+      return resolved ? MessageType::kArenaResolved : MessageType::kArenaEntry;
+    }
+    // An older client (or one holding too many leases) gets a sealed copy of its own.
+    KVRELAY_TRY(copy, make_stored_entry(stored.info.layout, stored.block->bytes()));
+    entry = copy.get();
+  }
+  reply_owned_fd.reset(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!reply_owned_fd) return fail(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
+  encode_layout(out, entry->info.layout);
+  out.put(entry->info.bytes).put(entry->info.checksum);
   reply_fds.push_back(reply_owned_fd.get());
+  return resolved ? MessageType::kResolved : MessageType::kEntry;
 }
 
 void ShmServer::dispatch_resolve(Connection& connection, std::uint32_t id, ResolveRequest request) {
@@ -293,7 +344,7 @@ void ShmServer::dispatch_resolve(Connection& connection, std::uint32_t id, Resol
     std::vector<std::byte> reply;
     std::vector<int> reply_fds;
     UniqueFd owned;
-    resolve_reply(id, hooks_->resolve(request), reply, reply_fds, owned);
+    resolve_reply(*client, id, hooks_->resolve(request), reply, reply_fds, owned);
     const bool sent = send_message(client->socket.get(), reply, reply_fds).has_value();
     {
       std::lock_guard lock(resolved_mutex_);
@@ -357,6 +408,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       const auto version = reader.get<std::uint32_t>();
       if (!version || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed hello");
       if (*version < 1) return refuse(ErrorCode::kBadVersion, "client protocol version 0");
+      connection.client_version = *version;
       ByteWriter out;
       out.put(kServerProtocolVersion).put(static_cast<std::uint32_t>(kMaxFdsPerMessage)).put(options_.max_region_bytes);
       reply = encode_frame(MessageType::kHelloOk, id, out.bytes());
@@ -399,6 +451,31 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       reply = encode_frame(takes_fd ? MessageType::kRegionAttached : MessageType::kRegion, id, out.bytes());
       return;
     }
+    case MessageType::kAllocArenaRegion: {
+      const auto size = reader.get<std::uint64_t>();
+      if (!size || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed arena region request");
+      if (!arena_) return refuse(ErrorCode::kUnsupported, "this sidecar has no arena (limits.shm_arena_bytes is 0)");
+      if (connection.pending_bytes + *size > options_.max_pending_bytes_per_connection) {
+        return refuse(ErrorCode::kResourceExhausted, "too many uncommitted bytes on this connection");
+      }
+      auto block = arena_->allocate(*size);
+      // The client falls back to a region of its own on this answer.
+      if (!block) return refuse(block.error().code, block.error().message);
+      Region region;
+      region.size = *size;
+      region.block = std::move(block).value();
+      const std::uint64_t offset = region.block->offset();
+      const std::uint64_t region_id = next_region_id_++;
+      connection.pending_bytes += *size;
+      pending_bytes_ += *size;
+      ++pending_regions_;
+      connection.regions.emplace(region_id, std::move(region));
+      ByteWriter out;
+      out.put(region_id).put(*size).put(offset).put(arena_->capacity());
+      reply = encode_frame(MessageType::kArenaRegion, id, out.bytes());
+      reply_fds.push_back(arena_->fd());
+      return;
+    }
     case MessageType::kCommit:
     case MessageType::kCommitContext: {
       auto committed = handle_commit(connection, frame, frame.type == MessageType::kCommitContext);
@@ -423,14 +500,27 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       if (!key || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed lookup");
       auto entry = store_->get(*key);
       if (!entry) return refuse(ErrorCode::kNotFound, "no entry for this key");
-      ByteWriter out;
-      encode_layout(out, entry->info.layout);
-      out.put(entry->info.bytes).put(entry->info.checksum);
-      reply = encode_frame(MessageType::kEntry, id, out.bytes());
       // The kernel duplicates the descriptor into the client; ours stays with the store.
-      reply_owned_fd.reset(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
-      if (!reply_owned_fd) return refuse(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
-      reply_fds.push_back(reply_owned_fd.get());
+      ByteWriter out;
+      auto type = entry_reply(connection, entry, false, out, reply_fds, reply_owned_fd);
+      if (!type) return refuse(type.error().code, type.error().message);
+      reply = encode_frame(type.value(), id, out.bytes());
+      return;
+    }
+    case MessageType::kReleaseLeases: {
+      const auto count = reader.get<std::uint32_t>();
+      if (!count || reader.remaining() != std::size_t{*count} * sizeof(std::uint64_t)) {
+        return refuse(ErrorCode::kProtocol, "malformed lease release");
+      }
+      std::uint32_t released = 0;
+      for (std::uint32_t index = 0; index < *count; ++index) {
+        // Unknown ids are ignored: releasing twice is harmless, and another client's ids are not ours.
+        if (connection.leases.erase(*reader.get<std::uint64_t>()) == 1) ++released;
+      }
+      leases_ -= released;
+      ByteWriter out;
+      out.put(released);
+      reply = encode_frame(MessageType::kLeasesReleased, id, out.bytes());
       return;
     }
     case MessageType::kResolve: {
@@ -438,7 +528,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       if (!request) return refuse(request.error().code, request.error().message);
       if (hooks_ && resolve_pool_) return dispatch_resolve(connection, id, std::move(request).value());
       auto resolved = hooks_ ? hooks_->resolve(request.value()) : resolve_from_store(*store_, request.value());
-      return resolve_reply(id, std::move(resolved), reply, reply_fds, reply_owned_fd);
+      return resolve_reply(connection, id, std::move(resolved), reply, reply_fds, reply_owned_fd);
     }
     case MessageType::kPrefillReport: {
       auto report = decode_prefill_report(frame.payload);
@@ -515,9 +605,16 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
     return fail(ErrorCode::kLayoutMismatch,
                 fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
   }
-  KVRELAY_TRY(seal_contents(region.fd.get()));
-  // Read through the kernel rather than a new mapping (see checksum_memfd).
-  KVRELAY_TRY(const std::uint64_t actual, checksum_memfd(region.fd.get(), region.size));
+  std::uint64_t actual = 0;
+  if (region.block) {
+    // Nothing but this check stands between the client's writes and readers: after it, the
+    // block belongs to the entry (and the client was granted no other range).
+    actual = bulk_hash64(region.block->bytes().data(), region.size);
+  } else {
+    KVRELAY_TRY(seal_contents(region.fd.get()));
+    // Read through the kernel rather than a new mapping (see checksum_memfd).
+    KVRELAY_TRY(actual, checksum_memfd(region.fd.get(), region.size));
+  }
   if (actual != info.checksum) {
     return fail(ErrorCode::kChecksumMismatch,
                 fmt::format("region checksum 0x{:016x} != committed 0x{:016x}", actual, info.checksum));
@@ -525,6 +622,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   auto entry = std::make_shared<StoredEntry>();
   entry->info = info;
   entry->fd = std::move(region.fd);
+  entry->block = std::move(region.block);
   const std::shared_ptr<const StoredEntry> stored = entry;
   KVRELAY_TRY(store_->put(*key, stored));
   ++commits_;

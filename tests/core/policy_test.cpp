@@ -103,6 +103,19 @@ TEST_CASE("peer transfer buffers can be kept smaller, or not at all", "[core][po
   CHECK_THAT(rejection(document), Catch::Contains("/limits/peer_buffer_bytes: expected integer"));
 }
 
+TEST_CASE("the shared-memory arena has a size, and 0 turns it off", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  CHECK(defaults.value().limits.shm_arena_bytes == 256ULL << 20);
+  document["limits"] = {{"shm_arena_bytes", 0}};
+  const auto off = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(off);
+  CHECK(off.value().limits.shm_arena_bytes == 0);
+  document["limits"] = {{"shm_arena_bytes", "big"}};
+  CHECK_THAT(rejection(document), Catch::Contains("/limits/shm_arena_bytes: expected integer"));
+}
+
 TEST_CASE("unknown keys are rejected, listing what is allowed", "[core][policy]") {
   auto document = minimal_policy();
   document["routes"][1]["colour"] = "blue";

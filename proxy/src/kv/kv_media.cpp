@@ -11,12 +11,8 @@ namespace kvrelay::proxy::kv {
 namespace {
 
 constexpr std::string_view kPluginPrefix = "codec:";
-std::span<const std::byte> mapped_bytes(const shm::Mapping& mapping) {
-  return {mapping.data(), static_cast<std::size_t>(mapping.size())};
-}
-
-std::span<const std::uint8_t> as_u8(const shm::Mapping& mapping) {
-  return {reinterpret_cast<const std::uint8_t*>(mapping.data()), static_cast<std::size_t>(mapping.size())};
+std::span<const std::uint8_t> as_u8(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
 }
 
 }  // namespace
@@ -46,11 +42,11 @@ Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEnt
   if (tokens > layout.tokens) {  // checked before the slice's buffer is allocated
     return fail(ErrorCode::kOutOfRange, fmt::format("slice of {} tokens from an entry of {}", tokens, layout.tokens));
   }
-  KVRELAY_TRY(const auto mapping, shm::Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  KVRELAY_TRY(const auto view, shm::view_entry(entry));
   const KvLayout sliced = layout.with_tokens(tokens);
   KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
   std::vector<std::byte> bytes(static_cast<std::size_t>(total));
-  KVRELAY_TRY(copy_token_range(layout, mapped_bytes(mapping), 0, tokens, bytes));
+  KVRELAY_TRY(copy_token_range(layout, view.bytes(), 0, tokens, bytes));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(sliced, bytes));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
@@ -64,7 +60,7 @@ Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntr
   const KvLayout joined = head.info.layout.with_tokens(tokens);
   KVRELAY_TRY(const std::uint64_t total, joined.total_bytes());
   auto head_bytes = buffers.take(static_cast<std::size_t>(head.info.bytes));
-  KVRELAY_TRY(shm::read_memfd(head.fd.get(), 0, head_bytes.bytes()));
+  KVRELAY_TRY(shm::read_entry(head, 0, head_bytes.bytes()));
   auto bytes = buffers.take(static_cast<std::size_t>(total));
   KVRELAY_TRY(join_tokens(head.info.layout, head_bytes.bytes(), tail_layout, tail, bytes.bytes()));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes.bytes()));
@@ -74,10 +70,10 @@ Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntr
 Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs, std::string_view codec_spec,
                                                const shm::StoredEntry& entry) {
   KVRELAY_TRY(const auto spec, codec::resolve_codec(codecs, codec_spec));
-  KVRELAY_TRY(const auto mapping, shm::Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  KVRELAY_TRY(const auto view, shm::view_entry(entry));
   codec::EncodeOptions options;
   options.zstd_stage = spec.zstd_stage;
-  return codec::encode_frame(*spec.codec, entry.info.layout, as_u8(mapping), options);
+  return codec::encode_frame(*spec.codec, entry.info.layout, as_u8(view.bytes()), options);
 }
 
 Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,

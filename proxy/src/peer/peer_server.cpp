@@ -251,7 +251,7 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   // encoding into a fresh buffer, paid a first touch per 4 KiB page on every fetch, several
   // times the cost of the copies on hosts with lazily built page tables.
   auto stored = shared->buffers.take(static_cast<std::size_t>(entry->info.bytes));
-  if (auto read = shm::read_memfd(entry->fd.get(), 0, stored.bytes()); !read) co_return read;
+  if (auto read = shm::read_entry(*entry, 0, stored.bytes()); !read) co_return read;
   codec::EncodeOptions encode_options;
   encode_options.zstd_stage = spec.value().zstd_stage;
   KvLayout layout = entry->info.layout;

@@ -113,6 +113,8 @@ struct LimitsPolicy {
   std::uint64_t kv_store_bytes = 1ULL << 30;
   // Peer transfer buffers kept warm between fetches, per side (fetching, serving); read at start.
   std::uint64_t peer_buffer_bytes = 192ULL << 20;
+  // The shared-memory arena entries live in (0: one sealed memfd per entry); read at start.
+  std::uint64_t shm_arena_bytes = 256ULL << 20;
   std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url
   // Longest a worker's KV lookup may wait on peers before the sidecar answers "miss".
   std::chrono::milliseconds kv_lookup_timeout{2'000};

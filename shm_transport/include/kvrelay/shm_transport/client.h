@@ -8,6 +8,8 @@
 // unmapped before the commit is sent so the sidecar can seal it against writes.
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,21 +23,63 @@
 
 namespace kvrelay::shm {
 
+// The sidecar's arena as this process maps it: once, for as long as any region or entry in it
+// lives, so its pages stay warm across publishes and reads.
+struct ClientArena {
+  UniqueFd fd;
+  Mapping mapping;
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+};
+
+// Arena entries this process holds; the client gives them back to the sidecar on its next call
+// (or release_leases()), after which their blocks may be reused.
+struct LeaseReturns {
+  std::mutex mutex;
+  std::vector<std::uint64_t> ids;
+};
+struct ArenaLease {
+  ArenaLease(std::shared_ptr<LeaseReturns> returns, std::uint64_t id) : returns_(std::move(returns)), id_(id) {}
+  ~ArenaLease();
+  ArenaLease(const ArenaLease&) = delete;
+  ArenaLease& operator=(const ArenaLease&) = delete;
+
+ private:
+  std::shared_ptr<LeaseReturns> returns_;
+  std::uint64_t id_;
+};
+
 struct WritableRegion {
   std::uint64_t id = 0;
   std::uint64_t size = 0;
-  UniqueFd fd;
-  Mapping mapping;  // empty for regions publish() fills through the fd
-  [[nodiscard]] std::span<std::byte> bytes() const { return mapping.bytes(); }
+  UniqueFd fd;                               // a region of its own (empty for arena regions)
+  Mapping mapping;                           // its mapping; empty for regions publish() fills through the fd
+  std::shared_ptr<const ClientArena> arena;  // an arena region: `size` bytes at `arena_offset`
+  std::uint64_t arena_offset = 0;
+  [[nodiscard]] bool in_arena() const { return arena != nullptr; }
+  [[nodiscard]] std::span<std::byte> bytes() const {
+    if (arena) return arena->mapping.bytes().subspan(arena_offset, size);
+    return mapping.bytes();
+  }
 };
 
-// A committed entry, mapped read-only (unless asked for unmapped); the fd is sealed against
-// writes, so the bytes cannot change under the reader.
+// A committed entry. Either its own memfd sealed against writes (mapped read-only unless asked
+// for unmapped), or a block of the sidecar's arena held under a lease until this is destroyed.
 struct ReadOnlyEntry {
   EntryInfo info;
   UniqueFd fd;
   Mapping mapping;
-  [[nodiscard]] std::span<const std::byte> bytes() const { return mapping.bytes(); }
+  std::shared_ptr<const ClientArena> arena;
+  std::uint64_t arena_offset = 0;
+  std::shared_ptr<ArenaLease> lease;
+  [[nodiscard]] bool in_arena() const { return arena != nullptr; }
+  [[nodiscard]] std::span<const std::byte> bytes() const {
+    if (arena) return arena->mapping.bytes().subspan(arena_offset, info.bytes);
+    return mapping.bytes();
+  }
+  // Copies `out.size()` bytes from `offset` into `out`: from the arena, or with pread (no
+  // mapping needed, so this works on entries resolved unmapped).
+  [[nodiscard]] Status read(std::uint64_t offset, std::span<std::byte> out) const;
 };
 
 // A Resolve answer: the entry, and which prefix it covers with which medium.
@@ -80,6 +124,11 @@ class ShmClient {
   [[nodiscard]] Status report_prefill(const PrefillReport& report);
   [[nodiscard]] Result<ServerStats> stats();
   [[nodiscard]] Result<std::vector<std::byte>> ping(std::span<const std::byte> payload);
+  // Gives back the arena entries this client has destroyed (also done before every call).
+  [[nodiscard]] Status release_leases();
+  // Whether allocate()/publish() use the sidecar's arena (version 3 and it has one); they fall
+  // back to regions of their own when it is full. Settable off for a strictly isolated client.
+  void set_use_arena(bool use) { use_arena_ = use; }
 
   // Small messages over the shared-memory ring (opened on first use).
   [[nodiscard]] Status open_ring();
@@ -94,8 +143,14 @@ class ShmClient {
     std::vector<std::byte> storage;
     std::vector<UniqueFd> fds;
   };
+  // `alternate_reply`, when set, is a second acceptable reply type with the same fd count.
   [[nodiscard]] Result<Reply> call(MessageType type, std::span<const std::byte> payload, MessageType expected_reply,
-                                   std::size_t expected_fds, std::span<const int> fds = {});
+                                   std::size_t expected_fds, std::span<const int> fds = {},
+                                   std::optional<MessageType> alternate_reply = std::nullopt);
+  [[nodiscard]] Result<Reply> exchange(MessageType type, std::span<const std::byte> payload, std::span<const int> fds);
+  // The arena an arena reply's fd names, mapped once per arena.
+  [[nodiscard]] Result<std::shared_ptr<const ClientArena>> adopt_arena(UniqueFd fd, std::uint64_t arena_bytes);
+  [[nodiscard]] Result<WritableRegion> allocate_in_arena(std::uint64_t size);
 
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader, bool map = true);
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);
@@ -114,9 +169,12 @@ class ShmClient {
   std::optional<SpscRing> responses_;
   UniqueFd wake_server_;
   UniqueFd wake_client_;
+  bool use_arena_ = true;
+  std::shared_ptr<const ClientArena> arena_;
+  std::shared_ptr<LeaseReturns> lease_returns_ = std::make_shared<LeaseReturns>();
 };
 
-// xxh3_64, the checksum every commit carries.
+// xxh3_64, the checksum every commit carries (the AVX2 build where the CPU has it).
 [[nodiscard]] std::uint64_t checksum_bytes(std::span<const std::byte> bytes);
 
 }  // namespace kvrelay::shm

@@ -19,8 +19,11 @@ inline constexpr std::uint32_t kControlMagic = 0x4352564BU;  // "KVRC" in little
 inline constexpr std::uint16_t kControlVersion = 1;
 inline constexpr std::size_t kControlHeaderBytes = 16;
 // Data-plane protocol version exchanged in Hello/HelloOk (the frame header's version stays 1:
-// version 2 only adds message types, which a version-1 sidecar refuses as unknown).
-inline constexpr std::uint32_t kDataPlaneVersion = 2;
+// version 2 only adds message types, which a version-1 sidecar refuses as unknown). Version 3
+// adds the arena: regions and entries that are blocks of one long-lived, sidecar-owned memfd.
+// A sidecar answers lookups with arena replies only to clients that said version 3.
+inline constexpr std::uint32_t kDataPlaneVersion = 3;
+inline constexpr std::uint32_t kArenaDataPlaneVersion = 3;
 
 enum class MessageType : std::uint16_t {
   kHello = 0x01,
@@ -36,6 +39,9 @@ enum class MessageType : std::uint16_t {
   kResolve = 0x0A,
   kCommitContext = 0x0B,
   kPrefillReport = 0x0C,
+  // Version 3: arena regions, and giving back the leases arena replies hand out.
+  kAllocArenaRegion = 0x0D,
+  kReleaseLeases = 0x0E,
   // Replies: request type | 0x80, or kError.
   kHelloOk = 0x81,
   kRegion = 0x82,
@@ -49,6 +55,11 @@ enum class MessageType : std::uint16_t {
   kResolved = 0x8A,
   kContextCommitted = 0x8B,
   kPrefillNoted = 0x8C,
+  kArenaRegion = 0x8D,
+  kLeasesReleased = 0x8E,
+  // Alternative replies to kLookup / kResolve (version-3 clients) for entries held in the arena.
+  kArenaEntry = 0x90,
+  kArenaResolved = 0x91,
   kError = 0xFF,
 };
 
@@ -79,6 +90,10 @@ struct ServerStats {
   std::uint64_t rejected_messages = 0;
   std::uint64_t refused_connections = 0;
   std::uint64_t open_rings = 0;
+  // Version 3 (zero from older sidecars).
+  std::uint64_t arena_bytes = 0;         // capacity; 0 without an arena
+  std::uint64_t arena_bytes_in_use = 0;  // blocks held by entries, pending regions and leases
+  std::uint64_t leases = 0;              // arena entries handed to clients and not yet given back
 };
 // Resolve: "which leading blocks of this prompt can you supply, for this request?" The sidecar
 // picks the medium (and may fetch from a peer) and answers Resolved with the KV of the longest

@@ -7,7 +7,9 @@
 
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/arena.h"
 #include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/memfd.h"
 #include "kvrelay/shm_transport/unique_fd.h"
 
 namespace kvrelay::shm {
@@ -34,19 +36,41 @@ struct EntryInfo {
   std::uint64_t checksum = 0;  // xxh3_64 of the bytes
 };
 
-// A committed entry: immutable bytes in a memfd sealed against writes and resizes.
+// A committed entry: immutable bytes, either in its own memfd sealed against writes and resizes
+// (`fd`), or in a block of the sidecar's arena (`block`, and `fd` empty).
 struct StoredEntry {
   EntryInfo info;
   UniqueFd fd;
+  std::shared_ptr<const ArenaBlock> block;
+  [[nodiscard]] bool in_arena() const noexcept { return block != nullptr; }
 };
+
+// An entry's bytes readable in this process: the arena block in place, or a read-only mapping
+// of its memfd. Keeps what it views alive.
+class EntryView {
+ public:
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return view_; }
+
+ private:
+  friend Result<EntryView> view_entry(const StoredEntry& entry);
+  std::shared_ptr<const ArenaBlock> block_;
+  Mapping mapping_;
+  std::span<const std::byte> view_;
+};
+[[nodiscard]] Result<EntryView> view_entry(const StoredEntry& entry);
+
+// Copies `out.size()` bytes from `offset` of the entry into `out` (pread for a memfd entry).
+[[nodiscard]] Status read_entry(const StoredEntry& entry, std::uint64_t offset, std::span<std::byte> out);
 
 // Opaque entries carry layers == 0; everything else must describe exactly `bytes`.
 [[nodiscard]] Status validate_entry_info(const EntryInfo& info);
 
 // An entry the sidecar creates itself (fetched from a peer, decoded, sliced): a copy of
-// `bytes` in a fresh memfd sealed against writes, with its checksum; validated like a commit.
+// `bytes` with its checksum, validated like a commit; in a block of `arena` when one is given
+// and has room, else in a fresh memfd sealed against writes.
 [[nodiscard]] Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout,
-                                                                     std::span<const std::byte> bytes);
+                                                                     std::span<const std::byte> bytes,
+                                                                     ShmArena* arena = nullptr);
 
 // Wire encodings shared by the control and peer protocols (see docs/wire-format.md).
 inline constexpr std::size_t kEncodedKeyBytes = 16;

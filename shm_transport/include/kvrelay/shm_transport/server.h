@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvrelay/core/result.h"
+#include "kvrelay/shm_transport/arena.h"
 #include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/shm_transport/entry_store.h"
 #include "kvrelay/shm_transport/spsc_ring.h"
@@ -33,6 +34,10 @@ struct ShmServerOptions {
   // Resolves run on this many threads, so one waiting on a peer never holds up other clients
   // (each connection still gets its answers in order); 0 runs them on the poll thread.
   std::uint32_t resolve_threads = 4;
+  // Bytes of the shared arena (0: none; every entry gets its own sealed memfd). See arena.h.
+  std::uint64_t arena_bytes = 0;
+  // Arena entries one connection may hold at once; past this it gets sealed copies.
+  std::uint32_t max_leases_per_connection = 4096;
 };
 
 // What a Resolve answers with: an entry (from the store, fetched from a peer, or converted for
@@ -86,6 +91,8 @@ class ShmServer {
 
   [[nodiscard]] ServerStats stats() const;
   [[nodiscard]] const std::string& socket_path() const { return options_.socket_path; }
+  // nullptr without one. Other parts of the sidecar put entries they create here too.
+  [[nodiscard]] const std::shared_ptr<ShmArena>& arena() const { return arena_; }
 
  private:
   struct Connection;
@@ -103,8 +110,13 @@ class ShmServer {
   void close_connection(std::size_t index);
   [[nodiscard]] bool uid_allowed(std::uint32_t uid) const;
   // The Resolved (with the entry's fd) or error reply to a resolve.
-  void resolve_reply(std::uint32_t id, Result<ResolvedEntry> resolved, std::vector<std::byte>& reply,
-                     std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
+  void resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
+                     std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
+  // The fields and fd of an Entry/Resolved reply: an arena block under a new lease for clients
+  // that speak version 3, else a sealed memfd (a copy, for arena entries). Returns the reply type.
+  [[nodiscard]] Result<MessageType> entry_reply(Connection& connection, const std::shared_ptr<const StoredEntry>& entry,
+                                                bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
+                                                UniqueFd& reply_owned_fd);
   // Runs a resolve on the pool; the connection is not polled until its reply is sent.
   void dispatch_resolve(Connection& connection, std::uint32_t id, ResolveRequest request);
   // Puts connections whose pooled resolve finished back into the poll set (or drops them).
@@ -118,6 +130,7 @@ class ShmServer {
 
   ShmServerOptions options_;
   std::shared_ptr<EntryStore> store_;
+  std::shared_ptr<ShmArena> arena_;
   SmallMessageHandler small_handler_;
   std::shared_ptr<DataPlaneHooks> hooks_;
   UniqueFd listen_fd_;
@@ -137,6 +150,7 @@ class ShmServer {
   std::atomic<std::uint64_t> rejected_{0};
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::uint64_t> open_rings_{0};
+  std::atomic<std::uint64_t> leases_{0};
 };
 
 }  // namespace kvrelay::shm
