@@ -51,7 +51,7 @@ Status ReadOnlyEntry::read(std::uint64_t offset, std::span<std::byte> out) const
 
 ShmClient::~ShmClient() = default;
 
-Result<ShmClient> ShmClient::connect(const std::string& socket_path) {
+Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32_t protocol_version) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(address.sun_path)) {
@@ -66,8 +66,17 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path) {
   }
   timeval timeout{kReplyTimeoutSeconds, 0};
   ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (protocol_version == 0 || protocol_version > kClientProtocolVersion) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("data-plane version {} (this client speaks 1..{})",
+                                                         protocol_version, kClientProtocolVersion));
+  }
+  client.use_arena_ = protocol_version >= kArenaDataPlaneVersion;
+  client.lease_returns_->connection.reset(::fcntl(client.socket_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!client.lease_returns_->connection) {
+    return fail(ErrorCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
+  }
   ByteWriter hello;
-  hello.put(kClientProtocolVersion);
+  hello.put(protocol_version);
   KVRELAY_TRY(auto reply, client.call(MessageType::kHello, hello.bytes(), MessageType::kHelloOk, 0));
   ByteReader reader(reply.frame.payload);
   if (const auto version = reader.get<std::uint32_t>()) client.server_version_ = *version;

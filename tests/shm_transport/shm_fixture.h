@@ -17,6 +17,7 @@
 
 #include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/server.h"
+
 #include "support/test_paths.h"
 
 namespace kvrelay::test {

@@ -9,6 +9,7 @@
 
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
+
 #include "shm_fixture.h"
 
 namespace kvrelay::test {

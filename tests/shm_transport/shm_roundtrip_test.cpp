@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kvrelay/shm_transport/kvrelay_client.h"
+
 #include "shm_fixture.h"
 
 namespace kvrelay::test {
@@ -122,8 +123,8 @@ TEST_CASE("shm commit is refused while the writer still maps the region writable
   // A second writable mapping the client "forgot": the sidecar must not accept mutable bytes.
   auto stray = shm::Mapping::map(region.value().fd.get(), 4096, true);
   REQUIRE(stray.has_value());
-  const auto committed = client.commit(std::move(region).value(), {3, 3}, KvLayout{},
-                                       shm::checksum_bytes(stray.value().bytes()));
+  const auto committed =
+      client.commit(std::move(region).value(), {3, 3}, KvLayout{}, shm::checksum_bytes(stray.value().bytes()));
   REQUIRE_FALSE(committed.has_value());
   CHECK(committed.error().code == ErrorCode::kPermissionDenied);
   CHECK(client.lookup({3, 3}).error().code == ErrorCode::kNotFound);

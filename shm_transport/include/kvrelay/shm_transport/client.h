@@ -37,6 +37,9 @@ struct ClientArena {
 struct LeaseReturns {
   std::mutex mutex;
   std::vector<std::uint64_t> ids;
+  // A second descriptor of the client's socket: the sidecar ends a connection's leases when it
+  // hangs up, so the connection stays up while any entry holds a lease, even past the client.
+  UniqueFd connection;
 };
 struct ArenaLease {
   ArenaLease(std::shared_ptr<LeaseReturns> returns, std::uint64_t id) : returns_(std::move(returns)), id_(id) {}
@@ -95,7 +98,10 @@ class ShmClient {
   ShmClient& operator=(ShmClient&&) noexcept = default;
   ~ShmClient();
 
-  [[nodiscard]] static Result<ShmClient> connect(const std::string& socket_path);
+  // `protocol_version` below kDataPlaneVersion makes this client behave as an older one (tests
+  // of compatibility; a strictly isolated client can also say 2 to keep out of the arena).
+  [[nodiscard]] static Result<ShmClient> connect(const std::string& socket_path,
+                                                 std::uint32_t protocol_version = kDataPlaneVersion);
 
   [[nodiscard]] Result<WritableRegion> allocate(std::uint64_t size);
   // Hands over a memfd the client created itself (must carry F_SEAL_SHRINK | F_SEAL_GROW).

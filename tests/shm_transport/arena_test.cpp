@@ -1,0 +1,97 @@
+// The arena's block allocator: granule-aligned blocks, lowest free range first (warm memory is
+// reused), coalescing on release, and a clear error when full.
+
+#include "kvrelay/shm_transport/arena.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "kvrelay/shm_transport/memfd.h"
+
+namespace kvrelay::test {
+
+namespace {
+
+constexpr std::uint64_t kGranule = shm::ShmArena::kGranule;
+
+}  // namespace
+
+TEST_CASE("arena blocks are granule-aligned, disjoint and reused lowest first", "[shm][arena]") {
+  auto created = shm::ShmArena::create(10 * kGranule);
+  REQUIRE(created);
+  auto arena = created.value();
+  CHECK(arena->capacity() == 10 * kGranule);
+  CHECK(shm::check_sealed_memfd(arena->fd(), 10 * kGranule).value() == 10 * kGranule);
+
+  auto first = arena->allocate(1);
+  auto second = arena->allocate(kGranule + 1);  // two granules
+  auto third = arena->allocate(kGranule);
+  REQUIRE(first);
+  REQUIRE(second);
+  REQUIRE(third);
+  CHECK(first.value()->offset() == 0);
+  CHECK(second.value()->offset() == kGranule);
+  CHECK(third.value()->offset() == 3 * kGranule);
+  CHECK(second.value()->size() == kGranule + 1);
+  CHECK(arena->stats().in_use == 4 * kGranule);
+  CHECK(arena->stats().blocks == 3);
+
+  // Writes through one block never show in another.
+  std::memset(first.value()->bytes().data(), 0xA1, first.value()->size());
+  std::memset(second.value()->bytes().data(), 0xB2, second.value()->size());
+  CHECK(first.value()->bytes()[0] == std::byte{0xA1});
+  CHECK(third.value()->bytes()[0] == std::byte{0});
+
+  // Freeing the first two coalesces them: a three-granule block fits at offset 0 again.
+  first.value().reset();
+  second.value().reset();
+  auto merged = arena->allocate(3 * kGranule);
+  REQUIRE(merged);
+  CHECK(merged.value()->offset() == 0);
+  // And a later free merges with both neighbours back into one range covering everything.
+  third.value().reset();
+  merged.value().reset();
+  CHECK(arena->stats().in_use == 0);
+  auto everything = arena->allocate(10 * kGranule);
+  REQUIRE(everything);
+  CHECK(everything.value()->offset() == 0);
+}
+
+TEST_CASE("a full arena says so, and blocks keep their arena alive", "[shm][arena]") {
+  auto arena = shm::ShmArena::create(4 * kGranule).value();
+  auto big = arena->allocate(3 * kGranule);
+  REQUIRE(big);
+  auto too_big = arena->allocate(2 * kGranule);
+  REQUIRE_FALSE(too_big);
+  CHECK(too_big.error().code == ErrorCode::kResourceExhausted);
+  CHECK_THAT(too_big.error().message, Catch::Contains("no free range"));
+  CHECK(arena->stats().allocation_failures == 1);
+  CHECK_FALSE(arena->allocate(1ULL << 40));
+  auto last = arena->allocate(kGranule);
+  REQUIRE(last);
+
+  // The block outlives the last outside reference to its arena, and can still be written.
+  std::weak_ptr<shm::ShmArena> watch = arena;
+  arena.reset();
+  CHECK_FALSE(watch.expired());
+  std::memset(last.value()->bytes().data(), 1, kGranule);
+  big.value().reset();
+  last.value().reset();
+  CHECK(watch.expired());
+}
+
+TEST_CASE("an arena refuses a zero size and cannot be sealed against writes by anyone", "[shm][arena]") {
+  CHECK(shm::ShmArena::create(0).error().code == ErrorCode::kInvalidArgument);
+  auto arena = shm::ShmArena::create(1).value();  // rounded up to one granule
+  CHECK(arena->capacity() == kGranule);
+  const auto seals = shm::get_seals(arena->fd());
+  REQUIRE(seals);
+  CHECK((seals.value() & shm::kSizeSeals) == shm::kSizeSeals);
+  // F_SEAL_SEAL is on: no process given the fd can freeze the arena under the sidecar.
+  CHECK((seals.value() & 0x0001U) != 0);
+  CHECK((seals.value() & 0x0008U) == 0);
+}
+
+}  // namespace kvrelay::test
