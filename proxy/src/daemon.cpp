@@ -152,6 +152,7 @@ int run_daemon(const DaemonOptions& options) {
       return 1;
     }
     shm_server = std::move(listening).value();
+    kv_path->set_arena(shm_server->arena());
     shm_server->set_hooks(kv_path);
     shm_server->start();
   }
@@ -163,6 +164,7 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.idle_timeout = policy->limits.idle_timeout;
     peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
     peer_options.warm_buffer_bytes = policy->limits.peer_buffer_bytes;
+    if (shm_server) peer_options.arena = shm_server->arena();
     peer_options.codecs = codecs;
     peer_options.on_kv_bytes = [path = kv_path.get()](std::string_view direction, std::string_view codec_name,
                                                       std::uint64_t frame_bytes, std::uint64_t raw_bytes) {

@@ -1,16 +1,17 @@
-#include <catch2/catch.hpp>
+#include <xxhash.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <xxhash.h>
+#include <catch2/catch.hpp>
 
 #include <csignal>
 #include <sstream>
 
 #include "kvrelay/shm_transport/byte_io.h"
+
 #include "peer_fixture.h"
 
 namespace kvrelay::test {
@@ -41,9 +42,18 @@ double sender_progress(const ChildProcess& sender) {
 
 std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t transfer_id,
                                    const std::filesystem::path& file, bool paced) {
-  std::vector<std::string> argv{kvrelay_binary().string(), "peer", "send", "--to", daemon.peer_text(),
-                                "--transfer-id", std::to_string(transfer_id), "--chunk-bytes",
-                                std::to_string(kChunkBytes), "--window", "2", "--progress"};
+  std::vector<std::string> argv{kvrelay_binary().string(),
+                                "peer",
+                                "send",
+                                "--to",
+                                daemon.peer_text(),
+                                "--transfer-id",
+                                std::to_string(transfer_id),
+                                "--chunk-bytes",
+                                std::to_string(kChunkBytes),
+                                "--window",
+                                "2",
+                                "--progress"};
   if (paced) argv.insert(argv.end(), {"--rate-limit-mib", "24"});
   argv.push_back(file.string());
   return argv;
@@ -113,8 +123,10 @@ TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps
   for (const double percent : {0.10, 0.50, 0.90}) {
     INFO("killed at " << percent * 100 << "%");
     ++transfer_id;
+    const auto arena_before = local.stats().value().arena_bytes_in_use;
     ChildProcess sender(send_argv(daemon, transfer_id, dir / "payload", true), dir.path());
-    REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); }, std::chrono::seconds(30)));
+    REQUIRE(
+        wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); }, std::chrono::seconds(30)));
     REQUIRE(sender.running());
     sender.send_signal(SIGKILL);
     REQUIRE(sender.wait_for_exit(std::chrono::seconds(5)).has_value());
@@ -124,6 +136,8 @@ TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps
     failures_before += 1;
     CHECK(daemon.peer_stats().active_transfers == 0);
     CHECK(local.lookup({1, transfer_id}).error().code == ErrorCode::kNotFound);
+    // The half-received entry's arena block went back with the failed transfer.
+    CHECK(local.stats().value().arena_bytes_in_use == arena_before);
 
     const auto retry = run_command(send_argv(daemon, transfer_id, dir / "payload", false), dir.path());
     REQUIRE(retry.exit_status == 0);

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "kvrelay/proxy/peer/link_estimator.h"
+
 #include "peer_fixture.h"
 
 namespace kvrelay::test {
@@ -16,7 +17,8 @@ TEST_CASE("peer transfers of 0 B, 1 B, 1 MiB + 1 and 256 MiB arrive byte for byt
   CHECK(client.value().remote().node_id == "test-node");
   auto local = daemon.data_plane();
   std::uint64_t transfer_id = 100;
-  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{(1U << 20) + 1}, std::size_t{256U << 20}}) {
+  for (const std::size_t size :
+       {std::size_t{0}, std::size_t{1}, std::size_t{(1U << 20) + 1}, std::size_t{256U << 20}}) {
     INFO("size " << size);
     const auto bytes = peer_pattern(size, transfer_id);
     const shm::EntryKey key{7, transfer_id};
@@ -26,6 +28,9 @@ TEST_CASE("peer transfers of 0 B, 1 B, 1 MiB + 1 and 256 MiB arrive byte for byt
     auto entry = local.lookup(key);
     REQUIRE(entry.has_value());
     CHECK(same_bytes(entry.value().bytes(), bytes));
+    // The receiver lands transfers in its shared-memory arena (256 MiB by default) while they
+    // fit; the 256 MiB one no longer does and goes into a sealed segment of its own.
+    CHECK(entry.value().in_arena() == (size < (256U << 20)));
     ++transfer_id;
   }
   REQUIRE(client.value().ping().has_value());
@@ -74,13 +79,14 @@ TEST_CASE("kvrelay peer send follows the policy: shared memory only for same_hos
     INFO("same_host " << same_host);
     nlohmann::json policy = basic_daemon_policy();
     policy["node"]["id"] = "sender";
-    policy["peers"] = nlohmann::json::array({{{"id", "recv"}, {"address", daemon.peer_text()}, {"same_host", same_host}}});
+    policy["peers"] =
+        nlohmann::json::array({{{"id", "recv"}, {"address", daemon.peer_text()}, {"same_host", same_host}}});
     write_file(dir / "sender.json", policy.dump());
     const std::uint64_t transfer_id = same_host ? 2 : 1;
-    const auto sent = run_command({kvrelay_binary().string(), "peer", "send", "--config", (dir / "sender.json").string(),
-                                   "--peer", "recv", "--transfer-id", std::to_string(transfer_id),
-                                   (dir / "payload").string()},
-                                  dir.path());
+    const auto sent =
+        run_command({kvrelay_binary().string(), "peer", "send", "--config", (dir / "sender.json").string(), "--peer",
+                     "recv", "--transfer-id", std::to_string(transfer_id), (dir / "payload").string()},
+                    dir.path());
     REQUIRE(sent.exit_status == 0);
     CHECK(nlohmann::json::parse(sent.out)["outcome"] == (same_host ? "committed_shm" : "committed"));
     auto entry = daemon.data_plane().lookup({1, transfer_id});
@@ -98,7 +104,8 @@ TEST_CASE("kvrelay peer send follows the policy: shared memory only for same_hos
 TEST_CASE("link estimates are windowed: median RTT and throughput of the recent transfers", "[peer][unit]") {
   proxy::peer::LinkEstimator estimator(4);
   CHECK_FALSE(estimator.estimate("b").has_value());
-  for (const int rtt : {1000, 10, 20, 30, 40}) estimator.add_rtt("b", std::chrono::microseconds(rtt));
+  for (const int rtt : {1000, 10, 20, 30, 40})
+    estimator.add_rtt("b", std::chrono::microseconds(rtt));
   // The window holds the last four samples (10, 20, 30, 40): the 1000 us outlier has left.
   estimator.add_transfer("b", 1, std::chrono::microseconds(1));  // too small to say anything
   estimator.add_transfer("b", 1 << 20, std::chrono::microseconds(1000));

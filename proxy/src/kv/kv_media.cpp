@@ -36,7 +36,8 @@ std::string medium_for_codec(std::string_view codec) {
   return std::string(kPluginPrefix) + std::string(codec);
 }
 
-Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens) {
+Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens,
+                                                            shm::ShmArena* arena) {
   const KvLayout& layout = entry.info.layout;
   if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
   if (tokens > layout.tokens) {  // checked before the slice's buffer is allocated
@@ -47,12 +48,13 @@ Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEnt
   KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
   std::vector<std::byte> bytes(static_cast<std::size_t>(total));
   KVRELAY_TRY(copy_token_range(layout, view.bytes(), 0, tokens, bytes));
-  KVRELAY_TRY(auto stored, shm::make_stored_entry(sliced, bytes));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(sliced, bytes, arena));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
 Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head, const KvLayout& tail_layout,
-                                                           std::span<const std::byte> tail, WarmBufferPool& buffers) {
+                                                           std::span<const std::byte> tail, WarmBufferPool& buffers,
+                                                           shm::ShmArena* arena) {
   if (head.info.layout.layers == 0 || tail_layout.layers == 0) {
     return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
   }
@@ -63,7 +65,7 @@ Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntr
   KVRELAY_TRY(shm::read_entry(head, 0, head_bytes.bytes()));
   auto bytes = buffers.take(static_cast<std::size_t>(total));
   KVRELAY_TRY(join_tokens(head.info.layout, head_bytes.bytes(), tail_layout, tail, bytes.bytes()));
-  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes.bytes()));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes.bytes(), arena));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
@@ -78,10 +80,10 @@ Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codec
 
 Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                              std::span<const std::uint8_t> frame,
-                                                             std::uint64_t max_bytes) {
+                                                             std::uint64_t max_bytes, shm::ShmArena* arena) {
   KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
   KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
-  KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw))));
+  KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw)), arena));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

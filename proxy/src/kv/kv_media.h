@@ -25,9 +25,12 @@ namespace kvrelay::proxy::kv {
 // The medium a codec spec carries (the inverse, for byte counters of the peer server).
 [[nodiscard]] std::string medium_for_codec(std::string_view codec);
 
-// The first `tokens` tokens of an entry's KV (every layer's K and V), as a new sealed entry.
+// New entries below go into `arena` when one is given and has room, else into sealed memfds.
+
+// The first `tokens` tokens of an entry's KV (every layer's K and V), as a new entry.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry,
-                                                                          std::uint64_t tokens);
+                                                                          std::uint64_t tokens,
+                                                                          shm::ShmArena* arena = nullptr);
 
 // The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
 // sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
@@ -35,7 +38,8 @@ namespace kvrelay::proxy::kv {
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head,
                                                                          const KvLayout& tail_layout,
                                                                          std::span<const std::byte> tail,
-                                                                         WarmBufferPool& buffers);
+                                                                         WarmBufferPool& buffers,
+                                                                         shm::ShmArena* arena = nullptr);
 
 // Encodes an entry's KV with `codec_spec` into a KV frame.
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,
@@ -46,6 +50,7 @@ namespace kvrelay::proxy::kv {
 // entry of raw KV; refuses frames whose KV exceeds `max_bytes`.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                                            std::span<const std::uint8_t> frame,
-                                                                           std::uint64_t max_bytes);
+                                                                           std::uint64_t max_bytes,
+                                                                           shm::ShmArena* arena = nullptr);
 
 }  // namespace kvrelay::proxy::kv

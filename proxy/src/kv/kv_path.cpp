@@ -331,8 +331,8 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     // The link's share: request to checked KV, without the local cost of filing it.
     const double seconds = std::chrono::duration<double>(decoded_at - started).count();
     const auto file_entry = [&]() -> Result<std::shared_ptr<const shm::StoredEntry>> {
-      if (held) return join_entry(*held, decoded.value().header.layout, kv, peers_->buffers());
-      KVRELAY_TRY(auto made, shm::make_stored_entry(decoded.value().header.layout, kv));
+      if (held) return join_entry(*held, decoded.value().header.layout, kv, peers_->buffers(), arena_.get());
+      KVRELAY_TRY(auto made, shm::make_stored_entry(decoded.value().header.layout, kv, arena_.get()));
       return std::shared_ptr<const shm::StoredEntry>(std::move(made));
     };
     auto entry = file_entry();
@@ -488,7 +488,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   record["kv_from"] = from;
   const std::size_t served_blocks = std::min(entry_blocks, max_blocks);
   if (served_blocks < entry_blocks) {
-    auto sliced = slice_entry(*entry, served_blocks * request.block_tokens);
+    auto sliced = slice_entry(*entry, served_blocks * request.block_tokens, arena_.get());
     if (!sliced) {
       record["error"] = sliced.error().message;
       finish("error", 0);
@@ -499,7 +499,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   if (!already_encoded && codec != "raw" && codec != "lossless") {
     // Same node: the bytes move over shared memory, but B gets exactly what the codec delivers.
     auto frame = encode_entry(*codecs_, codec, *entry);
-    auto decoded = frame ? decode_entry(*codecs_, frame.value(), policy->limits.kv_store_bytes)
+    auto decoded = frame ? decode_entry(*codecs_, frame.value(), policy->limits.kv_store_bytes, arena_.get())
                          : Result<std::shared_ptr<const shm::StoredEntry>>(frame.error());
     if (!decoded) {
       record["error"] = decoded.error().message;

@@ -80,8 +80,12 @@ class KvPath final : public shm::DataPlaneHooks {
 
   [[nodiscard]] const DecisionLog& decisions() const { return log_; }
   [[nodiscard]] PeerLinks& peers() { return *peers_; }
+  // Entries this path makes (fetched, joined, sliced, converted) go here when it has room.
+  // Set before the data plane starts serving.
+  void set_arena(std::shared_ptr<shm::ShmArena> arena) { arena_ = std::move(arena); }
 
  private:
+  std::shared_ptr<shm::ShmArena> arena_;
   struct Choice {
     std::string medium;
     std::string source;  // treatment, forced, engine, default

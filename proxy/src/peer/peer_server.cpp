@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_set>
 #include <vector>
@@ -150,12 +151,23 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   const auto begin_ok = encode_peer_frame(PeerMessage::kBeginOk, reply.bytes());
   if (!claim) co_return co_await send_frame(connection, begin_ok, options.read_timeout);
 
-  // Never mapped here: each chunk lands in a reused (warm) buffer, is checked while it is in
-  // cache and goes into the segment with one kernel copy. Receiving straight into a mapping of
-  // the new segment saved that copy but paid a first-touch fault per 4 KiB, which costs far more.
-  auto memfd = shm::create_sealed_memfd_to_fill("kvrelay-peer", begin.info.bytes);
-  if (!memfd) co_return outcome::failure(memfd.error());
-  ReceiveBuffer buffer(shared, static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes)));
+  // With an arena, chunks are received straight into the entry's block: memory that stays
+  // mapped (and warm), so no copy and no page faults; a failed transfer just frees the block.
+  // Without one (or when it is full) each chunk lands in a reused (warm) buffer, is checked
+  // while it is in cache and goes into a new segment with one kernel copy: receiving into a
+  // mapping of the new segment would pay a first-touch fault per 4 KiB, which costs far more.
+  std::shared_ptr<shm::ArenaBlock> block;
+  if (options.arena) {
+    if (auto allocated = options.arena->allocate(begin.info.bytes)) block = std::move(allocated).value();
+  }
+  shm::UniqueFd memfd;
+  std::optional<ReceiveBuffer> buffer;
+  if (!block) {
+    auto created = shm::create_sealed_memfd_to_fill("kvrelay-peer", begin.info.bytes);
+    if (!created) co_return outcome::failure(created.error());
+    memfd = std::move(created).value();
+    buffer.emplace(shared, static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes)));
+  }
   if (auto sent = co_await send_frame(connection, begin_ok, options.read_timeout); !sent) co_return sent;
 
   BulkHashStream total;
@@ -176,8 +188,9 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
                                                        frame.value().header.length - kChunkHeaderBytes, expected));
     }
     const auto length = static_cast<std::size_t>(expected);
-    if (auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes),
-                                       asio::buffer(buffer.data(), length), options.read_timeout);
+    std::byte* landing = block ? block->bytes().data() + offset : buffer->data();
+    if (auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes), asio::buffer(landing, length),
+                                       options.read_timeout);
         !got) {
       co_return got;
     }
@@ -186,14 +199,15 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       co_return fail(ErrorCode::kProtocol,
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
-    const std::uint64_t actual = checksum_chunk_into(total, std::span<const std::byte>(buffer.data(), length));
+    const std::uint64_t actual = checksum_chunk_into(total, std::span<const std::byte>(landing, length));
     if (actual != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch,
                      fmt::format("chunk {} checksum 0x{:016x} != 0x{:016x}", index, actual, chunk.checksum));
     }
-    if (auto written = shm::write_memfd(memfd.value().get(), offset, std::span<const std::byte>(buffer.data(), length));
-        !written) {
-      co_return written;
+    if (!block) {
+      if (auto written = shm::write_memfd(memfd.get(), offset, std::span<const std::byte>(landing, length)); !written) {
+        co_return written;
+      }
     }
     {
       std::lock_guard lock(shared->mutex);
@@ -209,10 +223,13 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     co_return fail(ErrorCode::kChecksumMismatch,
                    fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, begin.info.checksum));
   }
-  if (auto sealed = shm::seal_contents(memfd.value().get()); !sealed) co_return sealed;
+  if (!block) {
+    if (auto sealed = shm::seal_contents(memfd.get()); !sealed) co_return sealed;
+  }
   auto entry = std::make_shared<shm::StoredEntry>();
   entry->info = begin.info;
-  entry->fd = std::move(memfd).value();
+  entry->fd = std::move(memfd);
+  entry->block = std::move(block);
   {
     // Publish and remember the id under one lock, so a concurrent retry sees one or the other.
     std::lock_guard lock(shared->mutex);
@@ -313,7 +330,8 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   if (auto got = co_await read_encoded_chunks(connection, header, frame, options.read_timeout); !got) co_return got;
   auto decoded = codec::decode_frame_view(*options.codecs, frame, options.max_entry_bytes, shared->buffers);
   if (!decoded) co_return outcome::failure(decoded.error());
-  auto entry = shm::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv));
+  auto entry =
+      shm::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv), options.arena.get());
   if (!entry) co_return outcome::failure(entry.error());
   if (auto put = shared->store->put(header.key, std::move(entry).value()); !put) co_return put;
   if (options.on_kv_bytes) {

@@ -35,6 +35,8 @@ struct PeerServerOptions {
   // for the next one up to this many bytes in all (at most 4 buffers): fresh ones cost a
   // first-touch page fault per 4 KiB on hosts with lazily built page tables.
   std::uint64_t warm_buffer_bytes = 192ULL << 20;
+  // Where received entries go when it has room (the shm server's arena); else sealed memfds.
+  std::shared_ptr<shm::ShmArena> arena;
   // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
   std::shared_ptr<const codec::CodecRegistry> codecs;
   // Encoded KV that left ("served") or arrived ("received"): codec spec, frame bytes, raw bytes.
