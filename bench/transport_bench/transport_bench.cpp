@@ -165,6 +165,7 @@ double bench_raw_tcp(const std::vector<std::byte>& payload, std::size_t size) {
 
 struct ShmResults {
   double publish_gbps = 0;
+  double commit_in_place_gbps = 0;
   double small_p50_us = 0;
   double small_p99_us = 0;
 };
@@ -199,6 +200,20 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
   if (arena_bytes > 0 && server.value()->stats().arena_bytes_in_use == 0) {
     std::fprintf(stderr, "arena publish fell back to sealed segments\n");
     results.publish_gbps = 0;
+  }
+  // An engine that writes its KV straight into the region (allocate, write, commit) pays only
+  // the commit: its checksum pass plus the sidecar's check. The write is the engine's own.
+  for (int repeat = 0; arena_bytes > 0 && repeat < kRepeats; ++repeat) {
+    auto region = client.value().allocate(payload.size());
+    if (!region || !region.value().in_arena()) break;
+    std::memcpy(region.value().bytes().data(), payload.data(), payload.size());
+    const auto start = Clock::now();
+    const auto checksum = shm::checksum_bytes(region.value().bytes());
+    auto committed =
+        client.value().commit(std::move(region).value(), {2, static_cast<std::uint64_t>(repeat)}, KvLayout{}, checksum);
+    const double seconds = seconds_since(start);
+    if (!committed) break;
+    results.commit_in_place_gbps = std::max(results.commit_in_place_gbps, gbps(payload.size(), seconds));
   }
   if (small_messages) {
     std::vector<std::byte> message(64, std::byte{7});
@@ -260,10 +275,13 @@ int main(int argc, char** argv) {
   CLI::App app{"transport_bench: shared-memory and TCP transports next to memcpy and raw loopback TCP (JSON)"};
   std::vector<std::size_t> tcp_sizes_mib{1, 16, 256};
   bool skip_shm = false;
+  bool peer_arena = true;
   app.add_option("--repeats", kRepeats, "runs per measurement; the best is reported")->check(CLI::Range(1, 1000));
   app.add_option("--tcp-mib", tcp_sizes_mib, "TCP transfer sizes in MiB (each at most 256)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{256}));
   app.add_flag("--skip-shm", skip_shm, "measure only memcpy and the TCP paths (for profiling the peer plane)");
+  app.add_flag("--peer-arena,!--no-peer-arena", peer_arena,
+               "receive peer transfers into a warmed arena (the daemon's default) or into sealed segments");
   CLI11_PARSE(app, argc, argv);
 
   const auto payload = make_payload(256 * kMiB);
@@ -282,6 +300,8 @@ int main(int argc, char** argv) {
     const auto sealed_results = bench_shm(payload, 0, false);
     result["shm_publish_gbps"] = shm_results.publish_gbps;
     result["shm_publish_vs_memcpy"] = shm_results.publish_gbps / result["memcpy_gbps"].get<double>();
+    result["shm_commit_in_place_gbps"] = shm_results.commit_in_place_gbps;
+    result["shm_commit_in_place_vs_memcpy"] = shm_results.commit_in_place_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_sealed_segments_gbps"] = sealed_results.publish_gbps;
     result["shm_publish_sealed_segments_vs_memcpy"] = sealed_results.publish_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_sealed_segments_vs_memfd_write"] =
@@ -292,9 +312,26 @@ int main(int argc, char** argv) {
 
   boost::asio::io_context io;
   auto work = boost::asio::make_work_guard(io);
-  auto store = std::make_shared<shm::InMemoryEntryStore>(1ULL << 30);
+  // As in the daemon, received entries land in an arena. The store keeps two of the largest
+  // transfers, so the arena holds those two plus the one arriving.
+  const std::size_t largest = *std::max_element(tcp_sizes_mib.begin(), tcp_sizes_mib.end()) * kMiB;
+  auto store = std::make_shared<shm::InMemoryEntryStore>(2 * largest);
   proxy::peer::PeerServerOptions peer_options;
   peer_options.node_id = "bench";
+  result["peer_arena"] = peer_arena;
+  if (peer_arena) {
+    auto arena = shm::ShmArena::create(3 * largest);
+    if (!arena) {
+      std::fprintf(stderr, "peer arena: %s\n", arena.error().to_string().c_str());
+      return 1;
+    }
+    peer_options.arena = arena.value();
+    // What the daemon's idle-priority warmer does in the background after start: write each
+    // page once, so the transfers below measure a running sidecar, not first touches.
+    const auto warm_start = Clock::now();
+    const std::uint64_t warmed = arena.value()->warm();
+    result["peer_arena_warm_gbps"] = gbps(warmed, seconds_since(warm_start));
+  }
   proxy::peer::PeerServer server(io, peer_options, store);
   if (auto listening = server.listen({"127.0.0.1", 0}); !listening) {
     std::fprintf(stderr, "peer listen: %s\n", listening.error().to_string().c_str());

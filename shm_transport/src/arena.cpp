@@ -44,10 +44,19 @@ Result<std::shared_ptr<ArenaBlock>> ShmArena::allocate(std::uint64_t size) {
   const std::uint64_t reserved = round_up(std::max<std::uint64_t>(size, 1), kGranule);
   std::uint64_t offset = 0;
   {
-    std::lock_guard lock(mutex_);
-    auto fit = free_.begin();
-    while (fit != free_.end() && fit->second < reserved)
-      ++fit;
+    std::unique_lock lock(mutex_);
+    const auto first_fit = [&] {
+      auto fit = free_.begin();
+      while (fit != free_.end() && fit->second < reserved)
+        ++fit;
+      return fit;
+    };
+    auto fit = first_fit();
+    if (fit == free_.end() && warming_piece_) {
+      // The range may be short only by the piece being warmed: wait for it (microseconds).
+      warm_piece_back_.wait(lock, [&] { return !warming_piece_; });
+      fit = first_fit();
+    }
     if (fit == free_.end() || size > capacity()) {
       ++failures_;
       return fail(ErrorCode::kResourceExhausted,
@@ -67,6 +76,10 @@ void ShmArena::release(std::uint64_t offset, std::uint64_t reserved) noexcept {
   std::lock_guard lock(mutex_);
   in_use_ -= reserved;
   --blocks_;
+  give_back_locked(offset, reserved);
+}
+
+void ShmArena::give_back_locked(std::uint64_t offset, std::uint64_t reserved) noexcept {
   auto [inserted, fresh] = free_.emplace(offset, reserved);
   (void)fresh;
   auto next = std::next(inserted);
@@ -81,6 +94,45 @@ void ShmArena::release(std::uint64_t offset, std::uint64_t reserved) noexcept {
       free_.erase(inserted);
     }
   }
+}
+
+std::uint64_t ShmArena::warm(const std::atomic<bool>* stop) {
+  constexpr std::uint64_t kPiece = 32 * kGranule;  // 2 MiB: short lock holds, few round trips
+  std::uint64_t cursor = 0;
+  std::uint64_t warmed = 0;
+  while (stop == nullptr || !stop->load(std::memory_order_relaxed)) {
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+    {
+      std::lock_guard lock(mutex_);
+      // The first free range that still has bytes at or past the cursor.
+      auto range = free_.upper_bound(cursor);
+      if (range != free_.begin()) {
+        auto previous = std::prev(range);
+        if (previous->first + previous->second > cursor) range = previous;
+      }
+      if (range == free_.end()) break;
+      const std::uint64_t range_end = range->first + range->second;
+      offset = std::max(range->first, cursor);
+      length = std::min(kPiece, range_end - offset);
+      // Carve [offset, offset + length) out of the range; release() puts it back and coalesces.
+      const std::uint64_t range_start = range->first;
+      free_.erase(range);
+      if (offset > range_start) free_.emplace(range_start, offset - range_start);
+      if (offset + length < range_end) free_.emplace(offset + length, range_end - offset - length);
+      warming_piece_ = true;
+    }
+    std::memset(base() + offset, 0, static_cast<std::size_t>(length));  // free memory: contents are no one's
+    {
+      std::lock_guard lock(mutex_);
+      give_back_locked(offset, length);
+      warming_piece_ = false;
+    }
+    warm_piece_back_.notify_all();
+    warmed += length;
+    cursor = offset + length;
+  }
+  return warmed;
 }
 
 ArenaStats ShmArena::stats() const {

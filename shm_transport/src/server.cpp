@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -157,6 +159,15 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
                                                   arena.error().message));
     }
     server->arena_ = std::move(arena).value();
+    if (server->options_.warm_arena) {
+      server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
+        // Only spare CPU: whatever the sidecar or its workers need comes first.
+        const sched_param idle{};
+        (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);
+        const auto warmed = arena->warm(stop);
+        spdlog::debug("shm arena: warmed {} of {} bytes", warmed, arena->capacity());
+      });
+    }
   }
   if (server->options_.resolve_threads > 0) {
     server->resolve_pool_ = std::make_unique<ResolvePool>(server->options_.resolve_threads);
@@ -173,6 +184,8 @@ void ShmServer::stop() {
     const std::uint64_t one = 1;
     [[maybe_unused]] const auto written = ::write(stop_fd_.get(), &one, sizeof(one));
   }
+  stop_warming_ = true;
+  if (arena_warmer_.joinable()) arena_warmer_.join();
   if (thread_.joinable()) thread_.join();
   // Pooled resolves hold connection pointers: they finish before any connection is destroyed.
   if (resolve_pool_) resolve_pool_->pool.join();
