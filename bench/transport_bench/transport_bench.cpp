@@ -166,6 +166,7 @@ double bench_raw_tcp(const std::vector<std::byte>& payload, std::size_t size) {
 struct ShmResults {
   double publish_gbps = 0;
   double commit_in_place_gbps = 0;
+  double first_publish_gbps = 0;
   double small_p50_us = 0;
   double small_p99_us = 0;
 };
@@ -189,13 +190,16 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
   server.value()->start();
   auto client = shm::ShmClient::connect(path);
   if (!client) return results;
-  const int publishes = arena_bytes > 0 ? kRepeats + 2 : kRepeats;
-  for (int repeat = 0; repeat < publishes; ++repeat) {
+  // With an arena, the first publishes write pages this process (and the sidecar) never wrote
+  // before; once every block has been used once, publishes run as in a long-lived worker.
+  const int warm_up = arena_bytes > 0 ? static_cast<int>((arena_bytes + payload.size() - 1) / payload.size()) : 0;
+  for (int repeat = 0; repeat < warm_up + kRepeats; ++repeat) {
     const auto start = Clock::now();
     auto published = client.value().publish({1, static_cast<std::uint64_t>(repeat)}, KvLayout{}, payload);
     const double seconds = seconds_since(start);
     if (!published) std::fprintf(stderr, "publish: %s\n", published.error().to_string().c_str());
-    results.publish_gbps = std::max(results.publish_gbps, gbps(payload.size(), seconds));
+    if (repeat == 0) results.first_publish_gbps = gbps(payload.size(), seconds);
+    if (repeat >= warm_up) results.publish_gbps = std::max(results.publish_gbps, gbps(payload.size(), seconds));
   }
   if (arena_bytes > 0 && server.value()->stats().arena_bytes_in_use == 0) {
     std::fprintf(stderr, "arena publish fell back to sealed segments\n");
@@ -300,6 +304,7 @@ int main(int argc, char** argv) {
     const auto sealed_results = bench_shm(payload, 0, false);
     result["shm_publish_gbps"] = shm_results.publish_gbps;
     result["shm_publish_vs_memcpy"] = shm_results.publish_gbps / result["memcpy_gbps"].get<double>();
+    result["shm_first_publish_gbps"] = shm_results.first_publish_gbps;
     result["shm_commit_in_place_gbps"] = shm_results.commit_in_place_gbps;
     result["shm_commit_in_place_vs_memcpy"] = shm_results.commit_in_place_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_sealed_segments_gbps"] = sealed_results.publish_gbps;

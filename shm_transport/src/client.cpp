@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "kvrelay/core/bulk_hash.h"
+#include "kvrelay/core/stream_copy.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 
@@ -284,11 +285,23 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
   // Hash each cache-sized piece, then write it while it is still hot.
   constexpr std::size_t kPiece = 256 * 1024;
   if (arena_region) {
+    // Every few MiB the sidecar hears how far the copy got and verifies that much on its own
+    // thread while this one copies on, so the commit is left with only the tail to check.
+    constexpr std::size_t kProgressBytes = 4U << 20;
+    const bool report_progress = bytes.size() >= 2 * kProgressBytes;
     const auto destination = arena_region->bytes();
     for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
       const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
       hash.update(piece.data(), piece.size());
-      std::memcpy(destination.data() + offset, piece.data(), piece.size());
+      copy_streaming(destination.data() + offset, piece.data(), piece.size());
+      const std::size_t written = offset + piece.size();
+      if (report_progress && written % kProgressBytes == 0 && written < bytes.size()) {
+        ByteWriter progress;
+        progress.put(arena_region->id).put(std::uint64_t{written});
+        // One-way; if it cannot be sent the commit still checks everything.
+        (void)send_message(socket_.get(),
+                           encode_frame(MessageType::kRegionProgress, next_request_++, progress.bytes()));
+      }
     }
     checksum = hash.digest();
     return std::move(*arena_region);

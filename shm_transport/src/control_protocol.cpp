@@ -27,6 +27,7 @@ bool known_type(std::uint16_t type) {
     case MessageType::kPrefillReport:
     case MessageType::kAllocArenaRegion:
     case MessageType::kReleaseLeases:
+    case MessageType::kRegionProgress:
     case MessageType::kArenaRegion:
     case MessageType::kLeasesReleased:
     case MessageType::kArenaEntry:

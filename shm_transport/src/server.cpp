@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -34,10 +35,22 @@ namespace {
 
 constexpr std::uint32_t kServerProtocolVersion = kDataPlaneVersion;
 
+// The running check of an arena region the client reports progress on: the verifier thread
+// hashes what has been written while the client writes the rest, so a commit only hashes the tail.
+struct ArenaVerification {
+  std::mutex mutex;
+  std::condition_variable idle;
+  BulkHashStream hash;
+  std::uint64_t hashed = 0;
+  std::uint64_t target = 0;
+  bool running = false;
+};
+
 struct Region {
   UniqueFd fd;                        // a memfd region, or
   std::shared_ptr<ArenaBlock> block;  // an arena region
   std::uint64_t size = 0;
+  std::shared_ptr<ArenaVerification> verification;  // once the client reported progress
 };
 
 Result<sockaddr_un> socket_address(const std::string& path) {
@@ -100,6 +113,54 @@ struct ShmServer::ResolvePool {
   boost::asio::thread_pool pool;
 };
 
+namespace {
+
+// Queues hashing of the region's bytes up to `target` on `pool`, unless a job is already at it
+// (that job picks the new target up before it finishes).
+void advance_verification(boost::asio::thread_pool& pool, Region& region, std::uint64_t target) {
+  if (!region.verification) {
+    region.verification = std::make_shared<ArenaVerification>();
+    if (!region.verification->hash.valid()) {
+      region.verification.reset();
+      return;
+    }
+  }
+  auto verification = region.verification;
+  {
+    std::lock_guard lock(verification->mutex);
+    if (target <= verification->target) return;
+    verification->target = target;
+    if (verification->running) return;
+    verification->running = true;
+  }
+  boost::asio::post(pool, [verification, block = region.block] {
+    std::unique_lock lock(verification->mutex);
+    while (verification->hashed < verification->target) {
+      const std::uint64_t from = verification->hashed;
+      const std::uint64_t to = verification->target;
+      lock.unlock();
+      verification->hash.update(block->bytes().data() + from, static_cast<std::size_t>(to - from));
+      lock.lock();
+      verification->hashed = to;
+    }
+    verification->running = false;
+    verification->idle.notify_all();
+  });
+}
+
+// The region's xxh3: what the verifier has not hashed yet, hashed here.
+std::uint64_t arena_region_checksum(Region& region) {
+  if (!region.verification) return bulk_hash64(region.block->bytes().data(), static_cast<std::size_t>(region.size));
+  auto& verification = *region.verification;
+  std::unique_lock lock(verification.mutex);
+  verification.idle.wait(lock, [&] { return !verification.running; });
+  verification.hash.update(region.block->bytes().data() + verification.hashed,
+                           static_cast<std::size_t>(region.size - verification.hashed));
+  return verification.hash.digest();
+}
+
+}  // namespace
+
 ShmServer::ShmServer(ShmServerOptions options, std::shared_ptr<EntryStore> store)
     : options_(std::move(options)), store_(std::move(store)) {
   small_handler_ = [](std::span<const std::byte> message) {
@@ -159,6 +220,7 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
                                                   arena.error().message));
     }
     server->arena_ = std::move(arena).value();
+    server->verifier_ = std::make_unique<ResolvePool>(1);
     if (server->options_.warm_arena) {
       server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
         // Only spare CPU: whatever the sidecar or its workers need comes first.
@@ -189,6 +251,7 @@ void ShmServer::stop() {
   if (thread_.joinable()) thread_.join();
   // Pooled resolves hold connection pointers: they finish before any connection is destroyed.
   if (resolve_pool_) resolve_pool_->pool.join();
+  if (verifier_) verifier_->pool.join();
 }
 
 bool ShmServer::uid_allowed(std::uint32_t uid) const {
@@ -402,6 +465,7 @@ bool ShmServer::serve_connection(Connection& connection) {
   } else {
     handle_frame(connection, frame.value(), received.value().fds, reply, reply_fds, owned);
     if (connection.resolving) return true;  // the pool thread replies
+    if (reply.empty()) return true;         // a one-way message
   }
   return send_message(connection.socket.get(), reply, reply_fds).has_value();
 }
@@ -414,6 +478,10 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     reply = encode_error(id, Error{code, std::move(message)});
   };
   const bool takes_fd = frame.type == MessageType::kAttachRegion;
+  if (frame.type == MessageType::kRegionProgress && !fds.empty()) {
+    ++rejected_;  // one-way: the fds are closed, nothing is answered
+    return;
+  }
   if (!takes_fd && !fds.empty()) return refuse(ErrorCode::kProtocol, "unexpected fds attached");
   ByteReader reader(frame.payload);
   switch (frame.type) {
@@ -520,6 +588,20 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       reply = encode_frame(type.value(), id, out.bytes());
       return;
     }
+    case MessageType::kRegionProgress: {
+      // One-way: nothing is sent back, so a bad report is only counted (a commit still checks
+      // the whole region).
+      const auto region_id = reader.get<std::uint64_t>();
+      const auto written = reader.get<std::uint64_t>();
+      const auto found = region_id ? connection.regions.find(*region_id) : connection.regions.end();
+      if (!written || reader.remaining() != 0 || found == connection.regions.end() || !found->second.block ||
+          !verifier_) {
+        ++rejected_;
+        return;
+      }
+      advance_verification(verifier_->pool, found->second, std::min(*written, found->second.size));
+      return;
+    }
     case MessageType::kReleaseLeases: {
       const auto count = reader.get<std::uint32_t>();
       if (!count || reader.remaining() != std::size_t{*count} * sizeof(std::uint64_t)) {
@@ -622,7 +704,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   if (region.block) {
     // Nothing but this check stands between the client's writes and readers: after it, the
     // block belongs to the entry (and the client was granted no other range).
-    actual = bulk_hash64(region.block->bytes().data(), region.size);
+    actual = arena_region_checksum(region);
   } else {
     KVRELAY_TRY(seal_contents(region.fd.get()));
     // Read through the kernel rather than a new mapping (see checksum_memfd).

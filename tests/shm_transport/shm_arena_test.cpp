@@ -157,6 +157,7 @@ TEST_CASE("shm arena: a full arena falls back to sealed segments, a bad commit f
   REQUIRE(entry.has_value());
   CHECK_FALSE(entry.value().in_arena());
   CHECK(same_bytes(entry.value().bytes(), big));
+  REQUIRE(client.stats().has_value());  // the lookup's reply descriptor is closed by now
   CHECK(count_memfds(server.pid(), "kvrelay-region") == 1);
 
   auto region = client.allocate(1U << 20);
@@ -201,6 +202,66 @@ TEST_CASE("shm arena: malformed lease releases are refused, unknown ids are harm
   // The connection still serves, and nothing leaked.
   REQUIRE(client.publish({1, 1}, KvLayout{}, pattern_bytes(100, 1)).has_value());
   CHECK(client.stats().value().arena_bytes_in_use == shm::ShmArena::kGranule);
+}
+
+TEST_CASE("shm arena: progress reports let the sidecar check a region while it is written", "[shm][arena]") {
+  ServerProcess server(arena_options(64ULL << 20));
+  auto client = server.connect();
+  auto send_progress = [&](std::uint64_t region_id, std::uint64_t written) {
+    shm::ByteWriter progress;
+    progress.put(region_id).put(written);
+    REQUIRE(shm::send_message(client.socket_fd(),
+                              shm::encode_frame(shm::MessageType::kRegionProgress, 77, progress.bytes()))
+                .has_value());
+  };
+  const auto bytes = pattern_bytes(16U << 20, 21);
+  const auto checksum = shm::checksum_bytes(bytes);
+  const auto rejected_before = client.stats().value().rejected_messages;
+
+  SECTION("in order, out of order, past the end and for regions that are not there") {
+    auto region = client.allocate(bytes.size());
+    REQUIRE(region.has_value());
+    REQUIRE(region.value().in_arena());
+    std::memcpy(region.value().bytes().data(), bytes.data(), bytes.size() / 2);
+    send_progress(region.value().id, bytes.size() / 2);
+    send_progress(region.value().id, bytes.size() / 4);  // behind: nothing to do
+    std::memcpy(region.value().bytes().data() + bytes.size() / 2, bytes.data() + bytes.size() / 2, bytes.size() / 2);
+    send_progress(region.value().id, 1ULL << 40);  // past the end: clamped to the region
+    send_progress(999, 4096);                      // no such region: counted, not answered
+    // One-way messages get no reply: the next answer on the socket is the ping's.
+    const std::byte hello[] = {std::byte{4}, std::byte{2}};
+    auto pong = client.ping(hello);
+    REQUIRE(pong.has_value());
+    CHECK(pong.value().size() == 2);
+    REQUIRE(client.commit(std::move(region).value(), {9, 1}, KvLayout{}, checksum).has_value());
+    auto entry = client.lookup({9, 1});
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(client.stats().value().rejected_messages == rejected_before + 1);
+  }
+  SECTION("a region checked halfway still fails a wrong checksum, and an aborted one is freed") {
+    auto region = client.allocate(bytes.size());
+    REQUIRE(region.has_value());
+    std::memcpy(region.value().bytes().data(), bytes.data(), bytes.size());
+    send_progress(region.value().id, bytes.size() / 2);
+    auto refused = client.commit(std::move(region).value(), {9, 2}, KvLayout{}, checksum ^ 1);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == ErrorCode::kChecksumMismatch);
+
+    auto aborted = client.allocate(bytes.size());
+    REQUIRE(aborted.has_value());
+    send_progress(aborted.value().id, bytes.size());
+    REQUIRE(client.abort(std::move(aborted).value()).has_value());
+    CHECK(wait_until([&] { return client.stats().value().arena_bytes_in_use == 0; }, std::chrono::seconds(5)));
+  }
+  SECTION("the copying publish reports progress itself") {
+    REQUIRE(client.publish({9, 3}, KvLayout{}, bytes).has_value());
+    auto entry = client.lookup({9, 3});
+    REQUIRE(entry.has_value());
+    CHECK(entry.value().in_arena());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(client.stats().value().rejected_messages == rejected_before);
+  }
 }
 
 }  // namespace kvrelay::test

@@ -42,6 +42,9 @@ enum class MessageType : std::uint16_t {
   // Version 3: arena regions, and giving back the leases arena replies hand out.
   kAllocArenaRegion = 0x0D,
   kReleaseLeases = 0x0E,
+  // One-way (no reply): "the first N bytes of this arena region are written", so the sidecar
+  // can verify them while the client writes the rest.
+  kRegionProgress = 0x0F,
   // Replies: request type | 0x80, or kError.
   kHelloOk = 0x81,
   kRegion = 0x82,

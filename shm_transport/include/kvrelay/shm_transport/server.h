@@ -144,7 +144,8 @@ class ShmServer {
   std::thread thread_;
   std::uint64_t next_region_id_ = 1;
   std::unique_ptr<ResolvePool> resolve_pool_;
-  UniqueFd resolved_fd_;  // eventfd: a pooled resolve finished
+  std::unique_ptr<ResolvePool> verifier_;  // one thread: hashes arena regions as they are written
+  UniqueFd resolved_fd_;                   // eventfd: a pooled resolve finished
   std::mutex resolved_mutex_;
   std::vector<ResolveDone> resolved_;
 
