@@ -7,12 +7,14 @@
 // into it in place, and commit() hands it back with its layout and checksum. The region is
 // unmapped before the commit is sent so the sidecar can seal it against writes.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvrelay/core/result.h"
@@ -26,10 +28,25 @@ namespace kvrelay::shm {
 // The sidecar's arena as this process maps it: once, for as long as any region or entry in it
 // lives, so its pages stay warm across publishes and reads.
 struct ClientArena {
+  ClientArena() = default;
+  ~ClientArena();  // stops and joins the warmer
+  ClientArena(const ClientArena&) = delete;
+  ClientArena& operator=(const ClientArena&) = delete;
+
+  // Touches every page of the mapping once for writing, at idle priority, without changing a
+  // byte (an atomic OR with 0, safe beside other processes' writes). On hosts that build page
+  // tables lazily the first write to a page through a mapping costs ~100x a later one; this
+  // pays it in the background instead of in the first publishes.
+  void start_warming();
+
   UniqueFd fd;
   Mapping mapping;
   std::uint64_t device = 0;
   std::uint64_t inode = 0;
+
+ private:
+  std::atomic<bool> stop_warming_{false};
+  std::thread warmer_;
 };
 
 // Arena entries this process holds; the client gives them back to the sidecar on its next call
@@ -80,8 +97,10 @@ struct ReadOnlyEntry {
     if (arena) return arena->mapping.bytes().subspan(arena_offset, info.bytes);
     return mapping.bytes();
   }
-  // Copies `out.size()` bytes from `offset` into `out`: from the arena, or with pread (no
-  // mapping needed, so this works on entries resolved unmapped).
+  // Copies `out.size()` bytes from `offset` into `out` with pread: the kernel copies through its
+  // own mapping, so this costs the same whether or not this process has touched those arena
+  // pages before (a first read through a mapping faults per page), and works on entries
+  // resolved unmapped.
   [[nodiscard]] Status read(std::uint64_t offset, std::span<std::byte> out) const;
 };
 
@@ -135,6 +154,8 @@ class ShmClient {
   // Whether allocate()/publish() use the sidecar's arena (version 3 and it has one); they fall
   // back to regions of their own when it is full. Settable off for a strictly isolated client.
   void set_use_arena(bool use) { use_arena_ = use; }
+  // Whether a newly mapped arena is warmed in the background (ClientArena::start_warming).
+  void set_warm_arena(bool warm) { warm_arena_ = warm; }
 
   // Small messages over the shared-memory ring (opened on first use).
   [[nodiscard]] Status open_ring();
@@ -176,6 +197,7 @@ class ShmClient {
   UniqueFd wake_server_;
   UniqueFd wake_client_;
   bool use_arena_ = true;
+  bool warm_arena_ = true;
   std::shared_ptr<const ClientArena> arena_;
   std::shared_ptr<LeaseReturns> lease_returns_ = std::make_shared<LeaseReturns>();
 };
