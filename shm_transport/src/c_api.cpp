@@ -160,6 +160,12 @@ void kvrelay_entry_release(kvrelay_entry* entry) {
   delete entry;
 }
 
+int kvrelay_release_leases(kvrelay_client* client) {
+  if (client == nullptr) return invalid(client, "null argument");
+  auto released = client->client.release_leases();
+  return released ? KVRELAY_OK : record(client, released.error());
+}
+
 int kvrelay_small_call(kvrelay_client* client, const void* message, size_t size, void* answer, size_t capacity,
                        size_t* answer_size) {
   if (client == nullptr || (message == nullptr && size != 0) || (answer == nullptr && capacity != 0) ||

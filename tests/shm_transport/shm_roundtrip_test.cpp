@@ -148,7 +148,13 @@ TEST_CASE("shm small messages round-trip over the shared-memory ring", "[shm]") 
 }
 
 TEST_CASE("shm C ABI publishes, looks up and reports errors by code", "[shm][c_abi]") {
-  ServerProcess server;
+  // The same calls with one sealed memfd per entry and with the sidecar's arena.
+  const std::uint64_t arena_bytes = GENERATE(std::uint64_t{0}, std::uint64_t{16} << 20);
+  INFO("arena bytes " << arena_bytes);
+  shm::ShmServerOptions options;
+  options.arena_bytes = arena_bytes;
+  ServerProcess server(options);
+  auto observer = server.connect();
   kvrelay_client* client = nullptr;
   REQUIRE(kvrelay_client_connect(server.socket_path().c_str(), &client) == KVRELAY_OK);
   const kvrelay_key key{77, 78};
@@ -169,7 +175,11 @@ TEST_CASE("shm C ABI publishes, looks up and reports errors by code", "[shm][c_a
   CHECK(got.layers == 2);
   CHECK(got.tokens == 3);
   CHECK(got.dtype == 1);
+  CHECK(observer.stats().value().leases == (arena_bytes > 0 ? 1U : 0U));
   kvrelay_entry_release(entry);
+  REQUIRE(kvrelay_release_leases(client) == KVRELAY_OK);
+  CHECK(observer.stats().value().leases == 0);
+  CHECK(observer.stats().value().arena_bytes_in_use == (arena_bytes > 0 ? shm::ShmArena::kGranule : 0U));
 
   const kvrelay_key missing{77, 79};
   CHECK(kvrelay_lookup(client, &missing, &entry) == KVRELAY_E_NOT_FOUND);

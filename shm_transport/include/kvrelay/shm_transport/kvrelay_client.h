@@ -77,12 +77,17 @@ int kvrelay_region_abort(kvrelay_client* client, kvrelay_region* region);
 int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout, const void* data,
                     uint64_t size);
 
-/* KVRELAY_E_NOT_FOUND on a miss. The entry is a read-only mapping until released. */
+/* KVRELAY_E_NOT_FOUND on a miss. The entry stays valid, and its bytes unchanged, until released:
+   a memfd sealed against writes mapped read-only, or a block of the sidecar's arena held under a
+   lease (never write through kvrelay_entry_data). */
 int kvrelay_lookup(kvrelay_client* client, const kvrelay_key* key, kvrelay_entry** out);
 const void* kvrelay_entry_data(const kvrelay_entry* entry);
 uint64_t kvrelay_entry_size(const kvrelay_entry* entry);
 void kvrelay_entry_layout(const kvrelay_entry* entry, kvrelay_layout* out);
 void kvrelay_entry_release(kvrelay_entry* entry);
+/* Gives the sidecar back the arena blocks of released entries now (otherwise that happens with
+   the client's next request, or when it closes). */
+int kvrelay_release_leases(kvrelay_client* client);
 
 /* Small message round trip over the shared-memory ring; *answer_size gets the answer length. */
 int kvrelay_small_call(kvrelay_client* client, const void* message, size_t size, void* answer, size_t capacity,
