@@ -30,7 +30,7 @@ def main():
         print(f"\nmodel: synthetic Llama {args.shape} (fp32, CPU), same weights on every worker")
         print("node-a: agent A and agent B-local behind one sidecar; node-b: agent B behind its own sidecar;")
         print("sidecars peer over TCP. B gets A's prompt + A's 16-token answer + an 8-token follow-up.")
-        print(f"(after one {max(lengths)}-token handoff that warms the sidecars' kept transfer buffers)\n")
+        print(f"(after one {max(lengths)}-token handoff over TCP and one over shared memory, which warm the sidecars' kept buffers and arena)\n")
         print("B's time to first token (ms), by how A's context reaches B:")
         header = (f"{'context':>7} | " + " ".join(f"{name:>11}" for name in COLUMNS) +
                   f" | {'engine chose':>12} {'engine':>8} {'vs best':>8} | {'kv_raw shm':>10} | same answer")
