@@ -1,9 +1,11 @@
 #include "kvrelay/shm_transport/arena.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -41,10 +43,22 @@ Result<std::shared_ptr<ShmArena>> ShmArena::create(std::uint64_t capacity) {
 }
 
 Result<std::shared_ptr<ArenaBlock>> ShmArena::allocate(std::uint64_t size) {
+  auto block = allocate_once(size);
+  if (block || !reclaimer_ || size > capacity() || !reclaimer_(size)) return block;
+  return allocate_once(size);
+}
+
+bool ShmArena::fits(std::uint64_t bytes) const {
+  const std::uint64_t reserved = round_up(std::max<std::uint64_t>(bytes, 1), kGranule);
+  std::lock_guard lock(mutex_);
+  return std::any_of(free_.begin(), free_.end(), [&](const auto& range) { return range.second >= reserved; });
+}
+
+Result<std::shared_ptr<ArenaBlock>> ShmArena::allocate_once(std::uint64_t size) {
   const std::uint64_t reserved = round_up(std::max<std::uint64_t>(size, 1), kGranule);
   std::uint64_t offset = 0;
   {
-    std::unique_lock lock(mutex_);
+    std::lock_guard lock(mutex_);
     const auto first_fit = [&] {
       auto fit = free_.begin();
       while (fit != free_.end() && fit->second < reserved)
@@ -52,11 +66,6 @@ Result<std::shared_ptr<ArenaBlock>> ShmArena::allocate(std::uint64_t size) {
       return fit;
     };
     auto fit = first_fit();
-    if (fit == free_.end() && warming_piece_) {
-      // The range may be short only by the piece being warmed: wait for it (microseconds).
-      warm_piece_back_.wait(lock, [&] { return !warming_piece_; });
-      fit = first_fit();
-    }
     if (fit == free_.end() || size > capacity()) {
       ++failures_;
       return fail(ErrorCode::kResourceExhausted,
@@ -76,10 +85,6 @@ void ShmArena::release(std::uint64_t offset, std::uint64_t reserved) noexcept {
   std::lock_guard lock(mutex_);
   in_use_ -= reserved;
   --blocks_;
-  give_back_locked(offset, reserved);
-}
-
-void ShmArena::give_back_locked(std::uint64_t offset, std::uint64_t reserved) noexcept {
   auto [inserted, fresh] = free_.emplace(offset, reserved);
   (void)fresh;
   auto next = std::next(inserted);
@@ -97,42 +102,16 @@ void ShmArena::give_back_locked(std::uint64_t offset, std::uint64_t reserved) no
 }
 
 std::uint64_t ShmArena::warm(const std::atomic<bool>* stop) {
-  constexpr std::uint64_t kPiece = 32 * kGranule;  // 2 MiB: short lock holds, few round trips
-  std::uint64_t cursor = 0;
-  std::uint64_t warmed = 0;
-  while (stop == nullptr || !stop->load(std::memory_order_relaxed)) {
-    std::uint64_t offset = 0;
-    std::uint64_t length = 0;
-    {
-      std::lock_guard lock(mutex_);
-      // The first free range that still has bytes at or past the cursor.
-      auto range = free_.upper_bound(cursor);
-      if (range != free_.begin()) {
-        auto previous = std::prev(range);
-        if (previous->first + previous->second > cursor) range = previous;
-      }
-      if (range == free_.end()) break;
-      const std::uint64_t range_end = range->first + range->second;
-      offset = std::max(range->first, cursor);
-      length = std::min(kPiece, range_end - offset);
-      // Carve [offset, offset + length) out of the range; release() puts it back and coalesces.
-      const std::uint64_t range_start = range->first;
-      free_.erase(range);
-      if (offset > range_start) free_.emplace(range_start, offset - range_start);
-      if (offset + length < range_end) free_.emplace(offset + length, range_end - offset - length);
-      warming_piece_ = true;
-    }
-    std::memset(base() + offset, 0, static_cast<std::size_t>(length));  // free memory: contents are no one's
-    {
-      std::lock_guard lock(mutex_);
-      give_back_locked(offset, length);
-      warming_piece_ = false;
-    }
-    warm_piece_back_.notify_all();
-    warmed += length;
-    cursor = offset + length;
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
+  std::uint64_t offset = 0;
+  for (; offset < capacity(); offset += step) {
+    if (stop != nullptr && (offset & 0xFFFFF) == 0 && stop->load(std::memory_order_relaxed)) break;
+    // A locked read-modify-write that stores back what it read: it never loses a concurrent
+    // write to the byte (a worker's, or this process's), and it makes the page writable here.
+    __atomic_fetch_or(reinterpret_cast<unsigned char*>(base() + offset), 0, __ATOMIC_RELAXED);
   }
-  return warmed;
+  return std::min(offset, capacity());
 }
 
 ArenaStats ShmArena::stats() const {

@@ -197,16 +197,22 @@ Result<WritableRegion> ShmClient::allocate_in_arena(std::uint64_t size) {
   return region;
 }
 
-Result<WritableRegion> ShmClient::allocate(std::uint64_t size) {
-  if (use_arena_ && server_version_ >= kArenaDataPlaneVersion) {
-    auto in_arena = allocate_in_arena(size);
-    if (in_arena) return in_arena;
-    // No arena, or no room in it: a region of our own still works, just slower.
-    if (in_arena.error().code == ErrorCode::kUnsupported)
-      use_arena_ = false;
-    else if (in_arena.error().code != ErrorCode::kResourceExhausted)
-      return in_arena;
+Result<std::optional<WritableRegion>> ShmClient::try_arena_region(std::uint64_t size) {
+  if (!use_arena_ || server_version_ < kArenaDataPlaneVersion) return std::optional<WritableRegion>{};
+  auto in_arena = allocate_in_arena(size);
+  if (in_arena) return std::optional<WritableRegion>(std::move(in_arena).value());
+  // No arena, or no room in it: a region of our own still works, just slower.
+  if (in_arena.error().code == ErrorCode::kUnsupported) {
+    use_arena_ = false;
+  } else if (in_arena.error().code != ErrorCode::kResourceExhausted) {
+    return outcome::failure(in_arena.error());
   }
+  return std::optional<WritableRegion>{};
+}
+
+Result<WritableRegion> ShmClient::allocate(std::uint64_t size) {
+  KVRELAY_TRY(auto in_arena, try_arena_region(size));
+  if (in_arena) return std::move(*in_arena);
   KVRELAY_TRY(auto region, allocate_unmapped(size));
   KVRELAY_TRY(auto mapping, Mapping::map(region.fd.get(), size, true));
   region.mapping = std::move(mapping);
@@ -291,17 +297,7 @@ Status ShmClient::publish_with_context(const EntryKey& key, const KvLayout& layo
 }
 
 Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum) {
-  std::optional<WritableRegion> arena_region;
-  if (use_arena_ && server_version_ >= kArenaDataPlaneVersion) {
-    auto in_arena = allocate_in_arena(bytes.size());
-    if (in_arena) {
-      arena_region = std::move(in_arena).value();
-    } else if (in_arena.error().code == ErrorCode::kUnsupported) {
-      use_arena_ = false;
-    } else if (in_arena.error().code != ErrorCode::kResourceExhausted) {
-      return outcome::failure(in_arena.error());
-    }
-  }
+  KVRELAY_TRY(auto arena_region, try_arena_region(bytes.size()));
   BulkHashStream hash;
   if (!hash.valid()) return fail(ErrorCode::kResourceExhausted, "cannot allocate a hash state");
   // Hash each cache-sized piece, then write it while it is still hot.

@@ -66,6 +66,34 @@ std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit) {
   return keys;
 }
 
+bool InMemoryEntryStore::make_arena_room(const ShmArena& arena, std::uint64_t bytes) {
+  // Only entries nobody else holds (no lease, no reader in this process) free their block when
+  // dropped; if even all of them and the free space together are too few bytes, drop nothing.
+  const auto evictable = [&](const Slot& slot) {
+    const auto& block = slot.entry->block;
+    return block && &block->arena() == &arena && slot.entry.use_count() == 1;
+  };
+  std::lock_guard lock(mutex_);
+  const auto arena_stats = arena.stats();
+  std::uint64_t could_free = arena_stats.capacity - arena_stats.in_use;
+  for (const auto& [key, slot] : entries_) {
+    if (evictable(slot)) could_free += slot.entry->block->reserved();
+  }
+  if (could_free < bytes) return false;
+  bool dropped = false;
+  auto candidate = recency_.end();
+  while (!arena.fits(bytes) && candidate != recency_.begin()) {
+    --candidate;  // from the least recently used end
+    const auto found = entries_.find(*candidate);
+    if (!evictable(found->second)) continue;
+    candidate = std::next(candidate);  // erasing invalidates the element, not its neighbour
+    erase_locked(found);
+    ++evictions_;
+    dropped = true;
+  }
+  return dropped;
+}
+
 void InMemoryEntryStore::erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found) {
   bytes_ -= found->second.entry->info.bytes;
   recency_.erase(found->second.recency);

@@ -221,6 +221,13 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
     }
     server->arena_ = std::move(arena).value();
     server->verifier_ = std::make_unique<ResolvePool>(1);
+    // A full arena makes room by evicting its least recently used entries from the store, as the
+    // store does within its own budget. Weak: the store's entries keep the arena alive.
+    server->arena_->set_reclaimer(
+        [store = std::weak_ptr<EntryStore>(server->store_), arena = server->arena_.get()](std::uint64_t bytes) {
+          const auto alive = store.lock();
+          return alive && alive->make_arena_room(*arena, bytes);
+        });
     if (server->options_.warm_arena) {
       server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
         // Only spare CPU: whatever the sidecar or its workers need comes first.
@@ -477,6 +484,15 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     ++rejected_;
     reply = encode_error(id, Error{code, std::move(message)});
   };
+  // An allocated or attached region, filed under a new id and counted as pending until its commit.
+  auto file_region = [&](Region region) {
+    const std::uint64_t region_id = next_region_id_++;
+    connection.pending_bytes += region.size;
+    pending_bytes_ += region.size;
+    ++pending_regions_;
+    connection.regions.emplace(region_id, std::move(region));
+    return region_id;
+  };
   const bool takes_fd = frame.type == MessageType::kAttachRegion;
   if (frame.type == MessageType::kRegionProgress && !fds.empty()) {
     ++rejected_;  // one-way: the fds are closed, nothing is answered
@@ -522,11 +538,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
         region.fd = std::move(created).value();
         reply_fds.push_back(region.fd.get());
       }
-      const std::uint64_t region_id = next_region_id_++;
-      connection.pending_bytes += *size;
-      pending_bytes_ += *size;
-      ++pending_regions_;
-      connection.regions.emplace(region_id, std::move(region));
+      const std::uint64_t region_id = file_region(std::move(region));
       ByteWriter out;
       out.put(region_id).put(*size);
       reply = encode_frame(takes_fd ? MessageType::kRegionAttached : MessageType::kRegion, id, out.bytes());
@@ -546,11 +558,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       region.size = *size;
       region.block = std::move(block).value();
       const std::uint64_t offset = region.block->offset();
-      const std::uint64_t region_id = next_region_id_++;
-      connection.pending_bytes += *size;
-      pending_bytes_ += *size;
-      ++pending_regions_;
-      connection.regions.emplace(region_id, std::move(region));
+      const std::uint64_t region_id = file_region(std::move(region));
       ByteWriter out;
       out.put(region_id).put(*size).put(offset).put(arena_->capacity());
       reply = encode_frame(MessageType::kArenaRegion, id, out.bytes());

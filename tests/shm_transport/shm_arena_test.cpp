@@ -126,6 +126,37 @@ TEST_CASE("shm arena: leases outlive their client object and end when the last e
   CHECK(publisher.stats().value().connections == 1);
 }
 
+TEST_CASE("shm arena: a full arena evicts its least recently used entries, never a leased block", "[shm][arena]") {
+  ServerProcess server(arena_options(4ULL << 20));
+  auto publisher = server.connect();
+  auto reader = server.connect();
+  for (std::uint64_t context = 1; context <= 4; ++context) {
+    REQUIRE(publisher.publish({8, context}, KvLayout{}, pattern_bytes(1U << 20, context)).has_value());
+  }
+  CHECK(reader.stats().value().arena_bytes_in_use == 4ULL << 20);
+  // Full: the fifth entry takes the place of the least recently used one.
+  REQUIRE(publisher.publish({8, 5}, KvLayout{}, pattern_bytes(1U << 20, 5)).has_value());
+  CHECK(reader.lookup({8, 1}).error().code == ErrorCode::kNotFound);
+  auto fifth = reader.lookup({8, 5});
+  REQUIRE(fifth.has_value());
+  CHECK(fifth.value().in_arena());
+  fifth = Result<shm::ReadOnlyEntry>(fail(ErrorCode::kNotFound, "dropped"));
+
+  // A reader holds entry 2, which then becomes the least recently used: dropping it would free
+  // nothing, so it stays and entry 3, the next least recently used, makes the room.
+  auto held = reader.lookup({8, 2});
+  REQUIRE(held.has_value());
+  for (std::uint64_t context = 3; context <= 5; ++context)
+    REQUIRE(publisher.lookup({8, context}).has_value());
+  REQUIRE(publisher.publish({8, 6}, KvLayout{}, pattern_bytes(1U << 20, 6)).has_value());
+  CHECK(reader.lookup({8, 3}).error().code == ErrorCode::kNotFound);
+  auto sixth = reader.lookup({8, 6});
+  REQUIRE(sixth.has_value());
+  CHECK(sixth.value().in_arena());
+  CHECK(same_bytes(held.value().bytes(), pattern_bytes(1U << 20, 2)));
+  CHECK(reader.lookup({8, 2}).has_value());
+}
+
 TEST_CASE("shm arena: an older client gets a sealed copy it cannot write", "[shm][arena]") {
   ServerProcess server(arena_options());
   auto publisher = server.connect();

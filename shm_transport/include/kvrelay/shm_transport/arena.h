@@ -11,8 +11,8 @@
 // were granted (limits.shm_arena_bytes = 0 keeps one sealed memfd per entry instead).
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +36,8 @@ class ArenaBlock {
 
   [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
   [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
+  // The arena bytes it holds: size rounded up to the granule.
+  [[nodiscard]] std::uint64_t reserved() const noexcept { return reserved_; }
   [[nodiscard]] std::span<std::byte> bytes() const noexcept;
   [[nodiscard]] const ShmArena& arena() const noexcept { return *arena_; }
 
@@ -66,14 +68,24 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   [[nodiscard]] static Result<std::shared_ptr<ShmArena>> create(std::uint64_t capacity);
 
   // The lowest-addressed free range that fits, so recently used (warm) memory is reused first.
-  // kResourceExhausted when no free range is large enough.
+  // When none does, asks the reclaimer (if set) to free some and tries once more;
+  // kResourceExhausted when there is still no free range large enough.
   [[nodiscard]] Result<std::shared_ptr<ArenaBlock>> allocate(std::uint64_t size);
 
-  // Writes every free page once through this process's mapping, a piece at a time, each piece
-  // taken out of the free list while it is written (so no block is ever touched). On hosts that
-  // build page tables lazily the first write to a page through a mapping costs ~100x a later
-  // one (~3 ms/MiB against ~0.07); warming moves that cost off the first transfers. Stops early
-  // when `stop` becomes true. Returns the bytes written.
+  // Called without the arena's lock when an allocation of `bytes` does not fit: frees blocks
+  // (the daemon evicts the least recently used arena entries from its store) and says whether
+  // it freed any. Set once, before the arena is shared.
+  using Reclaimer = std::function<bool(std::uint64_t bytes)>;
+  void set_reclaimer(Reclaimer reclaimer) { reclaimer_ = std::move(reclaimer); }
+
+  // Whether a block of `bytes` would fit now.
+  [[nodiscard]] bool fits(std::uint64_t bytes) const;
+
+  // Touches every page once for writing through this process's mapping without changing a byte
+  // (an atomic OR with 0, safe beside any concurrent writer). On hosts that build page tables
+  // lazily the first write to a page through a mapping costs ~100x a later one (~3 ms/MiB
+  // against ~0.07); warming moves that cost off the first transfers. Stops early when `stop`
+  // becomes true. Returns the bytes covered.
   std::uint64_t warm(const std::atomic<bool>* stop = nullptr);
 
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
@@ -84,18 +96,17 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
  private:
   friend class ArenaBlock;
   ShmArena() = default;
+  [[nodiscard]] Result<std::shared_ptr<ArenaBlock>> allocate_once(std::uint64_t size);
   void release(std::uint64_t offset, std::uint64_t reserved) noexcept;
-  void give_back_locked(std::uint64_t offset, std::uint64_t reserved) noexcept;
 
   UniqueFd fd_;
   Mapping mapping_;
   mutable std::mutex mutex_;
-  std::condition_variable warm_piece_back_;
-  bool warming_piece_ = false;                   // a piece is out of the free list being warmed (not in use)
   std::map<std::uint64_t, std::uint64_t> free_;  // offset -> length, coalesced
   std::uint64_t in_use_ = 0;
   std::uint64_t blocks_ = 0;
   std::uint64_t failures_ = 0;
+  Reclaimer reclaimer_;
 };
 
 }  // namespace kvrelay::shm

@@ -178,6 +178,9 @@ class ShmClient {
   // The arena an arena reply's fd names, mapped once per arena.
   [[nodiscard]] Result<std::shared_ptr<const ClientArena>> adopt_arena(UniqueFd fd, std::uint64_t arena_bytes);
   [[nodiscard]] Result<WritableRegion> allocate_in_arena(std::uint64_t size);
+  // An arena region when the sidecar has an arena with room; nullopt means "use a region of
+  // your own" (and after kUnsupported, stop asking).
+  [[nodiscard]] Result<std::optional<WritableRegion>> try_arena_region(std::uint64_t size);
 
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader, bool map = true);
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);

@@ -36,6 +36,10 @@ class EntryStore {
   // Up to `limit` keys, most recently used first (peer summaries). Stores that cannot list
   // their keys return none; peers then find their entries by asking directly.
   [[nodiscard]] virtual std::vector<EntryKey> recent_keys(std::size_t /*limit*/) { return {}; }
+  // Drops least recently used entries held in `arena` until a block of `bytes` fits there or
+  // none of its entries is left; returns whether it dropped any. (Blocks a reader still holds
+  // under a lease come free only when it lets go.) Stores that cannot evict return false.
+  virtual bool make_arena_room(const ShmArena& /*arena*/, std::uint64_t /*bytes*/) { return false; }
 };
 
 // A byte-budgeted map; evicts least recently used entries when a put would exceed the budget.
@@ -48,6 +52,7 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] EntryStoreStats stats() override;
   EntryStoreStats clear() override;
   [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit) override;
+  bool make_arena_room(const ShmArena& arena, std::uint64_t bytes) override;
 
  private:
   struct Slot {
