@@ -1,7 +1,6 @@
 #include "kvrelay/shm_transport/arena.h"
 
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -15,6 +14,11 @@ namespace {
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t granule) {
   return (value + granule - 1) / granule * granule;
+}
+
+// What a block of `size` bytes holds of the arena (an empty one still takes a granule).
+std::uint64_t reserved_bytes(std::uint64_t size) {
+  return round_up(std::max<std::uint64_t>(size, 1), ShmArena::kGranule);
 }
 
 }  // namespace
@@ -37,7 +41,7 @@ Result<std::shared_ptr<ShmArena>> ShmArena::create(std::uint64_t capacity) {
   if (::fcntl(arena->fd_.get(), F_ADD_SEALS, F_SEAL_SEAL) != 0) {
     return fail(ErrorCode::kIo, fmt::format("arena F_SEAL_SEAL: {}", std::strerror(errno)));
   }
-  KVRELAY_TRY(arena->mapping_, Mapping::map(arena->fd_.get(), capacity, true));
+  KVRELAY_TRY(arena->mapping_, Mapping::map(arena->fd_.get(), capacity, true, /*populate=*/false));
   arena->free_.emplace(0, capacity);
   return arena;
 }
@@ -49,24 +53,22 @@ Result<std::shared_ptr<ArenaBlock>> ShmArena::allocate(std::uint64_t size) {
 }
 
 bool ShmArena::fits(std::uint64_t bytes) const {
-  const std::uint64_t reserved = round_up(std::max<std::uint64_t>(bytes, 1), kGranule);
+  const std::uint64_t reserved = reserved_bytes(bytes);
   std::lock_guard lock(mutex_);
-  return std::any_of(free_.begin(), free_.end(), [&](const auto& range) { return range.second >= reserved; });
+  return first_fit_locked(reserved) != free_.end();
+}
+
+std::map<std::uint64_t, std::uint64_t>::const_iterator ShmArena::first_fit_locked(std::uint64_t reserved) const {
+  return std::find_if(free_.begin(), free_.end(), [&](const auto& range) { return range.second >= reserved; });
 }
 
 Result<std::shared_ptr<ArenaBlock>> ShmArena::allocate_once(std::uint64_t size) {
-  const std::uint64_t reserved = round_up(std::max<std::uint64_t>(size, 1), kGranule);
+  const std::uint64_t reserved = reserved_bytes(size);
   std::uint64_t offset = 0;
   {
     std::lock_guard lock(mutex_);
-    const auto first_fit = [&] {
-      auto fit = free_.begin();
-      while (fit != free_.end() && fit->second < reserved)
-        ++fit;
-      return fit;
-    };
-    auto fit = first_fit();
-    if (fit == free_.end() || size > capacity()) {
+    const auto fit = first_fit_locked(reserved);
+    if (fit == free_.end()) {
       ++failures_;
       return fail(ErrorCode::kResourceExhausted,
                   fmt::format("arena has no free range of {} bytes ({} of {} in use)", reserved, in_use_, capacity()));
@@ -102,16 +104,7 @@ void ShmArena::release(std::uint64_t offset, std::uint64_t reserved) noexcept {
 }
 
 std::uint64_t ShmArena::warm(const std::atomic<bool>* stop) {
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
-  std::uint64_t offset = 0;
-  for (; offset < capacity(); offset += step) {
-    if (stop != nullptr && (offset & 0xFFFFF) == 0 && stop->load(std::memory_order_relaxed)) break;
-    // A locked read-modify-write that stores back what it read: it never loses a concurrent
-    // write to the byte (a worker's, or this process's), and it makes the page writable here.
-    __atomic_fetch_or(reinterpret_cast<unsigned char*>(base() + offset), 0, __ATOMIC_RELAXED);
-  }
-  return std::min(offset, capacity());
+  return touch_pages_for_write(mapping_.bytes(), stop);
 }
 
 ArenaStats ShmArena::stats() const {

@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -44,16 +42,8 @@ ClientArena::~ClientArena() {
 void ClientArena::start_warming() {
   if (warmer_.joinable() || mapping.size() == 0) return;
   warmer_ = std::thread([this] {
-    const sched_param idle{};
-    (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);
-    const long page = ::sysconf(_SC_PAGESIZE);
-    const std::uint64_t step = page > 0 ? static_cast<std::uint64_t>(page) : 4096;
-    for (std::uint64_t offset = 0; offset < mapping.size() && !stop_warming_.load(std::memory_order_relaxed);
-         offset += step) {
-      // A locked read-modify-write that stores back what it read: never loses another
-      // process's concurrent write to the byte, and makes the page writable here.
-      __atomic_fetch_or(reinterpret_cast<unsigned char*>(mapping.data() + offset), 0, __ATOMIC_RELAXED);
-    }
+    run_at_idle_priority();
+    (void)touch_pages_for_write(mapping.bytes(), &stop_warming_);
   });
 }
 
@@ -167,7 +157,7 @@ Result<std::shared_ptr<const ClientArena>> ShmClient::adopt_arena(UniqueFd fd, s
   if (arena_ && arena_->device == info.st_dev && arena_->inode == info.st_ino) return arena_;
   KVRELAY_TRY(check_sealed_memfd(fd.get(), arena_bytes));
   auto arena = std::make_shared<ClientArena>();
-  KVRELAY_TRY(arena->mapping, Mapping::map(fd.get(), arena_bytes, true));
+  KVRELAY_TRY(arena->mapping, Mapping::map(fd.get(), arena_bytes, true, /*populate=*/!warm_arena_));
   arena->fd = std::move(fd);
   arena->device = info.st_dev;
   arena->inode = info.st_ino;

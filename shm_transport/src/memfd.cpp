@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -153,6 +155,22 @@ Status seal_contents(int fd) {
   return ok();
 }
 
+std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
+  std::uint64_t offset = 0;
+  for (; offset < bytes.size(); offset += step) {
+    if (stop != nullptr && (offset & 0xFFFFF) == 0 && stop->load(std::memory_order_relaxed)) break;
+    __atomic_fetch_or(reinterpret_cast<unsigned char*>(bytes.data() + offset), 0, __ATOMIC_RELAXED);
+  }
+  return std::min<std::uint64_t>(offset, bytes.size());
+}
+
+void run_at_idle_priority() noexcept {
+  const sched_param idle{};
+  (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);
+}
+
 Mapping::Mapping(Mapping&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
@@ -168,14 +186,15 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
   return *this;
 }
 
-Result<Mapping> Mapping::map(int fd, std::uint64_t size, bool writable) {
+Result<Mapping> Mapping::map(int fd, std::uint64_t size, bool writable, bool populate) {
   Mapping mapping;
   if (size == 0) return mapping;  // mmap of 0 bytes is EINVAL; an empty view needs no memory
   if (size > static_cast<std::uint64_t>(SIZE_MAX / 2)) return fail(ErrorCode::kOverflow, "mapping too large");
   const int protection = writable ? (PROT_READ | PROT_WRITE) : PROT_READ;
   // MAP_POPULATE maps every page in one call instead of one fault per 4 KiB page, which is
   // most of the cost of touching a fresh segment (especially in VMs).
-  void* base = ::mmap(nullptr, static_cast<std::size_t>(size), protection, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+  void* base = ::mmap(nullptr, static_cast<std::size_t>(size), protection, flags, fd, 0);
   if (base == MAP_FAILED) return fail(ErrorCode::kIo, fmt::format("mmap {} bytes: {}", size, errno_text(errno)));
   mapping.base_ = base;
   mapping.data_ = static_cast<std::byte*>(base);

@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -231,8 +229,7 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
     if (server->options_.warm_arena) {
       server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
         // Only spare CPU: whatever the sidecar or its workers need comes first.
-        const sched_param idle{};
-        (void)::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle);
+        run_at_idle_priority();
         const auto warmed = arena->warm(stop);
         spdlog::debug("shm arena: warmed {} of {} bytes", warmed, arena->capacity());
       });

@@ -97,6 +97,8 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   friend class ArenaBlock;
   ShmArena() = default;
   [[nodiscard]] Result<std::shared_ptr<ArenaBlock>> allocate_once(std::uint64_t size);
+  // The lowest free range of at least `reserved` bytes, or free_.end().
+  [[nodiscard]] std::map<std::uint64_t, std::uint64_t>::const_iterator first_fit_locked(std::uint64_t reserved) const;
   void release(std::uint64_t offset, std::uint64_t reserved) noexcept;
 
   UniqueFd fd_;
