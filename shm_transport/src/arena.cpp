@@ -41,7 +41,7 @@ Result<std::shared_ptr<ShmArena>> ShmArena::create(std::uint64_t capacity) {
   if (::fcntl(arena->fd_.get(), F_ADD_SEALS, F_SEAL_SEAL) != 0) {
     return fail(ErrorCode::kIo, fmt::format("arena F_SEAL_SEAL: {}", std::strerror(errno)));
   }
-  KVRELAY_TRY(arena->mapping_, Mapping::map(arena->fd_.get(), capacity, true, /*populate=*/false));
+  KVRELAY_TRY(arena->mapping_, Mapping::map(arena->fd_.get(), capacity, true));
   arena->free_.emplace(0, capacity);
   return arena;
 }

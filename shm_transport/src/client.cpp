@@ -157,7 +157,7 @@ Result<std::shared_ptr<const ClientArena>> ShmClient::adopt_arena(UniqueFd fd, s
   if (arena_ && arena_->device == info.st_dev && arena_->inode == info.st_ino) return arena_;
   KVRELAY_TRY(check_sealed_memfd(fd.get(), arena_bytes));
   auto arena = std::make_shared<ClientArena>();
-  KVRELAY_TRY(arena->mapping, Mapping::map(fd.get(), arena_bytes, true, /*populate=*/!warm_arena_));
+  KVRELAY_TRY(arena->mapping, Mapping::map(fd.get(), arena_bytes, true));
   arena->fd = std::move(fd);
   arena->device = info.st_dev;
   arena->inode = info.st_ino;

@@ -186,15 +186,14 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
   return *this;
 }
 
-Result<Mapping> Mapping::map(int fd, std::uint64_t size, bool writable, bool populate) {
+Result<Mapping> Mapping::map(int fd, std::uint64_t size, bool writable) {
   Mapping mapping;
   if (size == 0) return mapping;  // mmap of 0 bytes is EINVAL; an empty view needs no memory
   if (size > static_cast<std::uint64_t>(SIZE_MAX / 2)) return fail(ErrorCode::kOverflow, "mapping too large");
   const int protection = writable ? (PROT_READ | PROT_WRITE) : PROT_READ;
   // MAP_POPULATE maps every page in one call instead of one fault per 4 KiB page, which is
   // most of the cost of touching a fresh segment (especially in VMs).
-  const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
-  void* base = ::mmap(nullptr, static_cast<std::size_t>(size), protection, flags, fd, 0);
+  void* base = ::mmap(nullptr, static_cast<std::size_t>(size), protection, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base == MAP_FAILED) return fail(ErrorCode::kIo, fmt::format("mmap {} bytes: {}", size, errno_text(errno)));
   mapping.base_ = base;
   mapping.data_ = static_cast<std::byte*>(base);

@@ -74,10 +74,7 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
 
-  // `populate`: build the page tables now (MAP_POPULATE). Mappings that live long and are
-  // warmed with touch_pages_for_write skip it: on lazily paging hosts it does not spare the
-  // first write anyway, and it costs ~15 ms per 256 MiB in the call that maps.
-  [[nodiscard]] static Result<Mapping> map(int fd, std::uint64_t size, bool writable, bool populate = true);
+  [[nodiscard]] static Result<Mapping> map(int fd, std::uint64_t size, bool writable);
 
   [[nodiscard]] std::byte* data() const noexcept { return data_; }
   [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
