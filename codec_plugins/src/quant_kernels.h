@@ -434,7 +434,7 @@ void encode_fp8(const QuantEncodeArgs& a) {
     std::uint8_t* __restrict codes = a.codes + t * row;
     for (std::size_t h = 0; h < a.kv_heads; ++h) {
       const float amax = abs_max(x + h * dim, dim);
-      const float scale = amax > 0.0F && amax < __builtin_inff() ? amax / bits::kFp8E4m3Max : 1.0F;
+      const float scale = bits::fp8_scale(amax);
       const float inv = 1.0F / scale;
       std::memcpy(a.meta + (t * a.kv_heads + h) * 4, &scale, 4);
       const float* __restrict head = x + h * dim;

@@ -502,7 +502,7 @@ void encode_fp8_avx2(const QuantEncodeArgs& a) {
     for (std::size_t h = 0; h < heads; ++h)
       amax[h] = head_abs_max<kDtype>(source + h * dim * kSize, dim);
     for (std::size_t h = 0; h < heads; ++h) {
-      scale[h] = amax[h] > 0.0F && amax[h] < __builtin_inff() ? amax[h] / bits::kFp8E4m3Max : 1.0F;
+      scale[h] = bits::fp8_scale(amax[h]);
       inv[h] = 1.0F / scale[h];
     }
     std::memcpy(a.meta + t * heads * 4, scale, heads * 4);

@@ -1,7 +1,9 @@
 // CUDA kernels of the quantizing codecs. The payload layout is quant_layout.h's and every scalar
 // step comes from float_bits.h, compiled with -fmad=false, so the bytes equal the CPU codec's.
-// Kernels favour simple, coalesced indexing: one thread per channel (K groups), per token and
-// head (fp8, V groups) or per element (dequantize); int4 packing runs as a separate pass.
+// These per-tensor kernels take the shapes quant_vector_kernels.cu does not cover (odd head
+// sizes, groups that do not split a head evenly, unaligned rows). They favour simple indexing:
+// one thread per channel (K groups), per token and head (fp8, V groups) or per element
+// (dequantize); int4 packing runs as a separate pass.
 
 #include <cuda_runtime.h>
 
@@ -9,6 +11,7 @@
 
 #include "../quant_layout.h"
 #include "kernel_api.h"
+#include "quant_vector_kernels.h"
 
 namespace kvrelay::codec::cuda {
 namespace {
@@ -73,11 +76,11 @@ __global__ void fp8_encode_kernel(Dims d, const std::uint8_t* rows, std::uint8_t
     const float v = fabsf(load_value(rows, d.dtype, first + i));
     amax = v > amax ? v : amax;
   }
-  const float scale = amax > 0.0F && amax < __int_as_float(0x7F800000) ? __fdiv_rn(amax, kFp8E4m3Max) : 1.0F;
+  const float scale = fp8_scale(amax);
   const float inv = __fdiv_rn(1.0F, scale);
   memcpy(meta + id * 4, &scale, 4);
   for (std::size_t i = 0; i < d.dim; ++i)
-    codes[first + i] = float_to_e4m3(__fmul_rn(load_value(rows, d.dtype, first + i), inv));
+    codes[first + i] = scaled_e4m3(load_value(rows, d.dtype, first + i), inv);
 }
 
 // fp8 decode: one thread per element.
@@ -214,6 +217,9 @@ const char* kernel_error_text(int code) {
 }
 
 int kernel_quant(const KernelPlan& plan, bool encode, const void* device_in, void* device_out) {
+  if (vector_path_applies(plan, encode ? device_in : device_out)) {
+    return kernel_quant_vectorized(plan, encode, device_in, device_out);
+  }
   const auto kind = static_cast<QuantKind>(plan.kind);
   const Dims dims{plan.middle,
                   plan.heads,

@@ -105,6 +105,20 @@ KVRELAY_HD std::uint8_t float_to_e4m3(float value) {
   return static_cast<std::uint8_t>(sign | code);
 }
 
+// The per-head fp8 scale: amax / 448, or 1 where that cannot be used: amax zero, NaN or
+// infinite, or below 2^-100, where 1 / scale could overflow and 0 * (1 / scale) give NaN. So
+// inverse scales are always finite and positive, and only a NaN input makes a NaN product.
+KVRELAY_HD float fp8_scale(float amax) {
+  return amax >= 0x1p-100F && amax < bits_to_float(0x7F800000U) ? amax / kFp8E4m3Max : 1.0F;
+}
+
+// The e4m3 code of `value` scaled by an fp8_scale inverse. The sign is taken from `value`: a NaN
+// product keeps the input's sign on x86 but is a positive canonical NaN on NVIDIA GPUs.
+KVRELAY_HD std::uint8_t scaled_e4m3(float value, float inv_scale) {
+  const std::uint32_t sign = (float_to_bits(value) >> 24) & 0x80U;
+  return static_cast<std::uint8_t>(sign | (float_to_e4m3(value * inv_scale) & 0x7FU));
+}
+
 KVRELAY_HD float e4m3_to_float(std::uint8_t code) {
   const std::uint32_t sign = static_cast<std::uint32_t>(code & 0x80U) << 24;
   const std::uint32_t exponent = (code >> 3) & 0xFU;
