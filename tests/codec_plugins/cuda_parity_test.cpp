@@ -215,13 +215,14 @@ int main() {
     }
   }
   // Shapes of the vectorized kernels: a scale shared by 1 to 32 threads of a warp, value groups of
-  // 8 to 256 channels, no exact rows, only exact rows, and a partial last key group.
+  // 8 to 256 channels, key groups read in 1 to 16 slices and in two passes (1024 tokens), no exact
+  // rows, only exact rows, and a partial last key group.
   const std::vector<KvLayout> vector_shapes = {{3, 4, 64, DType::kBFloat16, 777},
                                                {2, 2, 256, DType::kFloat16, 300},
                                                {2, 2, 128, DType::kFloat32, 129},
                                                {1, 8, 16, DType::kBFloat16, 64}};
   for (const auto& layout : vector_shapes) {
-    for (std::uint32_t group : {8U, 16U, 32U, 64U, 256U}) {
+    for (std::uint32_t group : {8U, 16U, 32U, 64U, 256U, 1024U}) {
       check_quantizer(cuda::Quantizer::kFp8, fp8_codec(), layout, group, 0, 0);
       check_quantizer(cuda::Quantizer::kInt8, int8_codec(), layout, group, 0, 0);
       check_quantizer(cuda::Quantizer::kInt4, int4_codec(), layout, group, 3, 5);

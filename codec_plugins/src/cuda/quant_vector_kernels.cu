@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(kThreads) segment_encode_kernel(SectionLaunch 
   }
 }
 
-// int K sections: one thread per (token group, vector of channels); per-channel scales.
+// int K sections with groups too large for keys_encode_sliced_kernel: one thread per (token
+// group, vector of channels), reading the group twice (min/max, then codes); per-channel scales.
 template <std::uint32_t Dtype, QuantKind Kind>
 __global__ void __launch_bounds__(kThreads) keys_encode_kernel(SectionLaunch p) {
   constexpr int kVector = kVectorElements<Dtype>;
@@ -231,6 +232,98 @@ __global__ void __launch_bounds__(kThreads) keys_encode_kernel(SectionLaunch p) 
     for (int i = 0; i < kVector; ++i)
       put_code<Kind, kVector>(words, i, quantize_step_fast(x[i], zero[i], inv_scale[i], p.max_code));
     store_words<kCodes>(codes + code_offset<Kind>(token, p.code_row_bytes, channel), words);
+  }
+}
+
+// int K sections with groups of up to kKeySliceTokens * 32 tokens: the group's tokens are split
+// into slices of kKeySliceTokens over `slices` adjacent lanes (SectionLaunch::segment_lanes),
+// which keep their raw vectors in registers, so the group is read from memory once (the
+// two-pass keys_encode_kernel reads it twice: its working set outgrows the L2 cache).
+constexpr int kKeySliceTokens = 16;
+
+template <std::uint32_t Dtype, QuantKind Kind>
+__global__ void __launch_bounds__(kThreads) keys_encode_sliced_kernel(SectionLaunch p) {
+  constexpr int kVector = kVectorElements<Dtype>;
+  constexpr int kCodes = kCodeBytes<Kind, kVector>;
+  const std::uint8_t* kv = p.kv + blockIdx.y * p.kv_stride;
+  std::uint8_t* meta = p.section + blockIdx.y * p.section_stride;
+  std::uint8_t* codes = meta + p.meta_bytes;
+  const std::uint32_t slices = p.segment_lanes;
+  const std::uint32_t vectors_per_row = p.row / kVector;
+  const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const auto slice = static_cast<std::uint32_t>(id % slices);
+  const std::size_t column = id / slices;  // (group, vector of channels)
+  const std::size_t group = column / vectors_per_row;
+  const auto channel = static_cast<std::uint32_t>(column % vectors_per_row) * kVector;
+  // Tokens of this lane: [first, first + count), inside the group and the middle rows.
+  const std::size_t group_start = group * p.group;
+  const std::size_t group_end = group_start + p.group < p.middle ? group_start + p.group : p.middle;
+  const std::size_t first = group_start + static_cast<std::size_t>(slice) * kKeySliceTokens;
+  const std::size_t count =
+      first < group_end ? (group_end - first < kKeySliceTokens ? group_end - first : kKeySliceTokens) : 0;
+
+  uint4 raw[kKeySliceTokens];
+#pragma unroll
+  for (int k = 0; k < kKeySliceTokens; ++k) {
+    if (static_cast<std::size_t>(k) < count)
+      raw[k] = *reinterpret_cast<const uint4*>(kv + ((first + k) * p.row + channel) * kElementBytes<Dtype>);
+  }
+  float lo[kVector];
+  float hi[kVector];
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) {
+    lo[i] = __int_as_float(0x7F800000);
+    hi[i] = __int_as_float(0xFF800000);
+  }
+#pragma unroll
+  for (int k = 0; k < kKeySliceTokens; ++k) {
+    if (static_cast<std::size_t>(k) >= count) break;
+    float x[kVector];
+    unpack_vector<Dtype>(raw[k], x);
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      lo[i] = x[i] < lo[i] ? x[i] : lo[i];
+      hi[i] = x[i] > hi[i] ? x[i] : hi[i];
+    }
+  }
+  // Every lane of the warp reaches the shuffles, lanes without tokens too.
+  for (std::uint32_t offset = slices / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) {
+      const float other_lo = __shfl_xor_sync(0xFFFFFFFFU, lo[i], offset);
+      const float other_hi = __shfl_xor_sync(0xFFFFFFFFU, hi[i], offset);
+      lo[i] = other_lo < lo[i] ? other_lo : lo[i];
+      hi[i] = other_hi > hi[i] ? other_hi : hi[i];
+    }
+  }
+  if (group_start >= p.middle) return;
+  float zero[kVector];
+  float inv_scale[kVector];
+  std::uint32_t scale_words[kVector / 2] = {};
+  std::uint32_t zero_words[kVector / 2] = {};
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) {
+    const QuantGroup q = make_quant_group_fast(lo[i], hi[i], p.max_code);
+    zero[i] = q.zero;
+    inv_scale[i] = q.inv_scale;
+    scale_words[i / 2] |= static_cast<std::uint32_t>(q.scale_half) << (16 * (i % 2));
+    zero_words[i / 2] |= static_cast<std::uint32_t>(q.zero_half) << (16 * (i % 2));
+  }
+  if (slice == 0) {
+    std::uint8_t* scales = meta + group * p.row * 4;
+    store_words<2 * kVector>(scales + 2 * channel, scale_words);
+    store_words<2 * kVector>(scales + 2 * static_cast<std::size_t>(p.row) + 2 * channel, zero_words);
+  }
+#pragma unroll
+  for (int k = 0; k < kKeySliceTokens; ++k) {
+    if (static_cast<std::size_t>(k) >= count) break;
+    float x[kVector];
+    unpack_vector<Dtype>(raw[k], x);
+    std::uint32_t words[(kCodes + 3) / 4] = {};
+#pragma unroll
+    for (int i = 0; i < kVector; ++i)
+      put_code<Kind, kVector>(words, i, quantize_step_fast(x[i], zero[i], inv_scale[i], p.max_code));
+    store_words<kCodes>(codes + code_offset<Kind>(first + k, p.code_row_bytes, channel), words);
   }
 }
 
@@ -321,6 +414,17 @@ cudaError_t launch_section(bool encode, bool is_value, const SectionLaunch& laun
   constexpr std::size_t kVector = kVectorElements<Dtype>;
   const std::size_t vectors_per_row = launch.row / kVector;
   const bool keys_kernel = encode && !is_value && Kind != QuantKind::kFp8;
+  const std::size_t groups = (launch.middle + launch.group - 1) / launch.group;
+  if (keys_kernel && launch.group <= kKeySliceTokens * 32) {
+    SectionLaunch sliced = launch;
+    sliced.segment_lanes = 1;
+    while (sliced.segment_lanes * kKeySliceTokens < launch.group)
+      sliced.segment_lanes *= 2;
+    const std::size_t threads = groups * vectors_per_row * sliced.segment_lanes;
+    const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads), static_cast<unsigned>(layers));
+    keys_encode_sliced_kernel<Dtype, Kind><<<grid, kThreads>>>(sliced);
+    return cudaGetLastError();
+  }
   const std::size_t threads = keys_kernel
                                   ? ((launch.middle + launch.group - 1) / launch.group) * vectors_per_row
                                   : ((launch.middle + kTokensPerThread - 1) / kTokensPerThread) * vectors_per_row;

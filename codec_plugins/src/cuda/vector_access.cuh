@@ -91,10 +91,10 @@ __device__ __forceinline__ QuantGroup make_quant_group_fast(float min_value, flo
   return group;
 }
 
-// `address` is 16-byte aligned (the dispatcher checks the KV base and the row size).
+// One 16-byte vector of elements as floats. Loads are 16-byte aligned (the dispatcher checks
+// the KV base and the row size).
 template <std::uint32_t Dtype>
-__device__ __forceinline__ void load_vector(const std::uint8_t* address, float (&values)[kVectorElements<Dtype>]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(address);
+__device__ __forceinline__ void unpack_vector(const uint4& raw, float (&values)[kVectorElements<Dtype>]) {
   const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
   bool any_nan = false;
 #pragma unroll
@@ -117,6 +117,11 @@ __device__ __forceinline__ void load_vector(const std::uint8_t* address, float (
         values[i] = half_to_float(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2))));
     }
   }
+}
+
+template <std::uint32_t Dtype>
+__device__ __forceinline__ void load_vector(const std::uint8_t* address, float (&values)[kVectorElements<Dtype>]) {
+  unpack_vector<Dtype>(*reinterpret_cast<const uint4*>(address), values);
 }
 
 // Magnitudes from which a 16-bit conversion is left to float_bits.h: the largest finite value
