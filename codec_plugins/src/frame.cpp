@@ -120,6 +120,13 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("frame buffer of {} bytes, encoding may need {}", frame.size(), plan.capacity));
   }
+  if (options.implementation != nullptr && options.implementation->codec_id != codec.id()) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("implementation '{}' (codec id {}) does not implement codec '{}' (id {})",
+                            options.implementation->name, options.implementation->codec_id, codec.name(), codec.id()));
+  }
+  const kvrelay_codec_plugin& implementation =
+      options.implementation != nullptr ? *options.implementation : codec.plugin();
   const kvrelay_codec_layout c_layout = to_c(layout);
   const auto& params = plan.params;
   const std::size_t prefix = kFrameHeaderSize + params.size();
@@ -130,7 +137,8 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
   // DRAM pass fewer). The header goes first in the hash, so it is written assuming the payload
   // fills the codec's bound (the built-in streamed codecs always do); otherwise the whole frame
   // is hashed again below.
-  const detail::StreamedEncodeFn streamed = options.zstd_stage ? nullptr : detail::streamed_encoder(&codec.plugin());
+  const detail::StreamedEncodeFn streamed =
+      options.zstd_stage || options.implementation != nullptr ? nullptr : detail::streamed_encoder(&codec.plugin());
   std::optional<BulkHashStream> streamed_hash;
   if (streamed != nullptr) streamed_hash.emplace();
   if (streamed_hash && !streamed_hash->valid()) streamed_hash.reset();
@@ -146,7 +154,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     // Reused per thread: fresh multi-megabyte buffers cost more in page faults than the codec.
     thread_local std::vector<std::uint8_t> inner;
     if (inner.size() < plan.bound) inner.resize(plan.bound);
-    const int code = codec.plugin().encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(), inner.data(),
+    const int code = implementation.encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(), inner.data(),
                                            plan.bound, &inner_size);
     if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
@@ -157,7 +165,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     }
     payload_size = compressed;
   } else {
-    const int code = codec.plugin().encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(),
+    const int code = implementation.encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(),
                                            frame.data() + prefix, plan.bound, &inner_size);
     if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
@@ -244,10 +252,16 @@ namespace {
 
 // decode_frame after inspect_frame has checked `header` (and the checksum) for this frame.
 Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header, std::span<const std::uint8_t> frame,
-                        std::span<std::uint8_t> output) {
+                        std::span<std::uint8_t> output, const kvrelay_codec_plugin* implementation = nullptr) {
   const Codec* codec = registry.find(header.codec_id);
   if (codec == nullptr)
     return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
+  if (implementation != nullptr && implementation->codec_id != header.codec_id) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("implementation '{}' (codec id {}) cannot decode a frame of codec '{}' (id {})",
+                            implementation->name, implementation->codec_id, codec->name(), header.codec_id));
+  }
+  const kvrelay_codec_plugin& decoder = implementation != nullptr ? *implementation : codec->plugin();
   KVRELAY_TRY(auto total, header.layout.total_bytes());
   if (output.size() != total) {
     return fail(ErrorCode::kLayoutMismatch, fmt::format("output has {} bytes, frame layout {} needs {}", output.size(),
@@ -277,8 +291,8 @@ Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header
     }
     payload = inner.data();
   }
-  const int code = codec->plugin().decode(&c_layout, header.params.data(), header.params.size(), payload,
-                                          header.inner_length, output.data(), output.size());
+  const int code = decoder.decode(&c_layout, header.params.data(), header.params.size(), payload, header.inner_length,
+                                  output.data(), output.size());
   if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(*codec, code, "decode"));
   return ok();
 }
@@ -289,6 +303,12 @@ Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t>
                     std::span<std::uint8_t> output) {
   KVRELAY_TRY(auto header, inspect_frame(frame));
   return decode_inspected(registry, header, frame, output);
+}
+
+Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame, std::span<std::uint8_t> output,
+                    const kvrelay_codec_plugin& implementation) {
+  KVRELAY_TRY(auto header, inspect_frame(frame));
+  return decode_inspected(registry, header, frame, output, &implementation);
 }
 
 Result<DecodedKv> decode_frame_view(const CodecRegistry& registry, std::span<const std::uint8_t> frame,

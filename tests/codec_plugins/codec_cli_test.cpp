@@ -1,9 +1,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "kvrelay/codec_plugins/builtin_codecs.h"
+#include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/metrics.h"
 
 #include "support/child_process.h"
@@ -113,4 +116,50 @@ TEST_CASE("kvrelay codec eval prints per-layer quality as JSON", "[codec][cli]")
                                      (dir / "kv.bin").string()});
   CHECK(bad.exit_status == 2);
   CHECK(bad.err.find("layout_mismatch") != std::string::npos);
+}
+
+TEST_CASE("kvrelay codec --device cuda writes the CPU's frame, or refuses naming why", "[codec][cli][cuda]") {
+  TempDir dir;
+  const KvLayout layout{2, 4, 64, DType::kBFloat16, 300};
+  const auto kv = codec::synthetic_kv(layout, 8).value();
+  write_file(dir / "kv.bin", as_string(kv));
+  const bool have_gpu = codec::cuda_implementation(codec::kInt8CodecId).has_value();
+  for (const char* name : {"fp8", "int8", "int4+zstd"}) {
+    INFO(name);
+    const std::vector<std::string> encode = {
+        "codec", "encode", "--codec", name, "--layout", "2,4,64,bf16", "--tokens", "300", (dir / "kv.bin").string()};
+    auto args = encode;
+    args.push_back((dir / "cpu.kvf").string());
+    REQUIRE(kvrelay_cli(dir, args).exit_status == 0);
+    args = encode;
+    args.insert(args.begin() + 2, {"--device", "cuda"});
+    args.push_back((dir / "gpu.kvf").string());
+    const auto on_gpu = kvrelay_cli(dir, args);
+    INFO(on_gpu.err);
+    if (!have_gpu) {
+      // Without a GPU (or without nvcc at build time): a clear refusal and no output file.
+      CHECK(on_gpu.exit_status == 2);
+      CHECK(on_gpu.err.find("unsupported") != std::string::npos);
+      CHECK(on_gpu.err.find("CUDA") != std::string::npos);
+      CHECK_FALSE(std::filesystem::exists(dir / "gpu.kvf"));
+      continue;
+    }
+    REQUIRE(on_gpu.exit_status == 0);
+    CHECK(read_file(dir / "gpu.kvf") == read_file(dir / "cpu.kvf"));
+    REQUIRE(kvrelay_cli(dir, {"codec", "decode", (dir / "cpu.kvf").string(), (dir / "cpu.bin").string()}).exit_status ==
+            0);
+    REQUIRE(kvrelay_cli(dir,
+                        {"codec", "decode", "--device", "cuda", (dir / "cpu.kvf").string(), (dir / "gpu.bin").string()})
+                .exit_status == 0);
+    CHECK(read_file(dir / "gpu.bin") == read_file(dir / "cpu.bin"));
+  }
+  // Codecs without kernels are refused on either side, whatever the machine.
+  REQUIRE(kvrelay_cli(dir, {"codec", "encode", "--codec", "lossless", "--layout", "2,4,64,bf16", "--tokens", "300",
+                            (dir / "kv.bin").string(), (dir / "lossless.kvf").string()})
+              .exit_status == 0);
+  const auto refused = kvrelay_cli(
+      dir, {"codec", "decode", "--device", "cuda", (dir / "lossless.kvf").string(), (dir / "out.bin").string()});
+  CHECK(refused.exit_status == 2);
+  CHECK(refused.err.find("no CUDA implementation") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "out.bin"));
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvrelay/codec_plugins/builtin_params.h"
+#include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
@@ -39,6 +40,7 @@ struct CodecOptions {
   std::uint32_t sampled_queries = 16;
   std::uint64_t max_bytes = kDefaultMaxBytes;
   std::uint64_t seed = 1;
+  std::string device = "cpu";  // encode/decode: "cuda" runs the codec's CUDA kernels
 };
 
 int report(const Error& error) {
@@ -83,6 +85,12 @@ int run_list(const CodecOptions& options) {
   return 0;
 }
 
+// The implementation --device picks for `codec_id`: null for the CPU codec itself.
+Result<const kvrelay_codec_plugin*> implementation_for(const CodecOptions& options, std::uint32_t codec_id) {
+  if (options.device == "cpu") return static_cast<const kvrelay_codec_plugin*>(nullptr);
+  return codec::cuda_implementation(codec_id);
+}
+
 int run_encode(const CodecOptions& options) {
   const auto registry = make_registry(options);
   auto spec = codec::resolve_codec(registry, options.codec);
@@ -95,6 +103,9 @@ int run_encode(const CodecOptions& options) {
   encode.zstd_stage = spec.value().zstd_stage;
   encode.zstd_level = options.stage_level;
   encode.params = params_for(*spec.value().codec, options);
+  auto implementation = implementation_for(options, spec.value().codec->id());
+  if (!implementation) return report(implementation.error());
+  encode.implementation = implementation.value();
   auto frame = codec::encode_frame(*spec.value().codec, layout.value(), kv.value(), encode);
   if (!frame) return report(frame.error());
   if (auto written = codec::write_binary_file(options.output, frame.value()); !written) return report(written.error());
@@ -108,13 +119,30 @@ int run_decode(const CodecOptions& options) {
   // A frame is never larger than the output bound plus its own header; refuse absurd files early.
   auto frame = codec::read_binary_file(options.input, options.max_bytes);
   if (!frame) return report(frame.error());
-  auto decoded = codec::decode_frame(registry, frame.value(), options.max_bytes);
-  if (!decoded) return report(decoded.error());
-  if (auto written = codec::write_binary_file(options.output, decoded.value()); !written)
-    return report(written.error());
-  const auto header = codec::inspect_frame(frame.value()).value();
-  std::printf("%s: %s\n", std::string(registry.find(header.codec_id)->name()).c_str(),
-              header.layout.describe().c_str());
+  auto header = codec::inspect_frame(frame.value());
+  if (!header) return report(header.error());
+  auto implementation = implementation_for(options, header.value().codec_id);
+  if (!implementation) return report(implementation.error());
+  std::vector<std::uint8_t> kv;
+  if (implementation.value() == nullptr) {
+    auto decoded = codec::decode_frame(registry, frame.value(), options.max_bytes);
+    if (!decoded) return report(decoded.error());
+    kv = std::move(decoded.value());
+  } else {
+    auto total = header.value().layout.total_bytes();
+    if (!total) return report(total.error());
+    if (total.value() > options.max_bytes) {
+      return report(make_error(ErrorCode::kResourceExhausted,
+                               "frame layout needs " + std::to_string(total.value()) + " bytes, above --max-bytes"));
+    }
+    kv.resize(total.value());
+    if (auto status = codec::decode_frame(registry, frame.value(), kv, *implementation.value()); !status) {
+      return report(status.error());
+    }
+  }
+  if (auto written = codec::write_binary_file(options.output, kv); !written) return report(written.error());
+  std::printf("%s: %s\n", std::string(registry.find(header.value().codec_id)->name()).c_str(),
+              header.value().layout.describe().c_str());
   return 0;
 }
 
@@ -205,6 +233,8 @@ void add_codec_command(CLI::App& app, int& exit_code) {
   encode->add_option("--layout", options->layout, "L,H,D,DTYPE (DTYPE: fp32, fp16, bf16)")->required();
   encode->add_option("--tokens", options->tokens, "Token count")->required();
   encode->add_option("--stage-level", options->stage_level, "zstd level of a +zstd stage");
+  encode->add_option("--device", options->device, "cpu, or cuda: the codec's CUDA kernels (same bytes)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   add_codec_params(encode, *options);
   encode->add_option("input", options->input, "Raw KV file")->required();
   encode->add_option("output", options->output, "Frame file")->required();
@@ -212,6 +242,8 @@ void add_codec_command(CLI::App& app, int& exit_code) {
 
   auto* decode = codec_command->add_subcommand("decode", "Check and decode a frame into a raw KV file");
   decode->add_option("--max-bytes", options->max_bytes, "Refuse frames whose KV exceeds this size");
+  decode->add_option("--device", options->device, "cpu, or cuda: the codec's CUDA kernels (same bytes)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   decode->add_option("input", options->input, "Frame file")->required();
   decode->add_option("output", options->output, "Raw KV file")->required();
   decode->callback([options, &exit_code] { exit_code = run_decode(*options); });

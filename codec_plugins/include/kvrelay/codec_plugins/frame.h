@@ -38,6 +38,9 @@ struct EncodeOptions {
   bool zstd_stage = false;
   int zstd_level = 3;
   std::vector<std::uint8_t> params;  // empty: the codec's defaults
+  // Another implementation of the same codec (same id, same payload bytes) that does the
+  // encoding, e.g. cuda_implementation() (device_codecs.h); null: the codec's own.
+  const kvrelay_codec_plugin* implementation = nullptr;
 };
 
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayout& layout,
@@ -60,6 +63,10 @@ struct EncodeOptions {
 // output's contents are unspecified but no byte outside it is touched.
 [[nodiscard]] Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
                                   std::span<std::uint8_t> output);
+// The same with another implementation of the frame's codec doing the decoding (it must carry
+// the frame's codec id), e.g. cuda_implementation() (device_codecs.h).
+[[nodiscard]] Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
+                                  std::span<std::uint8_t> output, const kvrelay_codec_plugin& implementation);
 
 // A frame's KV, checked like decode_frame. A raw frame without a zstd stage holds the KV
 // verbatim: `kv` is then a view into the frame (no copy). Any other codec decodes into

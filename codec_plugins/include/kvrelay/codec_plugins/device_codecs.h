@@ -1,0 +1,20 @@
+#pragma once
+
+// GPU implementations of built-in codecs behind the plugin ABI: the same codec id, name and
+// payload bytes as the CPU codec, with encode and decode run by the CUDA kernels
+// (cuda_codecs.h). Buffers stay in host memory: each call copies its input to the device and
+// its output back. Hand one to EncodeOptions::implementation or decode_frame to have a frame
+// encoded or decoded on the GPU; the frame is the one the CPU codec writes.
+
+#include <cstdint>
+
+#include "kvrelay/codec_plugins/codec_abi.h"
+#include "kvrelay/core/result.h"
+
+namespace kvrelay::codec {
+
+// The CUDA implementation of built-in codec `codec_id` (fp8, int8, int4). Fails with kUnsupported,
+// naming the reason, when the build has no CUDA, the machine no device, or the codec no kernels.
+[[nodiscard]] Result<const kvrelay_codec_plugin*> cuda_implementation(std::uint32_t codec_id);
+
+}  // namespace kvrelay::codec
