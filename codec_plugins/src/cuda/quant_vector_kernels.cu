@@ -37,6 +37,22 @@ struct SectionLaunch {
   float max_code;
 };
 
+// This block's layer: its KV rows and its quantized section (metadata, then codes).
+struct LayerSection {
+  std::uint8_t* kv;
+  std::uint8_t* meta;
+  std::uint8_t* codes;
+};
+
+__device__ __forceinline__ LayerSection layer_section(const SectionLaunch& p) {
+  std::uint8_t* meta = p.section + blockIdx.y * p.section_stride;
+  return {p.kv + blockIdx.y * p.kv_stride, meta, meta + p.meta_bytes};
+}
+
+__device__ __forceinline__ std::size_t thread_index() {
+  return blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+}
+
 template <std::uint32_t Dtype>
 constexpr std::size_t kElementBytes = Dtype == 1 ? 4 : 2;
 
@@ -99,11 +115,9 @@ template <std::uint32_t Dtype, QuantKind Kind>
 __global__ void __launch_bounds__(kThreads) segment_encode_kernel(SectionLaunch p) {
   constexpr int kVector = kVectorElements<Dtype>;
   constexpr int kCodes = kCodeBytes<Kind, kVector>;
-  const std::uint8_t* kv = p.kv + blockIdx.y * p.kv_stride;
-  std::uint8_t* meta = p.section + blockIdx.y * p.section_stride;
-  std::uint8_t* codes = meta + p.meta_bytes;
+  const auto [kv, meta, codes] = layer_section(p);
   const std::uint32_t vectors_per_row = p.row / kVector;
-  const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t id = thread_index();
   const std::size_t first_token = (id / vectors_per_row) * kTokensPerThread;
   const auto channel = static_cast<std::uint32_t>(id % vectors_per_row) * kVector;
   const std::uint32_t head = channel / p.dim;
@@ -175,17 +189,37 @@ __global__ void __launch_bounds__(kThreads) segment_encode_kernel(SectionLaunch 
   }
 }
 
+// Per-channel key groups of one vector of channels from their min/max: the quantizer's zero
+// and inverse scale per channel, and (when `store`) the fp16 scales and zeros in the group's
+// metadata at `scales` (all scales of the group's row, then all zeros).
+template <int Vector>
+__device__ __forceinline__ void key_groups(const SectionLaunch& p, const float (&lo)[Vector], const float (&hi)[Vector],
+                                           std::uint8_t* scales, std::uint32_t channel, bool store,
+                                           float (&zero)[Vector], float (&inv_scale)[Vector]) {
+  std::uint32_t scale_words[Vector / 2] = {};
+  std::uint32_t zero_words[Vector / 2] = {};
+#pragma unroll
+  for (int i = 0; i < Vector; ++i) {
+    const QuantGroup q = make_quant_group_fast(lo[i], hi[i], p.max_code);
+    zero[i] = q.zero;
+    inv_scale[i] = q.inv_scale;
+    scale_words[i / 2] |= static_cast<std::uint32_t>(q.scale_half) << (16 * (i % 2));
+    zero_words[i / 2] |= static_cast<std::uint32_t>(q.zero_half) << (16 * (i % 2));
+  }
+  if (!store) return;
+  store_words<2 * Vector>(scales + 2 * channel, scale_words);
+  store_words<2 * Vector>(scales + 2 * static_cast<std::size_t>(p.row) + 2 * channel, zero_words);
+}
+
 // int K sections with groups too large for keys_encode_sliced_kernel: one thread per (token
 // group, vector of channels), reading the group twice (min/max, then codes); per-channel scales.
 template <std::uint32_t Dtype, QuantKind Kind>
 __global__ void __launch_bounds__(kThreads) keys_encode_kernel(SectionLaunch p) {
   constexpr int kVector = kVectorElements<Dtype>;
   constexpr int kCodes = kCodeBytes<Kind, kVector>;
-  const std::uint8_t* kv = p.kv + blockIdx.y * p.kv_stride;
-  std::uint8_t* meta = p.section + blockIdx.y * p.section_stride;
-  std::uint8_t* codes = meta + p.meta_bytes;
+  const auto [kv, meta, codes] = layer_section(p);
   const std::uint32_t vectors_per_row = p.row / kVector;
-  const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t id = thread_index();
   const std::size_t group = id / vectors_per_row;
   const auto channel = static_cast<std::uint32_t>(id % vectors_per_row) * kVector;
   const std::size_t start = group * p.group;
@@ -210,19 +244,7 @@ __global__ void __launch_bounds__(kThreads) keys_encode_kernel(SectionLaunch p) 
   }
   float zero[kVector];
   float inv_scale[kVector];
-  std::uint32_t scale_words[kVector / 2] = {};
-  std::uint32_t zero_words[kVector / 2] = {};
-#pragma unroll
-  for (int i = 0; i < kVector; ++i) {
-    const QuantGroup q = make_quant_group_fast(lo[i], hi[i], p.max_code);
-    zero[i] = q.zero;
-    inv_scale[i] = q.inv_scale;
-    scale_words[i / 2] |= static_cast<std::uint32_t>(q.scale_half) << (16 * (i % 2));
-    zero_words[i / 2] |= static_cast<std::uint32_t>(q.zero_half) << (16 * (i % 2));
-  }
-  std::uint8_t* scales = meta + group * p.row * 4;
-  store_words<2 * kVector>(scales + 2 * channel, scale_words);
-  store_words<2 * kVector>(scales + 2 * static_cast<std::size_t>(p.row) + 2 * channel, zero_words);
+  key_groups(p, lo, hi, meta + group * p.row * 4, channel, true, zero, inv_scale);
 #pragma unroll 4
   for (std::size_t token = start; token < end; ++token) {
     float x[kVector];
@@ -245,12 +267,10 @@ template <std::uint32_t Dtype, QuantKind Kind>
 __global__ void __launch_bounds__(kThreads) keys_encode_sliced_kernel(SectionLaunch p) {
   constexpr int kVector = kVectorElements<Dtype>;
   constexpr int kCodes = kCodeBytes<Kind, kVector>;
-  const std::uint8_t* kv = p.kv + blockIdx.y * p.kv_stride;
-  std::uint8_t* meta = p.section + blockIdx.y * p.section_stride;
-  std::uint8_t* codes = meta + p.meta_bytes;
+  const auto [kv, meta, codes] = layer_section(p);
   const std::uint32_t slices = p.segment_lanes;
   const std::uint32_t vectors_per_row = p.row / kVector;
-  const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t id = thread_index();
   const auto slice = static_cast<std::uint32_t>(id % slices);
   const std::size_t column = id / slices;  // (group, vector of channels)
   const std::size_t group = column / vectors_per_row;
@@ -299,21 +319,7 @@ __global__ void __launch_bounds__(kThreads) keys_encode_sliced_kernel(SectionLau
   if (group_start >= p.middle) return;
   float zero[kVector];
   float inv_scale[kVector];
-  std::uint32_t scale_words[kVector / 2] = {};
-  std::uint32_t zero_words[kVector / 2] = {};
-#pragma unroll
-  for (int i = 0; i < kVector; ++i) {
-    const QuantGroup q = make_quant_group_fast(lo[i], hi[i], p.max_code);
-    zero[i] = q.zero;
-    inv_scale[i] = q.inv_scale;
-    scale_words[i / 2] |= static_cast<std::uint32_t>(q.scale_half) << (16 * (i % 2));
-    zero_words[i / 2] |= static_cast<std::uint32_t>(q.zero_half) << (16 * (i % 2));
-  }
-  if (slice == 0) {
-    std::uint8_t* scales = meta + group * p.row * 4;
-    store_words<2 * kVector>(scales + 2 * channel, scale_words);
-    store_words<2 * kVector>(scales + 2 * static_cast<std::size_t>(p.row) + 2 * channel, zero_words);
-  }
+  key_groups(p, lo, hi, meta + group * p.row * 4, channel, slice == 0, zero, inv_scale);
 #pragma unroll
   for (int k = 0; k < kKeySliceTokens; ++k) {
     if (static_cast<std::size_t>(k) >= count) break;
@@ -334,11 +340,9 @@ __global__ void __launch_bounds__(kThreads) section_decode_kernel(SectionLaunch 
   constexpr int kCodes = kCodeBytes<Kind, kVector>;
   // Keys: a scale and a zero per channel; fp8 and values: one (scale, zero) per vector.
   constexpr int kMetaWords = Kind != QuantKind::kFp8 && !IsValue ? kVector : 1;
-  std::uint8_t* kv = p.kv + blockIdx.y * p.kv_stride;
-  const std::uint8_t* meta = p.section + blockIdx.y * p.section_stride;
-  const std::uint8_t* codes = meta + p.meta_bytes;
+  const auto [kv, meta, codes] = layer_section(p);
   const std::uint32_t vectors_per_row = p.row / kVector;
-  const std::size_t id = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  const std::size_t id = thread_index();
   const std::size_t first_token = (id / vectors_per_row) * kTokensPerThread;
   const auto channel = static_cast<std::uint32_t>(id % vectors_per_row) * kVector;
   const std::uint32_t head = channel / p.dim;
