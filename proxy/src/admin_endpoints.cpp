@@ -95,7 +95,8 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
                                    ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", request);
        }},
       {http::verb::get, "/metrics", "Prometheus metrics of every component (text format 0.0.4)",
-       [registry](const HttpRequest& request) {
+       [registry, before = context.before_metrics](const HttpRequest& request) {
+         if (before) before();
          return make_text_response(http::status::ok, registry->render(), "text/plain; version=0.0.4; charset=utf-8",
                                    request);
        }},

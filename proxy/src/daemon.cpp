@@ -32,6 +32,7 @@
 #include "kv/kv_admin.h"
 #include "kv/kv_path.h"
 #include "kv/peer_links.h"
+#include "shm_metrics.h"
 
 namespace kvrelay::proxy {
 
@@ -115,6 +116,8 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.upstream_prober = upstream_prober;
   admin_context.audit = online_audit;
   admin_context.extra_endpoints = kv::kv_admin_endpoints(kv_path);
+  auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);
+  admin_context.before_metrics = [shm_metrics] { shm_metrics->refresh(); };
   auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
@@ -155,6 +158,7 @@ int run_daemon(const DaemonOptions& options) {
     kv_path->set_arena(shm_server->arena());
     shm_server->set_hooks(kv_path);
     shm_server->start();
+    shm_metrics->attach(shm_server.get());
   }
   std::unique_ptr<peer::PeerServer> peer_server;
   if (policy->listen.peer) {
@@ -238,6 +242,7 @@ int run_daemon(const DaemonOptions& options) {
   io.run();
   for (auto& worker : workers)
     worker.join();
+  shm_metrics->attach(nullptr);
   if (shm_server) shm_server->stop();
   peer_links->stop();
   spdlog::info("kvrelay stopped");

@@ -68,6 +68,22 @@ TEST_CASE("same-node handoff: B imports A's KV from the sidecar and answers iden
   // A prompt sharing nothing with A's context misses and is prefilled in full.
   const auto unrelated = complete(agent_b.port(), {{"prompt", json::array({1, 7, 8, 9})}, {"max_tokens", 2}});
   CHECK(unrelated["kvrelay"]["cached_tokens"] == 0);
+
+  // The sidecar's /metrics shows its shared-memory data plane: both workers connected, A's
+  // KV stored in the (default, 256 MiB) arena.
+  const auto ready = json::parse(read_file(dir / "ready.json"));
+  const auto metrics = http_request(ready["http"].get<std::uint16_t>(), "GET", "/metrics").body;
+  const auto sample = [&](const std::string& name) {
+    const auto at = metrics.find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(metrics.substr(at + name.size() + 2));
+  };
+  CHECK(sample("kvrelay_shm_connections") >= 2);
+  CHECK(sample("kvrelay_shm_entries") >= 1);
+  CHECK(sample("kvrelay_shm_entry_bytes") > 0);
+  CHECK(sample("kvrelay_shm_arena_bytes") == 256.0 * 1024 * 1024);
+  CHECK(sample("kvrelay_shm_arena_bytes_in_use") >= sample("kvrelay_shm_entry_bytes"));
+  CHECK(sample("kvrelay_shm_arena_bytes_in_use") <= sample("kvrelay_shm_arena_bytes"));
 }
 
 TEST_CASE("a worker whose sidecar is gone still answers, from tokens", "[refworker][e2e][process]") {

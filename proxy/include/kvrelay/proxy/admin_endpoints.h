@@ -22,6 +22,8 @@ struct AdminContext {
   std::shared_ptr<const UpstreamProber> upstream_prober;
   std::shared_ptr<OnlineAudit> audit;          // online audit trials; the report endpoint is empty without it
   std::vector<AdminEndpoint> extra_endpoints;  // rows other parts of the daemon declare (KV path)
+  // Run before /metrics renders: sets the gauges of figures read on demand (the shm data plane).
+  std::function<void()> before_metrics;
 };
 
 // The daemon's health, metrics and admin endpoints, declared in one table (see docs/operations.md).
