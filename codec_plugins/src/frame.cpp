@@ -252,7 +252,7 @@ namespace {
 
 // decode_frame after inspect_frame has checked `header` (and the checksum) for this frame.
 Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header, std::span<const std::uint8_t> frame,
-                        std::span<std::uint8_t> output, const kvrelay_codec_plugin* implementation = nullptr) {
+                        std::span<std::uint8_t> output, const kvrelay_codec_plugin* implementation) {
   const Codec* codec = registry.find(header.codec_id);
   if (codec == nullptr)
     return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
@@ -299,16 +299,10 @@ Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header
 
 }  // namespace
 
-Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
-                    std::span<std::uint8_t> output) {
-  KVRELAY_TRY(auto header, inspect_frame(frame));
-  return decode_inspected(registry, header, frame, output);
-}
-
 Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame, std::span<std::uint8_t> output,
-                    const kvrelay_codec_plugin& implementation) {
+                    const kvrelay_codec_plugin* implementation) {
   KVRELAY_TRY(auto header, inspect_frame(frame));
-  return decode_inspected(registry, header, frame, output, &implementation);
+  return decode_inspected(registry, header, frame, output, implementation);
 }
 
 Result<DecodedKv> decode_frame_view(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
@@ -336,13 +330,14 @@ Result<DecodedKv> decode_frame_view(const CodecRegistry& registry, std::span<con
     return decoded;
   }
   decoded.storage = buffers.take(static_cast<std::size_t>(total));
-  KVRELAY_TRY(decode_inspected(registry, header, frame, decoded.storage.u8()));
+  KVRELAY_TRY(decode_inspected(registry, header, frame, decoded.storage.u8(), nullptr));
   decoded.kv = decoded.storage.u8();
   return decoded;
 }
 
 Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
-                                               std::uint64_t max_output_bytes) {
+                                               std::uint64_t max_output_bytes,
+                                               const kvrelay_codec_plugin* implementation) {
   KVRELAY_TRY(auto header, inspect_frame(frame));
   KVRELAY_TRY(auto total, header.layout.total_bytes());
   if (total > max_output_bytes) {
@@ -353,7 +348,7 @@ Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry, st
     return fail(ErrorCode::kUnknownCodec, fmt::format("frame codec id {} not registered", header.codec_id));
   }
   std::vector<std::uint8_t> output(total);
-  KVRELAY_TRY(decode_frame(registry, frame, output));
+  KVRELAY_TRY(decode_inspected(registry, header, frame, output, implementation));
   return output;
 }
 

@@ -413,6 +413,11 @@ std::uint32_t value_group(const KernelPlan& plan) {
   return static_cast<std::uint32_t>(plan.group < plan.dim ? plan.group : plan.dim);
 }
 
+// Channels of a token that share one scale: a head for fp8, a value group for int8/int4.
+std::size_t scale_segment(const KernelPlan& plan) {
+  return static_cast<QuantKind>(plan.kind) == QuantKind::kFp8 ? plan.dim : value_group(plan);
+}
+
 template <std::uint32_t Dtype, QuantKind Kind>
 cudaError_t launch_section(bool encode, bool is_value, const SectionLaunch& launch, std::size_t layers) {
   constexpr std::size_t kVector = kVectorElements<Dtype>;
@@ -430,7 +435,7 @@ cudaError_t launch_section(bool encode, bool is_value, const SectionLaunch& laun
     return cudaGetLastError();
   }
   const std::size_t threads = keys_kernel
-                                  ? ((launch.middle + launch.group - 1) / launch.group) * vectors_per_row
+                                  ? groups * vectors_per_row
                                   : ((launch.middle + kTokensPerThread - 1) / kTokensPerThread) * vectors_per_row;
   const dim3 grid(static_cast<unsigned>((threads + kThreads - 1) / kThreads), static_cast<unsigned>(layers));
   if (keys_kernel) {
@@ -465,14 +470,8 @@ bool vector_path_applies(const KernelPlan& plan, const void* device_kv) {
   const std::size_t vector = vector_elements(plan.dtype);
   if (reinterpret_cast<std::uintptr_t>(device_kv) % 16 != 0 || plan.row_bytes % 16 != 0) return false;
   if (plan.layers > 65535 || plan.row_bytes > 0xFFFFFFFFU) return false;
-  if (plan.dim % vector != 0 || !is_power_of_two_up_to_warp(plan.dim / vector)) {
-    if (static_cast<QuantKind>(plan.kind) == QuantKind::kFp8) return false;
-  }
-  if (static_cast<QuantKind>(plan.kind) != QuantKind::kFp8) {
-    const std::uint32_t group = value_group(plan);
-    if (plan.dim % group != 0 || group % vector != 0 || !is_power_of_two_up_to_warp(group / vector)) return false;
-  }
-  return true;
+  const std::size_t segment = scale_segment(plan);
+  return plan.dim % segment == 0 && segment % vector == 0 && is_power_of_two_up_to_warp(segment / vector);
 }
 
 int kernel_quant_vectorized(const KernelPlan& plan, bool encode, const void* device_in, void* device_out) {
@@ -515,8 +514,7 @@ int kernel_quant_vectorized(const KernelPlan& plan, bool encode, const void* dev
     launch.dim = static_cast<std::uint32_t>(plan.dim);
     launch.row = static_cast<std::uint32_t>(plan.heads * plan.dim);
     launch.group = is_value ? value_group(plan) : static_cast<std::uint32_t>(plan.group);
-    launch.segment_lanes =
-        static_cast<std::uint32_t>((kind == QuantKind::kFp8 ? plan.dim : value_group(plan)) / vector);
+    launch.segment_lanes = static_cast<std::uint32_t>(scale_segment(plan) / vector);
     launch.meta_bytes = layout.meta_bytes;
     launch.code_row_bytes = layout.code_row_bytes;
     launch.max_code = kind == QuantKind::kInt4 ? 15.0F : 255.0F;

@@ -123,24 +123,9 @@ int run_decode(const CodecOptions& options) {
   if (!header) return report(header.error());
   auto implementation = implementation_for(options, header.value().codec_id);
   if (!implementation) return report(implementation.error());
-  std::vector<std::uint8_t> kv;
-  if (implementation.value() == nullptr) {
-    auto decoded = codec::decode_frame(registry, frame.value(), options.max_bytes);
-    if (!decoded) return report(decoded.error());
-    kv = std::move(decoded.value());
-  } else {
-    auto total = header.value().layout.total_bytes();
-    if (!total) return report(total.error());
-    if (total.value() > options.max_bytes) {
-      return report(make_error(ErrorCode::kResourceExhausted,
-                               "frame layout needs " + std::to_string(total.value()) + " bytes, above --max-bytes"));
-    }
-    kv.resize(total.value());
-    if (auto status = codec::decode_frame(registry, frame.value(), kv, *implementation.value()); !status) {
-      return report(status.error());
-    }
-  }
-  if (auto written = codec::write_binary_file(options.output, kv); !written) return report(written.error());
+  auto kv = codec::decode_frame(registry, frame.value(), options.max_bytes, implementation.value());
+  if (!kv) return report(kv.error());
+  if (auto written = codec::write_binary_file(options.output, kv.value()); !written) return report(written.error());
   std::printf("%s: %s\n", std::string(registry.find(header.value().codec_id)->name()).c_str(),
               header.value().layout.describe().c_str());
   return 0;

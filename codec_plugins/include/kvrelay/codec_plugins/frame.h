@@ -61,12 +61,10 @@ struct EncodeOptions {
 
 // Decodes into `output`, whose size must be the frame layout's total size. On failure the
 // output's contents are unspecified but no byte outside it is touched.
+// `implementation`: another implementation of the frame's codec that does the decoding (it must
+// carry the frame's codec id), e.g. cuda_implementation() (device_codecs.h); null: the codec's own.
 [[nodiscard]] Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
-                                  std::span<std::uint8_t> output);
-// The same with another implementation of the frame's codec doing the decoding (it must carry
-// the frame's codec id), e.g. cuda_implementation() (device_codecs.h).
-[[nodiscard]] Status decode_frame(const CodecRegistry& registry, std::span<const std::uint8_t> frame,
-                                  std::span<std::uint8_t> output, const kvrelay_codec_plugin& implementation);
+                                  std::span<std::uint8_t> output, const kvrelay_codec_plugin* implementation = nullptr);
 
 // A frame's KV, checked like decode_frame. A raw frame without a zstd stage holds the KV
 // verbatim: `kv` is then a view into the frame (no copy). Any other codec decodes into
@@ -82,6 +80,7 @@ struct DecodedKv {
 // Allocating variant; refuses layouts above `max_output_bytes` (hostile frames can claim terabytes).
 [[nodiscard]] Result<std::vector<std::uint8_t>> decode_frame(const CodecRegistry& registry,
                                                              std::span<const std::uint8_t> frame,
-                                                             std::uint64_t max_output_bytes);
+                                                             std::uint64_t max_output_bytes,
+                                                             const kvrelay_codec_plugin* implementation = nullptr);
 
 }  // namespace kvrelay::codec
