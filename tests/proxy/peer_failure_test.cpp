@@ -7,7 +7,9 @@
 #include <boost/asio/write.hpp>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <sstream>
 
 #include "kvrelay/shm_transport/byte_io.h"
@@ -236,6 +238,78 @@ TEST_CASE("peer chunk with a flipped bit is detected and never committed; a clea
     REQUIRE(entry.has_value());
     CHECK(same_bytes(entry.value().bytes(), bytes));
   }
+}
+
+TEST_CASE("running chunk checksums: a flipped bit or a chunk's own checksum is refused, the entry gets the whole one",
+          "[peer][hostile]") {
+  PeerDaemon daemon;
+  const auto bytes = peer_pattern(3 * kChunkBytes + 7, 91);
+  const auto whole = XXH3_64bits(bytes.data(), bytes.size());
+  peer::Begin begin;
+  begin.transfer_id = 5151;
+  begin.key = {1, 5151};
+  begin.info = shm::EntryInfo{KvLayout{}, bytes.size(), 0};
+  begin.chunk_bytes = kChunkBytes;
+  begin.running_checksums = true;
+  // Chunk i's checksum: the xxh3 of chunks 0..i.
+  const auto running = [&](std::uint32_t index) {
+    return XXH3_64bits(bytes.data(), std::min<std::size_t>(bytes.size(), (index + 1) * std::size_t{kChunkBytes}));
+  };
+  const auto chunk = [&](std::uint32_t index) {
+    const std::size_t offset = index * std::size_t{kChunkBytes};
+    return std::vector<std::byte>(
+        bytes.begin() + static_cast<std::ptrdiff_t>(offset),
+        bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), offset + kChunkBytes)));
+  };
+  auto local = daemon.data_plane();
+
+  SECTION("the receiver announces running checksums and the client uses them") {
+    auto client = peer::PeerClient::connect(daemon.peer_address(), {});
+    REQUIRE(client.has_value());
+    CHECK((client.value().remote().capabilities & peer::kCapRunningChecksums) != 0);
+    REQUIRE(client.value().send(begin.transfer_id, begin.key, KvLayout{}, bytes).value() ==
+            peer::TransferOutcome::kCommitted);
+    auto entry = local.lookup(begin.key);
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(entry.value().info.checksum == whole);
+  }
+  SECTION("a bit flipped in the third chunk") {
+    RawPeer raw(daemon);
+    raw.write(peer::encode_begin(begin));
+    REQUIRE(raw.read_frame().first == peer::PeerMessage::kBeginOk);
+    for (std::uint32_t index = 0; index < 4; ++index) {
+      auto data = chunk(index);
+      if (index == 2) data[999] ^= std::byte{0x01};
+      raw.send_chunk(begin.transfer_id, index, data, running(index));
+      if (index == 2) break;
+    }
+    CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
+    CHECK(local.lookup(begin.key).error().code == ErrorCode::kNotFound);
+  }
+  SECTION("chunks carrying their own checksums instead of the running ones") {
+    RawPeer raw(daemon);
+    raw.write(peer::encode_begin(begin));
+    REQUIRE(raw.read_frame().first == peer::PeerMessage::kBeginOk);
+    const auto first = chunk(0);
+    raw.send_chunk(begin.transfer_id, 0, first, running(0));  // the first chunk's are the same
+    const auto second = chunk(1);
+    raw.send_chunk(begin.transfer_id, 1, second, XXH3_64bits(second.data(), second.size()));
+    CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
+    CHECK(local.lookup(begin.key).error().code == ErrorCode::kNotFound);
+  }
+  SECTION("a running begin that also carries a whole checksum is malformed") {
+    RawPeer raw(daemon);
+    auto both = begin;
+    both.running_checksums = false;
+    both.info.checksum = whole;
+    auto frame = peer::encode_begin(both);
+    const auto type = static_cast<std::uint16_t>(peer::PeerMessage::kBeginRunning);
+    std::memcpy(frame.data() + 6, &type, sizeof(type));  // header: magic, version, type, length
+    raw.write(frame);
+    CHECK(raw.error_then_close() == ErrorCode::kProtocol);
+  }
+  REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
 }
 
 TEST_CASE("peer refuses malformed frames and out-of-order chunks", "[peer][hostile]") {

@@ -2,9 +2,11 @@
 // truncated or lying payload refused.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstring>
 
 #include "kvrelay/proxy/peer/peer_protocol.h"
+#include "kvrelay/shm_transport/byte_io.h"
 
 using namespace kvrelay;
 using namespace kvrelay::proxy::peer;
@@ -86,4 +88,31 @@ TEST_CASE("summaries carry at most one frame of keys and must match their count"
   const std::uint32_t count = 3;
   std::memcpy(lying.data(), &count, sizeof(count));
   CHECK_FALSE(decode_summary(lying));
+}
+
+TEST_CASE("a field that runs past the end fails every field after it (found by fuzz_peer_frames)",
+          "[proxy][peer][unit]") {
+  // A Fetch whose codec string claims more bytes than follow, where the 4 bytes after its
+  // length would still have read as a hash count: the decoder used to move from the missing
+  // string and corrupt the heap.
+  shm::ByteWriter writer;
+  writer.put(std::uint64_t{5}).put(std::uint64_t{1}).put(std::uint16_t{200});
+  writer.put(std::uint32_t{0});
+  const auto fetch = decode_fetch(writer.bytes());
+  REQUIRE_FALSE(fetch.has_value());
+  CHECK(fetch.error().code == ErrorCode::kTruncated);
+
+  // The reader itself: after a failed read even a read that would fit fails.
+  const std::array<std::byte, 6> six{};
+  shm::ByteReader reader(six);
+  CHECK_FALSE(reader.get<std::uint64_t>().has_value());
+  CHECK_FALSE(reader.get<std::uint32_t>().has_value());
+  CHECK(reader.failed());
+
+  // A fetch reply shorter than its id, and a push header whose sizes are cut short.
+  const std::array<std::byte, 5> short_reply{std::byte{1}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{1}};
+  CHECK(decode_fetch_reply(short_reply, 1).error().code == ErrorCode::kTruncated);
+  shm::ByteWriter push;
+  push.put(std::uint64_t{9}).put(std::uint64_t{1}).put(std::uint64_t{2}).put(std::uint32_t{64});
+  CHECK(decode_push_encoded(push.bytes()).error().code == ErrorCode::kProtocol);
 }

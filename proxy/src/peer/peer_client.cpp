@@ -145,6 +145,10 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
   std::uint64_t next = 0;
   std::uint64_t acked = 0;
   std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> header{};
+  BulkHashStream running;  // begin.running_checksums: each chunk hashed once, just before it goes out
+  if (begin.running_checksums && !running.valid()) {
+    co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  }
   while (acked < chunks) {
     while (next < chunks && next - acked < options.window_chunks) {
       const std::uint64_t offset = next * begin.chunk_bytes;
@@ -153,9 +157,11 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
       const std::byte* data = bytes.data() + offset;
       encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(header.data(), kPeerHeaderBytes), PeerMessage::kChunk,
                          static_cast<std::uint32_t>(kChunkHeaderBytes + length));
-      encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-                          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next),
-                                      (*chunk_checksums)[static_cast<std::size_t>(next)]});
+      encode_chunk_header(
+          std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
+          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next),
+                      begin.running_checksums ? running_checksum(running, std::span<const std::byte>(data, length))
+                                              : (*chunk_checksums)[static_cast<std::size_t>(next)]});
       if (auto sent =
               co_await write_all(connection, asio::buffer(header), asio::buffer(data, length), options.read_timeout);
           !sent) {
@@ -357,8 +363,11 @@ Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::E
     KVRELAY_TRY(local.publish(key, layout, bytes));
     return TransferOutcome::kCommittedViaSharedMemory;
   }
-  // Every checksum up front, in one pass: Begin carries the whole one, and the send loop then
-  // only writes.
+  if ((state_->remote.capabilities & kCapRunningChecksums) != 0) {
+    begin.running_checksums = true;
+    return state_->run(send_chunks(state_.get(), begin, bytes, nullptr));
+  }
+  // A peer that wants the checksum in Begin: every checksum up front, in one pass.
   const auto checksums = checksum_chunks(bytes, begin.chunk_bytes);
   begin.info.checksum = checksums.whole;
   return state_->run(send_chunks(state_.get(), begin, bytes, &checksums.chunks));
@@ -385,7 +394,7 @@ Status PeerClient::push_encoded(std::uint64_t transfer_id, const shm::EntryKey& 
   header.id = transfer_id;
   header.key = key;
   header.frame_bytes = frame.size();
-  header.frame_checksum = XXH3_64bits(frame.data(), frame.size());
+  header.frame_checksum = bulk_hash64(frame.data(), frame.size());
   header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
   KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
   return ok();

@@ -73,6 +73,10 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
 // hashed twice while it is in cache, instead of two passes over the chunk.
 [[nodiscard]] std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk);
 
+// Feeds the chunk into `running` and returns the checksum of everything fed so far (the
+// running checksums of kBeginRunning).
+[[nodiscard]] std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byte> chunk);
+
 // Two buffers (header + body) so chunk data goes out without being copied. (No initializer
 // lists here: GCC 12 miscompiles braced lists inside co_await expressions.)
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,

@@ -80,11 +80,15 @@ std::vector<std::byte> encode_begin(const Begin& begin) {
   writer.put(begin.transfer_id);
   shm::encode_key(writer, begin.key);
   shm::encode_layout(writer, begin.info.layout);
-  writer.put(begin.info.bytes).put(begin.info.checksum).put(begin.chunk_bytes);
-  return encode_peer_frame(PeerMessage::kBegin, writer.bytes());
+  writer.put(begin.info.bytes).put(begin.running_checksums ? std::uint64_t{0} : begin.info.checksum);
+  writer.put(begin.chunk_bytes);
+  return encode_peer_frame(begin.running_checksums ? PeerMessage::kBeginRunning : PeerMessage::kBegin, writer.bytes());
 }
 
-Result<Begin> decode_begin(std::span<const std::byte> payload) {
+Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type) {
+  if (type != PeerMessage::kBegin && type != PeerMessage::kBeginRunning) {
+    return fail(ErrorCode::kInvalidArgument, "not a begin message");
+  }
   ByteReader reader(payload);
   Begin begin;
   const auto transfer_id = reader.get<std::uint64_t>();
@@ -94,7 +98,9 @@ Result<Begin> decode_begin(std::span<const std::byte> payload) {
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
   const auto chunk_bytes = reader.get<std::uint32_t>();
-  if (!chunk_bytes || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed begin");
+  if (!bytes || !checksum || !chunk_bytes || reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, "malformed begin");
+  }
   if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
     return fail(ErrorCode::kProtocol, fmt::format("chunk size {} out of range", *chunk_bytes));
   }
@@ -102,6 +108,10 @@ Result<Begin> decode_begin(std::span<const std::byte> payload) {
   begin.key = *key;
   begin.info = shm::EntryInfo{layout, *bytes, *checksum};
   begin.chunk_bytes = *chunk_bytes;
+  begin.running_checksums = type == PeerMessage::kBeginRunning;
+  if (begin.running_checksums && begin.info.checksum != 0) {
+    return fail(ErrorCode::kProtocol, "a begin with running checksums must carry checksum 0");
+  }
   KVRELAY_TRY(shm::validate_entry_info(begin.info));
   if (begin.chunk_count() > UINT32_MAX) return fail(ErrorCode::kOverflow, "too many chunks");
   return begin;
@@ -174,7 +184,7 @@ Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
   const auto model = reader.get<std::uint64_t>();
   auto codec = reader.get_string();
   const auto count = reader.get<std::uint32_t>();
-  if (!count) return fail(ErrorCode::kTruncated, "fetch request truncated");
+  if (!id || !model || !codec || !count) return fail(ErrorCode::kTruncated, "fetch request truncated");
   const std::uint64_t hash_bytes = std::uint64_t{*count} * 8;
   if (hash_bytes != reader.remaining() && hash_bytes + 8 != reader.remaining()) {
     return fail(ErrorCode::kProtocol,
@@ -205,7 +215,7 @@ Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t 
   const auto frame_bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
   const auto chunk_bytes = reader.get<std::uint32_t>();
-  if (!key || !chunk_bytes || reader.remaining() != 0)
+  if (!key || !frame_bytes || !checksum || !chunk_bytes || reader.remaining() != 0)
     return fail(ErrorCode::kProtocol, "malformed encoded entry header");
   if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
     return fail(ErrorCode::kProtocol, fmt::format("chunk size {} outside 1..{}", *chunk_bytes, kMaxChunkBytes));
@@ -232,7 +242,7 @@ Result<std::optional<EncodedEntryHeader>> decode_fetch_reply(std::span<const std
   ByteReader reader(payload);
   const auto id = reader.get<std::uint64_t>();
   const auto found = reader.get<std::uint8_t>();
-  if (!found) return fail(ErrorCode::kTruncated, "fetch reply truncated");
+  if (!id || !found) return fail(ErrorCode::kTruncated, "fetch reply truncated");
   if (*id != expected_id) return fail(ErrorCode::kProtocol, fmt::format("fetch reply for request {}", *id));
   if (*found == 0) {
     if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in a fetch miss");

@@ -199,7 +199,9 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       co_return fail(ErrorCode::kProtocol,
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
-    const std::uint64_t actual = checksum_chunk_into(total, std::span<const std::byte>(landing, length));
+    const std::uint64_t actual = begin.running_checksums
+                                     ? running_checksum(total, std::span<const std::byte>(landing, length))
+                                     : checksum_chunk_into(total, std::span<const std::byte>(landing, length));
     if (actual != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch,
                      fmt::format("chunk {} checksum 0x{:016x} != 0x{:016x}", index, actual, chunk.checksum));
@@ -219,15 +221,18 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
   }
   const std::uint64_t digest = total.digest();
-  if (digest != begin.info.checksum) {
+  // Running checksums: the last chunk's, already checked, was the whole entry's.
+  const std::uint64_t announced = begin.running_checksums ? digest : begin.info.checksum;
+  if (digest != announced) {
     co_return fail(ErrorCode::kChecksumMismatch,
-                   fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, begin.info.checksum));
+                   fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, announced));
   }
   if (!block) {
     if (auto sealed = shm::seal_contents(memfd.get()); !sealed) co_return sealed;
   }
   auto entry = std::make_shared<shm::StoredEntry>();
   entry->info = begin.info;
+  entry->info.checksum = digest;
   entry->fd = std::move(memfd);
   entry->block = std::move(block);
   {
@@ -356,6 +361,7 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
   if (!remote) co_return outcome::failure(remote.error());
   Hello mine;
   mine.node_id = options.node_id;
+  mine.capabilities |= kCapRunningChecksums;
   if (!options.shm_socket.empty()) {
     mine.capabilities |= kCapSharedMemory;
     mine.shm_socket = options.shm_socket;
@@ -405,8 +411,9 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
         answer = encode_summary(keys);
         break;
       }
-      case PeerMessage::kBegin: {
-        auto begin = decode_begin(payload);
+      case PeerMessage::kBegin:
+      case PeerMessage::kBeginRunning: {
+        auto begin = decode_begin(payload, frame.value().header.type);
         if (!begin) co_return outcome::failure(begin.error());
         auto received = co_await receive_transfer(shared, connection, begin.value());
         if (!received) co_return received;

@@ -49,6 +49,9 @@ class ByteWriter {
   std::vector<std::byte> bytes_;
 };
 
+// Reads fields in order. A read that runs past the end fails, and so does every read after it:
+// decoders may check only a message's last field, because a shorter field cannot succeed
+// after a longer one failed and hand back bytes from the wrong offset.
 class ByteReader {
  public:
   explicit ByteReader(std::span<const std::byte> data) : data_(data) {}
@@ -56,14 +59,20 @@ class ByteReader {
   template <class Int>
   requires std::is_integral_v<Int>
   [[nodiscard]] std::optional<Int> get() {
-    if (data_.size() - offset_ < sizeof(Int)) return std::nullopt;
+    if (failed_ || data_.size() - offset_ < sizeof(Int)) {
+      failed_ = true;
+      return std::nullopt;
+    }
     Int value{};
     std::memcpy(&value, data_.data() + offset_, sizeof(Int));
     offset_ += sizeof(Int);
     return value;
   }
   [[nodiscard]] std::optional<std::span<const std::byte>> get_bytes(std::size_t count) {
-    if (data_.size() - offset_ < count) return std::nullopt;
+    if (failed_ || data_.size() - offset_ < count) {
+      failed_ = true;
+      return std::nullopt;
+    }
     auto view = data_.subspan(offset_, count);
     offset_ += count;
     return view;
@@ -76,10 +85,12 @@ class ByteReader {
     return std::string(reinterpret_cast<const char*>(view->data()), view->size());
   }
   [[nodiscard]] std::size_t remaining() const { return data_.size() - offset_; }
+  [[nodiscard]] bool failed() const { return failed_; }
 
  private:
   std::span<const std::byte> data_;
   std::size_t offset_ = 0;
+  bool failed_ = false;
 };
 
 }  // namespace kvrelay::shm

@@ -25,6 +25,9 @@ inline constexpr std::uint32_t kMaxControlPayload = 64 * 1024;
 // Capability bits announced in the hello.
 inline constexpr std::uint64_t kCapChunkedTransfer = 1U << 0;
 inline constexpr std::uint64_t kCapSharedMemory = 1U << 1;  // hello carries a Unix socket path
+// Accepts kBeginRunning: each chunk carries the running checksum of the transfer so far, so
+// both sides hash every byte once, as it goes out or comes in (see Begin::running_checksums).
+inline constexpr std::uint64_t kCapRunningChecksums = 1U << 2;
 
 enum class PeerMessage : std::uint16_t {
   kHello = 1,
@@ -46,8 +49,10 @@ enum class PeerMessage : std::uint16_t {
   kPushEncoded = 15,
   kSummary = 16,
   kSummaryReply = 17,
+  // A Begin with running chunk checksums (Begin::running_checksums).
+  kBeginRunning = 18,
 };
-inline constexpr PeerMessage kLastPeerMessage = PeerMessage::kSummaryReply;
+inline constexpr PeerMessage kLastPeerMessage = PeerMessage::kBeginRunning;
 
 struct PeerHeader {
   PeerMessage type{};
@@ -72,15 +77,19 @@ struct Hello {
 struct Begin {
   std::uint64_t transfer_id = 0;
   shm::EntryKey key;
-  shm::EntryInfo info;  // layout, total bytes, xxh3 of all bytes
+  shm::EntryInfo info;  // layout, total bytes, xxh3 of all bytes (0 with running_checksums)
   std::uint32_t chunk_bytes = 1U << 20;
+  // Sent as kBeginRunning: chunk i's checksum is the xxh3 of chunks 0..i, so the last one is
+  // the entry's and neither side reads the bytes twice (kBegin: each chunk's own xxh3, and the
+  // whole one here up front, which costs the sender a pass before the first chunk).
+  bool running_checksums = false;
   [[nodiscard]] std::uint64_t chunk_count() const {
     return info.bytes == 0 ? 0 : (info.bytes + chunk_bytes - 1) / chunk_bytes;
   }
 };
 [[nodiscard]] std::vector<std::byte> encode_begin(const Begin& begin);
-// Also validates the entry info and chunk size.
-[[nodiscard]] Result<Begin> decode_begin(std::span<const std::byte> payload);
+// Also validates the entry info and chunk size. `type`: kBegin or kBeginRunning.
+[[nodiscard]] Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type = PeerMessage::kBegin);
 
 enum class BeginState : std::uint8_t { kProceed = 0, kAlreadyCommitted = 1 };
 

@@ -1,0 +1,112 @@
+// Fuzzes the sidecar <-> sidecar TCP protocol's parsers as a peer's byte stream reaches them:
+// frame headers, then each message's payload decoder (chunk headers included). Every decoded
+// message must encode back to the bytes it came from, so a decoder can neither accept bytes it
+// would not have produced nor lose a field; anything else must be a clean error.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "kvrelay/proxy/peer/peer_protocol.h"
+
+namespace {
+
+using namespace kvrelay::proxy::peer;
+
+void require(bool condition) {
+  if (!condition) std::abort();
+}
+
+std::span<const std::byte> payload_of(const std::vector<std::byte>& frame) {
+  require(frame.size() >= kPeerHeaderBytes);
+  return std::span<const std::byte>(frame).subspan(kPeerHeaderBytes);
+}
+
+bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+void check_payload(PeerMessage type, std::span<const std::byte> payload) {
+  switch (type) {
+    case PeerMessage::kHello:
+    case PeerMessage::kHelloOk:
+      if (auto hello = decode_hello(payload)) require(same(payload_of(encode_hello(type, hello.value())), payload));
+      break;
+    case PeerMessage::kBegin:
+    case PeerMessage::kBeginRunning:
+      if (auto begin = decode_begin(payload, type)) {
+        const auto frame = encode_begin(begin.value());
+        require(decode_peer_header(std::span<const std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes))
+                    .value()
+                    .type == type);
+        require(same(payload_of(frame), payload));
+      }
+      break;
+    case PeerMessage::kChunk:
+      if (payload.size() >= kChunkHeaderBytes) {
+        const auto chunk = decode_chunk_header(payload.first<kChunkHeaderBytes>());
+        std::array<std::byte, kChunkHeaderBytes> again{};
+        encode_chunk_header(again, chunk);
+        require(same(again, payload.first(kChunkHeaderBytes)));
+      }
+      break;
+    case PeerMessage::kFetch:
+      if (auto fetch = decode_fetch(payload)) {
+        // An explicit skip_tokens of 0 is legal and encodes shorter: compare what was decoded.
+        const auto again = decode_fetch(payload_of(encode_fetch(fetch.value())));
+        require(again.has_value());
+        const auto& a = fetch.value();
+        const auto& b = again.value();
+        require(a.request_id == b.request_id && a.model_id == b.model_id && a.codec == b.codec &&
+                a.hashes == b.hashes && a.skip_tokens == b.skip_tokens);
+      }
+      break;
+    case PeerMessage::kFetchReply: {
+      std::uint64_t id = 0;  // the id the asker expects: take the reply's own
+      if (payload.size() >= sizeof(id)) std::memcpy(&id, payload.data(), sizeof(id));
+      if (auto reply = decode_fetch_reply(payload, id)) {
+        const auto frame = encode_fetch_reply(id, reply.value() ? &*reply.value() : nullptr);
+        require(same(payload_of(frame), payload));
+      }
+      break;
+    }
+    case PeerMessage::kPushEncoded:
+      if (auto push = decode_push_encoded(payload))
+        require(same(payload_of(encode_push_encoded(push.value())), payload));
+      break;
+    case PeerMessage::kSummaryReply:
+      if (auto keys = decode_summary(payload)) require(same(payload_of(encode_summary(keys.value())), payload));
+      break;
+    case PeerMessage::kStatsReply:
+      if (auto stats = decode_peer_stats(payload)) require(same(payload_of(encode_peer_stats(stats.value())), payload));
+      break;
+    case PeerMessage::kError: {
+      const auto error = decode_peer_error(payload);
+      (void)encode_peer_error(error);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  auto stream = std::as_bytes(std::span(data, size));
+  while (stream.size() >= kPeerHeaderBytes) {
+    const auto header = decode_peer_header(stream.first<kPeerHeaderBytes>());
+    if (!header) return 0;  // the receiver ends the session here
+    const auto& value = header.value();
+    require(value.type >= PeerMessage::kHello && value.type <= kLastPeerMessage);
+    const auto payload =
+        stream.subspan(kPeerHeaderBytes, std::min<std::size_t>(value.length, stream.size() - kPeerHeaderBytes));
+    check_payload(value.type, payload);
+    stream = stream.subspan(kPeerHeaderBytes + payload.size());
+  }
+  return 0;
+}
