@@ -1,14 +1,30 @@
 #include "kvrelay/codec_plugins/cpu_path.h"
 
+#if defined(KVRELAY_CODEC_HAVE_AVX2)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 
 namespace kvrelay::codec {
 namespace {
 
+#if defined(KVRELAY_CODEC_HAVE_AVX2)
+// F16C straight from CPUID: clang's __builtin_cpu_supports does not know "f16c" (the fuzz
+// preset builds with clang); its OS state is the AVX state the avx2 check already requires.
+bool f16c_available() noexcept {
+  unsigned eax = 0;
+  unsigned ebx = 0;
+  unsigned ecx = 0;
+  unsigned edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool avx2_available() noexcept {
 #if defined(KVRELAY_CODEC_HAVE_AVX2)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("f16c") != 0;
+  return __builtin_cpu_supports("avx2") != 0 && f16c_available();
 #else
   return false;
 #endif

@@ -85,14 +85,15 @@ detail::QuantTensorDims tensor_dims(QuantKind kind, const Plan& plan, bool is_va
 }
 
 const detail::QuantKernelSet& kernels_for(DType dtype) {
-#if defined(KVRELAY_CODEC_HAVE_AVX2) && defined(KVRELAY_CODEC_HAVE_AVX512)
+  const detail::QuantKernelTable* chosen = &detail::baseline_quant_kernels();
+#if defined(KVRELAY_CODEC_HAVE_AVX2)
   const CpuPath path = active_cpu_path();
-  const detail::QuantKernelTable& table = path == CpuPath::kAvx512 ? detail::avx512_quant_kernels()
-                                          : path == CpuPath::kAvx2 ? detail::avx2_quant_kernels()
-                                                                   : detail::baseline_quant_kernels();
-#else
-  const detail::QuantKernelTable& table = detail::baseline_quant_kernels();
+  if (path == CpuPath::kAvx2) chosen = &detail::avx2_quant_kernels();
+#if defined(KVRELAY_CODEC_HAVE_AVX512)
+  if (path == CpuPath::kAvx512) chosen = &detail::avx512_quant_kernels();
 #endif
+#endif
+  const detail::QuantKernelTable& table = *chosen;
   switch (dtype) {
     case DType::kFloat16:
       return table.fp16;

@@ -154,19 +154,36 @@ inline __attribute__((always_inline)) Quad fold_halves_max(Lanes v) {
 #endif
 }
 
+// Lanes 2,3,0,1 and 1,0,3,2 of a quad (GCC spells the shuffle differently from clang, which
+// builds the fuzz preset).
+inline __attribute__((always_inline)) Quad swap_quad_halves(Quad m) {
+#if defined(__clang__)
+  return __builtin_shufflevector(m, m, 2, 3, 0, 1);
+#else
+  return __builtin_shuffle(m, QuadIndex{2, 3, 0, 1});
+#endif
+}
+inline __attribute__((always_inline)) Quad swap_quad_pairs(Quad m) {
+#if defined(__clang__)
+  return __builtin_shufflevector(m, m, 1, 0, 3, 2);
+#else
+  return __builtin_shuffle(m, QuadIndex{1, 0, 3, 2});
+#endif
+}
+
 inline __attribute__((always_inline)) float fold_min(Lanes v) {
   Quad m = fold_halves_min(v);
-  Quad swapped = __builtin_shuffle(m, QuadIndex{2, 3, 0, 1});
+  Quad swapped = swap_quad_halves(m);
   m = m < swapped ? m : swapped;
-  swapped = __builtin_shuffle(m, QuadIndex{1, 0, 3, 2});
+  swapped = swap_quad_pairs(m);
   m = m < swapped ? m : swapped;
   return m[0];
 }
 inline __attribute__((always_inline)) float fold_max(Lanes v) {
   Quad m = fold_halves_max(v);
-  Quad swapped = __builtin_shuffle(m, QuadIndex{2, 3, 0, 1});
+  Quad swapped = swap_quad_halves(m);
   m = m > swapped ? m : swapped;
-  swapped = __builtin_shuffle(m, QuadIndex{1, 0, 3, 2});
+  swapped = swap_quad_pairs(m);
   m = m > swapped ? m : swapped;
   return m[0];
 }

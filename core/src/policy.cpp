@@ -551,6 +551,12 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     if (const auto colon = reason.find("parse error"); colon != std::string::npos) reason = reason.substr(colon);
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("{}: malformed JSON at {}: {}", source, line_and_column(json_text, offset), reason));
+  } catch (const json::exception& error) {
+    // A number too large for a double ("1E777", found by fuzz_policy) is out_of_range, not a
+    // parse_error, and carries no position; its message quotes the literal.
+    std::string reason = error.what();
+    if (const auto bracket = reason.find("] "); bracket != std::string::npos) reason = reason.substr(bracket + 2);
+    return fail(ErrorCode::kInvalidArgument, fmt::format("{}: malformed JSON: {}", source, reason));
   }
 
   Diagnostics diag{std::string(source)};

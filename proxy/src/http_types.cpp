@@ -29,7 +29,9 @@ HttpResponse make_json_error(http::status status, std::string_view type, std::st
   response.set(http::field::content_type, "application/json");
   response.set(http::field::server, "kvrelay");
   response.keep_alive(keep_alive);
-  response.body() = body.dump();
+  // Messages quote request bytes (paths, route ids) that need not be UTF-8: replace those
+  // instead of letting dump() throw (fuzz_http_request found a path with 0xFF in it).
+  response.body() = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   response.body() += '\n';
   response.prepare_payload();
   return response;

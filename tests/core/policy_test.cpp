@@ -186,6 +186,15 @@ TEST_CASE("malformed JSON reports line and column", "[core][policy]") {
   CHECK_THAT(result.error().message, Catch::StartsWith("config/bad.json: malformed JSON at line 3, column"));
 }
 
+TEST_CASE("a number too large for a double is an error naming it, not an exception (found by fuzz_policy)",
+          "[core][policy]") {
+  const auto result = parse_policy("{\"schema_version\": 1E777}", "config/huge.json");
+  REQUIRE_FALSE(result);
+  CHECK(result.error().code == kvrelay::ErrorCode::kInvalidArgument);
+  CHECK_THAT(result.error().message, Catch::StartsWith("config/huge.json: malformed JSON: "));
+  CHECK_THAT(result.error().message, Catch::Contains("1E777"));
+}
+
 TEST_CASE("a missing file is reported with its path", "[core][policy]") {
   const auto result = kvrelay::load_policy_file("/nonexistent/kvrelay.json");
   REQUIRE_FALSE(result);

@@ -52,3 +52,11 @@ TEST_CASE("router describes its table", "[proxy][admin]") {
   CHECK(listing["endpoints"][1]["method"] == "PUT");
   CHECK(listing["endpoints"][1]["help"] == "change a route");
 }
+
+TEST_CASE("a path that is not UTF-8 gets a JSON 404, not an exception (found by fuzz_http_request)", "[proxy][admin]") {
+  const auto router = sample_router();
+  const auto missing = router.handle(request(http::verb::put, "/\xff\xffmin/routes/r1"));
+  CHECK(missing.result() == http::status::not_found);
+  const auto body = nlohmann::json::parse(missing.body());  // valid JSON: the bad bytes are replaced
+  CHECK(body["error"]["message"] == "no endpoint at /\xEF\xBF\xBD\xEF\xBF\xBDmin/routes/r1");
+}
