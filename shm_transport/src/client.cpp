@@ -14,7 +14,6 @@
 #include <memory>
 
 #include "kvrelay/core/bulk_hash.h"
-#include "kvrelay/core/stream_copy.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 
@@ -290,8 +289,10 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
   KVRELAY_TRY(auto arena_region, try_arena_region(bytes.size()));
   BulkHashStream hash;
   if (!hash.valid()) return fail(ErrorCode::kResourceExhausted, "cannot allocate a hash state");
-  // Hash each cache-sized piece, then write it while it is still hot.
+  // Cache-sized pieces: progress reports go out between them, and the sealed-segment path hashes
+  // each one while it is hot before the kernel copies it.
   constexpr std::size_t kPiece = 256 * 1024;
+  constexpr std::size_t kPageBytes = 4096;
   if (arena_region) {
     // Every few MiB the sidecar hears how far the copy got and verifies that much on its own
     // thread while this one copies on, so the commit is left with only the tail to check.
@@ -300,8 +301,16 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
     const auto destination = arena_region->bytes();
     for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
       const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
-      hash.update(piece.data(), piece.size());
-      copy_streaming(destination.data() + offset, piece.data(), piece.size());
+      // Hash a page, then copy it out of L1 with memcpy's ordinary stores: the next page's loads
+      // overlap this page's stores, and the lines stay in the shared cache for the sidecar's
+      // verifier thread. Measured on the 2-core VM (transport_bench, 256 MiB): 12.2-13.4 GB/s
+      // this way against 9-10 hashing 256 KiB and then streaming it out with non-temporal stores,
+      // and 8-10 with 8-64 KiB pages (where glibc switches to `rep movsb` or we to streaming).
+      for (std::size_t page = 0; page < piece.size(); page += kPageBytes) {
+        const std::size_t take = std::min(kPageBytes, piece.size() - page);
+        hash.update(piece.data() + page, take);
+        std::memcpy(destination.data() + offset + page, piece.data() + page, take);
+      }
       const std::size_t written = offset + piece.size();
       if (report_progress && written % kProgressBytes == 0 && written < bytes.size()) {
         ByteWriter progress;
