@@ -154,36 +154,30 @@ inline __attribute__((always_inline)) Quad fold_halves_max(Lanes v) {
 #endif
 }
 
-// Lanes 2,3,0,1 and 1,0,3,2 of a quad (GCC spells the shuffle differently from clang, which
+// The quad's lanes in the order I0..I3 (GCC spells the shuffle differently from clang, which
 // builds the fuzz preset).
-inline __attribute__((always_inline)) Quad swap_quad_halves(Quad m) {
+template <int I0, int I1, int I2, int I3>
+inline __attribute__((always_inline)) Quad shuffle_quad(Quad m) {
 #if defined(__clang__)
-  return __builtin_shufflevector(m, m, 2, 3, 0, 1);
+  return __builtin_shufflevector(m, m, I0, I1, I2, I3);
 #else
-  return __builtin_shuffle(m, QuadIndex{2, 3, 0, 1});
-#endif
-}
-inline __attribute__((always_inline)) Quad swap_quad_pairs(Quad m) {
-#if defined(__clang__)
-  return __builtin_shufflevector(m, m, 1, 0, 3, 2);
-#else
-  return __builtin_shuffle(m, QuadIndex{1, 0, 3, 2});
+  return __builtin_shuffle(m, QuadIndex{I0, I1, I2, I3});
 #endif
 }
 
 inline __attribute__((always_inline)) float fold_min(Lanes v) {
   Quad m = fold_halves_min(v);
-  Quad swapped = swap_quad_halves(m);
+  Quad swapped = shuffle_quad<2, 3, 0, 1>(m);
   m = m < swapped ? m : swapped;
-  swapped = swap_quad_pairs(m);
+  swapped = shuffle_quad<1, 0, 3, 2>(m);
   m = m < swapped ? m : swapped;
   return m[0];
 }
 inline __attribute__((always_inline)) float fold_max(Lanes v) {
   Quad m = fold_halves_max(v);
-  Quad swapped = swap_quad_halves(m);
+  Quad swapped = shuffle_quad<2, 3, 0, 1>(m);
   m = m > swapped ? m : swapped;
-  swapped = swap_quad_pairs(m);
+  swapped = shuffle_quad<1, 0, 3, 2>(m);
   m = m > swapped ? m : swapped;
   return m[0];
 }

@@ -300,13 +300,60 @@ TEST_CASE("running chunk checksums: a flipped bit or a chunk's own checksum is r
   }
   SECTION("a running begin that also carries a whole checksum is malformed") {
     RawPeer raw(daemon);
-    auto both = begin;
-    both.running_checksums = false;
-    both.info.checksum = whole;
-    auto frame = peer::encode_begin(both);
-    const auto type = static_cast<std::uint16_t>(peer::PeerMessage::kBeginRunning);
-    std::memcpy(frame.data() + 6, &type, sizeof(type));  // header: magic, version, type, length
+    auto frame = peer::encode_begin(begin);
+    // Payload: transfer id (8), key (16), layout (24), bytes (8), then the checksum.
+    std::memcpy(frame.data() + peer::kPeerHeaderBytes + 56, &whole, sizeof(whole));
     raw.write(frame);
+    CHECK(raw.error_then_close() == ErrorCode::kProtocol);
+  }
+  REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
+}
+
+TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and answers in step", "[peer][hostile]") {
+  PeerDaemon daemon;
+  auto local = daemon.data_plane();
+  peer::PeerClientOptions options;
+  options.chunk_bytes = 64 * 1024;  // 4 chunks, all of them eager (window 8)
+  const auto first = peer_pattern(3 * options.chunk_bytes + 5, 31);
+  const auto second = peer_pattern(2 * options.chunk_bytes, 32);
+
+  SECTION("a retried id: its eager chunks are dropped, and the same connection carries the next transfer") {
+    auto client = peer::PeerClient::connect(daemon.peer_address(), options);
+    REQUIRE(client.has_value());
+    REQUIRE(client.value().send(70, {1, 70}, KvLayout{}, first).value() == peer::TransferOutcome::kCommitted);
+    REQUIRE(client.value().send(70, {1, 70}, KvLayout{}, first).value() == peer::TransferOutcome::kAlreadyCommitted);
+    REQUIRE(client.value().send(71, {1, 71}, KvLayout{}, second).value() == peer::TransferOutcome::kCommitted);
+    CHECK(same_bytes(local.lookup({1, 70}).value().bytes(), first));
+    CHECK(same_bytes(local.lookup({1, 71}).value().bytes(), second));
+    const auto stats = daemon.peer_stats();
+    CHECK(stats.committed_transfers == 2);
+    CHECK(stats.duplicate_transfers == 1);
+  }
+  SECTION("a transfer over the receiver's limit: its eager chunks are read, then the refusal arrives") {
+    RawPeer raw(daemon);
+    peer::Begin huge;
+    huge.transfer_id = 72;
+    huge.key = {1, 72};
+    huge.info = shm::EntryInfo{KvLayout{}, 3ULL << 30, 0};  // over the fixture's 2 GiB store
+    huge.chunk_bytes = 1U << 20;
+    huge.running_checksums = true;
+    huge.eager_chunks = 2;
+    raw.write(peer::encode_begin(huge));
+    const auto chunk = peer_pattern(huge.chunk_bytes, 72);
+    raw.send_chunk(huge.transfer_id, 0, chunk, XXH3_64bits(chunk.data(), chunk.size()));
+    raw.send_chunk(huge.transfer_id, 1, chunk, 0);
+    CHECK(raw.error_then_close() == ErrorCode::kResourceExhausted);
+    CHECK(local.lookup(huge.key).error().code == ErrorCode::kNotFound);
+  }
+  SECTION("more eager chunks than the transfer has is malformed") {
+    RawPeer raw(daemon);
+    peer::Begin lying;
+    lying.transfer_id = 73;
+    lying.info = shm::EntryInfo{KvLayout{}, 10, 0};
+    lying.chunk_bytes = 4;
+    lying.running_checksums = true;
+    lying.eager_chunks = 4;  // 10 bytes in chunks of 4: 3 chunks
+    raw.write(peer::encode_begin(lying));
     CHECK(raw.error_then_close() == ErrorCode::kProtocol);
   }
   REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));

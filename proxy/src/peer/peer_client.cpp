@@ -114,6 +114,27 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
   co_return true;
 }
 
+// BeginOk: the receiver's answer to a Begin (proceed, or already committed: nothing to send).
+asio::awaitable<Result<BeginState>> read_begin_answer(PeerConnection& connection, const Begin& begin,
+                                                      std::chrono::milliseconds timeout) {
+  auto begin_ok = co_await expect(connection, PeerMessage::kBeginOk, timeout);
+  if (!begin_ok) co_return outcome::failure(begin_ok.error());
+  shm::ByteReader reader(begin_ok.value().payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto state_byte = reader.get<std::uint8_t>();
+  if (!state_byte || *id != begin.transfer_id || reader.remaining() != 0) {
+    co_return fail(ErrorCode::kProtocol, "malformed begin reply");
+  }
+  if (*state_byte == static_cast<std::uint8_t>(BeginState::kAlreadyCommitted)) {
+    connection.arm(std::chrono::hours(24 * 365));
+    co_return BeginState::kAlreadyCommitted;
+  }
+  if (*state_byte != static_cast<std::uint8_t>(BeginState::kProceed)) {
+    co_return fail(ErrorCode::kProtocol, "bad begin state");
+  }
+  co_return BeginState::kProceed;
+}
+
 asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, Begin begin,
                                                      std::span<const std::byte> bytes,
                                                      const std::vector<std::uint64_t>* chunk_checksums) {
@@ -124,20 +145,15 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
       !sent) {
     co_return outcome::failure(sent.error());
   }
-  auto begin_ok = co_await expect(connection, PeerMessage::kBeginOk, options.read_timeout);
-  if (!begin_ok) co_return outcome::failure(begin_ok.error());
-  shm::ByteReader reader(begin_ok.value().payload);
-  const auto id = reader.get<std::uint64_t>();
-  const auto state_byte = reader.get<std::uint8_t>();
-  if (!state_byte || *id != begin.transfer_id || reader.remaining() != 0) {
-    co_return fail(ErrorCode::kProtocol, "malformed begin reply");
+  // With eager chunks the answer is read after they are written (the receiver drops them if it
+  // does not take the transfer); otherwise before the first chunk.
+  bool answered = false;
+  if (begin.eager_chunks == 0) {
+    auto state_byte = co_await read_begin_answer(connection, begin, options.read_timeout);
+    if (!state_byte) co_return outcome::failure(state_byte.error());
+    if (state_byte.value() == BeginState::kAlreadyCommitted) co_return TransferOutcome::kAlreadyCommitted;
+    answered = true;
   }
-  if (*state_byte == static_cast<std::uint8_t>(BeginState::kAlreadyCommitted)) {
-    connection.arm(std::chrono::hours(24 * 365));
-    co_return TransferOutcome::kAlreadyCommitted;
-  }
-  if (*state_byte != static_cast<std::uint8_t>(BeginState::kProceed))
-    co_return fail(ErrorCode::kProtocol, "bad begin state");
 
   const std::uint64_t chunks = begin.chunk_count();
   const auto started = std::chrono::steady_clock::now();
@@ -174,6 +190,12 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
         pacing.expires_at(started + std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6)));
         [[maybe_unused]] auto [ec] = co_await pacing.async_wait(kNoThrow);
       }
+    }
+    if (!answered) {
+      auto state_byte = co_await read_begin_answer(connection, begin, options.read_timeout);
+      if (!state_byte) co_return outcome::failure(state_byte.error());
+      if (state_byte.value() == BeginState::kAlreadyCommitted) co_return TransferOutcome::kAlreadyCommitted;
+      answered = true;
     }
     auto ack = co_await expect(connection, PeerMessage::kChunkAck, options.read_timeout);
     if (!ack) co_return outcome::failure(ack.error());
@@ -365,6 +387,8 @@ Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::E
   }
   if ((state_->remote.capabilities & kCapRunningChecksums) != 0) {
     begin.running_checksums = true;
+    begin.eager_chunks =
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(begin.chunk_count(), state_->options.window_chunks));
     return state_->run(send_chunks(state_.get(), begin, bytes, nullptr));
   }
   // A peer that wants the checksum in Begin: every checksum up front, in one pass.

@@ -82,6 +82,7 @@ std::vector<std::byte> encode_begin(const Begin& begin) {
   shm::encode_layout(writer, begin.info.layout);
   writer.put(begin.info.bytes).put(begin.running_checksums ? std::uint64_t{0} : begin.info.checksum);
   writer.put(begin.chunk_bytes);
+  if (begin.running_checksums) writer.put(begin.eager_chunks);
   return encode_peer_frame(begin.running_checksums ? PeerMessage::kBeginRunning : PeerMessage::kBegin, writer.bytes());
 }
 
@@ -98,7 +99,9 @@ Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type)
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
   const auto chunk_bytes = reader.get<std::uint32_t>();
-  if (!bytes || !checksum || !chunk_bytes || reader.remaining() != 0) {
+  const auto eager_chunks =
+      type == PeerMessage::kBeginRunning ? reader.get<std::uint32_t>() : std::optional<std::uint32_t>(0);
+  if (!bytes || !checksum || !chunk_bytes || !eager_chunks || reader.remaining() != 0) {
     return fail(ErrorCode::kProtocol, "malformed begin");
   }
   if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
@@ -114,6 +117,11 @@ Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type)
   }
   KVRELAY_TRY(shm::validate_entry_info(begin.info));
   if (begin.chunk_count() > UINT32_MAX) return fail(ErrorCode::kOverflow, "too many chunks");
+  begin.eager_chunks = *eager_chunks;
+  if (begin.eager_chunks > begin.chunk_count()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("{} eager chunks in a transfer of {}", begin.eager_chunks, begin.chunk_count()));
+  }
   return begin;
 }
 

@@ -124,21 +124,48 @@ asio::awaitable<Status> send_frame(PeerConnection& connection, const std::vector
   co_return co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout);
 }
 
+// Reads and drops the chunks a sender wrote right after its Begin (Begin::eager_chunks) when
+// this receiver will not take the transfer, so that what it reads next is the sender's next
+// message and the sender's writes do not fail before it can read the answer.
+asio::awaitable<Status> drop_eager_chunks(PeerConnection& connection, const Begin& begin,
+                                          std::chrono::milliseconds timeout) {
+  std::vector<std::byte> sink(std::min<std::size_t>(64 * 1024, kChunkHeaderBytes + begin.chunk_bytes));
+  for (std::uint32_t index = 0; index < begin.eager_chunks; ++index) {
+    auto frame = co_await read_frame(connection, timeout, timeout);
+    if (!frame) co_return outcome::failure(frame.error());
+    if (frame.value().header.type != PeerMessage::kChunk) {
+      co_return fail(ErrorCode::kProtocol,
+                     fmt::format("expected eager chunk {} of transfer {}", index, begin.transfer_id));
+    }
+    std::uint64_t left = frame.value().header.length;
+    if (left > kChunkHeaderBytes + std::uint64_t{begin.chunk_bytes}) {
+      co_return fail(ErrorCode::kProtocol, fmt::format("eager chunk {} has {} bytes", index, left));
+    }
+    while (left > 0) {
+      const auto take = static_cast<std::size_t>(std::min<std::uint64_t>(left, sink.size()));
+      if (auto got = co_await read_exact(connection, asio::buffer(sink.data(), take), timeout); !got) co_return got;
+      left -= take;
+    }
+  }
+  co_return ok();
+}
+
 // Receives the chunks of one transfer into a fresh sealed memfd and publishes it.
 asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection& connection, const Begin& begin) {
   const auto& options = shared->options;
+  std::optional<Error> refusal;
   if (begin.info.bytes > options.max_entry_bytes) {
-    co_return fail(ErrorCode::kResourceExhausted,
-                   fmt::format("transfer of {} bytes exceeds the limit {}", begin.info.bytes, options.max_entry_bytes));
+    refusal = Error{ErrorCode::kResourceExhausted, fmt::format("transfer of {} bytes exceeds the limit {}",
+                                                               begin.info.bytes, options.max_entry_bytes)};
   }
   std::unique_ptr<ActiveTransfer> claim;
-  {
+  if (!refusal) {
     std::lock_guard lock(shared->mutex);
     if (shared->committed.contains(begin.transfer_id)) {
       ++shared->counters.duplicate_transfers;
       claim = nullptr;
     } else if (shared->active.contains(begin.transfer_id)) {
-      co_return fail(ErrorCode::kAlreadyExists, fmt::format("transfer {} is in progress", begin.transfer_id));
+      refusal = Error{ErrorCode::kAlreadyExists, fmt::format("transfer {} is in progress", begin.transfer_id)};
     } else {
       shared->active.insert(begin.transfer_id);
       ++shared->counters.active_transfers;
@@ -149,7 +176,11 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   reply.put(begin.transfer_id)
       .put(static_cast<std::uint8_t>(claim ? BeginState::kProceed : BeginState::kAlreadyCommitted));
   const auto begin_ok = encode_peer_frame(PeerMessage::kBeginOk, reply.bytes());
-  if (!claim) co_return co_await send_frame(connection, begin_ok, options.read_timeout);
+  if (!claim) {
+    if (auto dropped = co_await drop_eager_chunks(connection, begin, options.read_timeout); !dropped) co_return dropped;
+    if (refusal) co_return outcome::failure(std::move(*refusal));
+    co_return co_await send_frame(connection, begin_ok, options.read_timeout);
+  }
 
   // With an arena, chunks are received straight into the entry's block: memory that stays
   // mapped (and warm), so no copy and no page faults; a failed transfer just frees the block.

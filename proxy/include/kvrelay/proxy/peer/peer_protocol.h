@@ -83,6 +83,10 @@ struct Begin {
   // the entry's and neither side reads the bytes twice (kBegin: each chunk's own xxh3, and the
   // whole one here up front, which costs the sender a pass before the first chunk).
   bool running_checksums = false;
+  // kBeginRunning only: this many chunks follow the Begin before the sender waits for BeginOk
+  // (at most the chunk count), saving a round trip per transfer. A receiver that will not take
+  // the transfer reads and drops them before it answers, so the stream stays in step.
+  std::uint32_t eager_chunks = 0;
   [[nodiscard]] std::uint64_t chunk_count() const {
     return info.bytes == 0 ? 0 : (info.bytes + chunk_bytes - 1) / chunk_bytes;
   }
