@@ -145,15 +145,9 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
       !sent) {
     co_return outcome::failure(sent.error());
   }
-  // With eager chunks the answer is read after they are written (the receiver drops them if it
-  // does not take the transfer); otherwise before the first chunk.
+  // Until the receiver answers the Begin only the eager chunks go out (the receiver drops them if
+  // it does not take the transfer); without eager chunks the answer comes before the first one.
   bool answered = false;
-  if (begin.eager_chunks == 0) {
-    auto state_byte = co_await read_begin_answer(connection, begin, options.read_timeout);
-    if (!state_byte) co_return outcome::failure(state_byte.error());
-    if (state_byte.value() == BeginState::kAlreadyCommitted) co_return TransferOutcome::kAlreadyCommitted;
-    answered = true;
-  }
 
   const std::uint64_t chunks = begin.chunk_count();
   const auto started = std::chrono::steady_clock::now();
@@ -165,8 +159,8 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
   if (begin.running_checksums && !running.valid()) {
     co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   }
-  while (acked < chunks) {
-    while (next < chunks && next - acked < options.window_chunks) {
+  while (!answered || acked < chunks) {
+    while (next < chunks && next - acked < options.window_chunks && (answered || next < begin.eager_chunks)) {
       const std::uint64_t offset = next * begin.chunk_bytes;
       const std::size_t length =
           static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes - offset));
@@ -196,6 +190,7 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
       if (!state_byte) co_return outcome::failure(state_byte.error());
       if (state_byte.value() == BeginState::kAlreadyCommitted) co_return TransferOutcome::kAlreadyCommitted;
       answered = true;
+      continue;  // send the rest of the window before waiting for an acknowledgement
     }
     auto ack = co_await expect(connection, PeerMessage::kChunkAck, options.read_timeout);
     if (!ack) co_return outcome::failure(ack.error());
@@ -302,7 +297,8 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
 }
 
 asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, EncodedEntryHeader header,
-                                                std::span<const std::uint8_t> frame) {
+                                                std::span<const std::uint8_t> frame,
+                                                const std::vector<std::uint64_t>* chunk_checksums) {
   auto& connection = *state->connection;
   const auto timeout = state->options.read_timeout;
   const auto announce = encode_push_encoded(header);
@@ -310,7 +306,7 @@ asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, Encode
     co_return outcome::failure(sent.error());
   }
   const auto started = std::chrono::steady_clock::now();
-  if (auto sent = co_await write_encoded_chunks(connection, header, frame, nullptr, timeout); !sent) {
+  if (auto sent = co_await write_encoded_chunks(connection, header, frame, *chunk_checksums, timeout); !sent) {
     co_return outcome::failure(sent.error());
   }
   auto committed = co_await expect(connection, PeerMessage::kCommitted, timeout);
@@ -418,9 +414,11 @@ Status PeerClient::push_encoded(std::uint64_t transfer_id, const shm::EntryKey& 
   header.id = transfer_id;
   header.key = key;
   header.frame_bytes = frame.size();
-  header.frame_checksum = bulk_hash64(frame.data(), frame.size());
   header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
-  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
+  // Every chunk's checksum and the whole frame's in one pass (was: the whole, then each chunk).
+  const auto checksums = checksum_chunks(std::as_bytes(frame), header.chunk_bytes);
+  header.frame_checksum = checksums.whole;
+  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame, &checksums.chunks)));
   return ok();
 }
 

@@ -148,9 +148,9 @@ ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t c
 
 asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
                                              std::span<const std::uint8_t> frame,
-                                             const std::vector<std::uint64_t>* chunk_checksums,
+                                             const std::vector<std::uint64_t>& chunk_checksums,
                                              std::chrono::milliseconds timeout) {
-  if (chunk_checksums != nullptr && chunk_checksums->size() != header.chunk_count()) {
+  if (chunk_checksums.size() != header.chunk_count()) {
     co_return fail(ErrorCode::kInternal, "chunk checksums do not match the chunk count");
   }
   std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
@@ -161,10 +161,9 @@ asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const E
     const std::uint8_t* data = frame.data() + offset;
     encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(prefix.data(), kPeerHeaderBytes), PeerMessage::kChunk,
                        static_cast<std::uint32_t>(kChunkHeaderBytes + length));
-    encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-                        ChunkHeader{header.id, static_cast<std::uint32_t>(index),
-                                    chunk_checksums != nullptr ? (*chunk_checksums)[static_cast<std::size_t>(index)]
-                                                               : bulk_hash64(data, length)});
+    encode_chunk_header(
+        std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
+        ChunkHeader{header.id, static_cast<std::uint32_t>(index), chunk_checksums[static_cast<std::size_t>(index)]});
     auto sent = co_await write_all(connection, asio::buffer(prefix), asio::buffer(data, length), timeout);
     if (!sent) co_return sent;
   }

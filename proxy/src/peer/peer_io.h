@@ -100,11 +100,11 @@ struct ChunkChecksums {
 [[nodiscard]] ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t chunk_bytes);
 
 // Sends an encoded KV frame as kChunk frames of header.chunk_bytes (after the caller sent the
-// announcing FetchReply/PushEncoded), each with its xxh3: from `chunk_checksums` when the caller
-// has them (checksum_chunks), else hashed here.
+// announcing FetchReply/PushEncoded), each with its xxh3 from `chunk_checksums` (checksum_chunks,
+// which also gave header.frame_checksum in the same pass).
 asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
                                              std::span<const std::uint8_t> frame,
-                                             const std::vector<std::uint64_t>* chunk_checksums,
+                                             const std::vector<std::uint64_t>& chunk_checksums,
                                              std::chrono::milliseconds timeout);
 // Receives them into `frame` (exactly header.frame_bytes long: the caller sizes it from the
 // announcement, in memory it keeps warm), checking order, sizes, every chunk's checksum and the

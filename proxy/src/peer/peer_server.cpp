@@ -129,6 +129,7 @@ asio::awaitable<Status> send_frame(PeerConnection& connection, const std::vector
 // message and the sender's writes do not fail before it can read the answer.
 asio::awaitable<Status> drop_eager_chunks(PeerConnection& connection, const Begin& begin,
                                           std::chrono::milliseconds timeout) {
+  if (begin.eager_chunks == 0) co_return ok();
   std::vector<std::byte> sink(std::min<std::size_t>(64 * 1024, kChunkHeaderBytes + begin.chunk_bytes));
   for (std::uint32_t index = 0; index < begin.eager_chunks; ++index) {
     auto frame = co_await read_frame(connection, timeout, timeout);
@@ -252,11 +253,10 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
   }
   const std::uint64_t digest = total.digest();
-  // Running checksums: the last chunk's, already checked, was the whole entry's.
-  const std::uint64_t announced = begin.running_checksums ? digest : begin.info.checksum;
-  if (digest != announced) {
+  // Running checksums need no second check: the last chunk's, already checked, is the entry's.
+  if (!begin.running_checksums && digest != begin.info.checksum) {
     co_return fail(ErrorCode::kChecksumMismatch,
-                   fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, announced));
+                   fmt::format("entry checksum 0x{:016x} != announced 0x{:016x}", digest, begin.info.checksum));
   }
   if (!block) {
     if (auto sealed = shm::seal_contents(memfd.get()); !sealed) co_return sealed;
@@ -343,7 +343,7 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   header.frame_checksum = checksums.whole;
   const auto reply = encode_fetch_reply(request.request_id, &header);
   if (auto sent = co_await send_frame(connection, reply, options.read_timeout); !sent) co_return sent;
-  const auto* chunk_checksums = &checksums.chunks;
+  const auto& chunk_checksums = checksums.chunks;
   if (auto sent = co_await write_encoded_chunks(connection, header, frame, chunk_checksums, options.read_timeout);
       !sent) {
     co_return sent;
