@@ -1,11 +1,13 @@
 #include "kvrelay/shm_transport/memfd.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <linux/magic.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -162,6 +164,25 @@ std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomi
   for (; offset < bytes.size(); offset += step) {
     if (stop != nullptr && (offset & 0xFFFFF) == 0 && stop->load(std::memory_order_relaxed)) break;
     __atomic_fetch_or(reinterpret_cast<unsigned char*>(bytes.data() + offset), 0, __ATOMIC_RELAXED);
+  }
+  return std::min<std::uint64_t>(offset, bytes.size());
+}
+
+std::uint64_t touch_pages_for_kernel_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
+  // futex words are 4-byte aligned; mappings start on a page, so every page start qualifies.
+  const auto misalignment = reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(std::uint32_t);
+  const std::uint64_t first = misalignment == 0 ? 0 : alignof(std::uint32_t) - misalignment;
+  std::uint32_t unused_futex = 0;  // FUTEX_WAKE_OP wakes waiters on it: there are none
+  constexpr int kOrWithZero = FUTEX_OP(FUTEX_OP_OR, 0, FUTEX_OP_CMP_EQ, 0);
+  std::uint64_t offset = first;
+  for (; offset + sizeof(std::uint32_t) <= bytes.size(); offset += step) {
+    if (stop != nullptr && ((offset - first) & 0xFFFFF) == 0 && stop->load(std::memory_order_relaxed)) break;
+    if (::syscall(SYS_futex, &unused_futex, FUTEX_WAKE_OP | FUTEX_PRIVATE_FLAG, 0, 0, bytes.data() + offset,
+                  kOrWithZero) < 0) {
+      break;
+    }
   }
   return std::min<std::uint64_t>(offset, bytes.size());
 }

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <span>
+#include <thread>
 #include <vector>
 
 #include "kvrelay/shm_transport/memfd.h"
@@ -75,6 +77,44 @@ TEST_CASE("warming an arena touches every page without changing a byte, and can 
   auto rest = arena->allocate(6 * kGranule);
   REQUIRE(rest);
   CHECK(rest.value()->offset() == 2 * kGranule);
+}
+
+TEST_CASE("touching pages from kernel mode loses no concurrent write and stops at memory it cannot write",
+          "[shm][arena]") {
+  constexpr std::size_t kPages = 64;
+  constexpr std::size_t kPage = 4096;
+  std::vector<std::uint32_t> words(kPages * kPage / sizeof(std::uint32_t), 0x5A5A5A5AU);
+  const auto bytes = std::as_writable_bytes(std::span(words));
+  // A writer bumps the very words the kernel ORs with zero: an OR that was a load and a store
+  // would sooner or later put an old value back.
+  std::atomic<bool> done{false};
+  std::uint64_t bumps = 0;
+  std::thread writer([&] {
+    while (!done.load(std::memory_order_relaxed)) {
+      for (std::size_t page = 0; page < kPages; ++page) {
+        __atomic_fetch_add(&words[page * kPage / sizeof(std::uint32_t)], 1U, __ATOMIC_RELAXED);
+      }
+      ++bumps;
+    }
+  });
+  std::uint64_t covered = 0;
+  for (int round = 0; round < 200; ++round) covered = shm::touch_pages_for_kernel_write(bytes, nullptr);
+  done = true;
+  writer.join();
+  CHECK(covered == bytes.size());
+  for (std::size_t page = 0; page < kPages; ++page) {
+    CHECK(words[page * kPage / sizeof(std::uint32_t)] == static_cast<std::uint32_t>(0x5A5A5A5AU + bumps));
+    CHECK(words[page * kPage / sizeof(std::uint32_t) + 1] == 0x5A5A5A5AU);
+  }
+  std::atomic<bool> stop{true};
+  CHECK(shm::touch_pages_for_kernel_write(bytes, &stop) == 0);
+
+  // A read-only mapping: the first page's write fails, and nothing past it is claimed.
+  auto memfd = shm::create_sealed_memfd_to_fill("kernel-touch", kPage * 2);
+  REQUIRE(memfd);
+  auto read_only = shm::Mapping::map(memfd.value().get(), kPage * 2, false);
+  REQUIRE(read_only);
+  CHECK(shm::touch_pages_for_kernel_write(read_only.value().bytes(), nullptr) == 0);
 }
 
 TEST_CASE("a full arena says so, and blocks keep their arena alive", "[shm][arena]") {

@@ -84,8 +84,9 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // Touches every page once for writing through this process's mapping without changing a byte
   // (an atomic OR with 0, safe beside any concurrent writer). On hosts that build page tables
   // lazily the first write to a page through a mapping costs ~100x a later one (~3 ms/MiB
-  // against ~0.07); warming moves that cost off the first transfers. Stops early when `stop`
-  // becomes true. Returns the bytes covered.
+  // against ~0.07); warming moves that cost off the first transfers. Then the same from kernel
+  // mode (touch_pages_for_kernel_write), for the peer plane's recv into the arena. Stops early
+  // when `stop` becomes true. Returns the bytes covered by both.
   std::uint64_t warm(const std::atomic<bool>* stop = nullptr);
 
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }

@@ -61,6 +61,15 @@ inline constexpr unsigned kSizeSeals = 0x0002U | 0x0004U;  // F_SEAL_SHRINK | F_
 // pays that here, in the background. Checks `stop` every MiB; returns the bytes covered.
 std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept;
 
+// The same from kernel mode: for each page a futex FUTEX_WAKE_OP whose operation is an atomic OR
+// with 0, which the kernel performs on the user address (no byte changes, no concurrent write
+// lost, nobody woken). Hypervisors that shadow the guest kernel's view of user memory apart from
+// user mode's (PVM, which the CI VMs run under) charge the first kernel write to each page
+// (recv's copy into an arena) ~5 us even after user space wrote it: 0.75 GB/s where a warm page
+// takes 22. Elsewhere it costs one cheap system call per page. Returns the bytes covered; stops
+// at the first failing call (a kernel without FUTEX_WAKE_OP, an address not mapped writable).
+std::uint64_t touch_pages_for_kernel_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept;
+
 // Lowers the calling thread to SCHED_IDLE: it runs only on CPU nobody else wants.
 void run_at_idle_priority() noexcept;
 
