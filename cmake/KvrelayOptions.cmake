@@ -24,6 +24,12 @@ if(KVRELAY_USE_LLD)
   endif()
 endif()
 
+# Fuzz builds instrument some libraries' parsers (coverage, ASan, UBSan); every executable that
+# links them, not only the fuzz targets, then needs the sanitizer runtimes.
+if(KVRELAY_FUZZ)
+  add_link_options($<$<LINK_LANGUAGE:C,CXX>:-fsanitize=address,undefined>)
+endif()
+
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE RelWithDebInfo CACHE STRING "Build type" FORCE)
 endif()
