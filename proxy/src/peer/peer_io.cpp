@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 
 #include "kvrelay/core/bulk_hash.h"
 
@@ -55,10 +56,24 @@ Error io_error(const PeerConnection& connection, const boost::system::error_code
   return Error{ErrorCode::kIo, fmt::format("{}: {}", what, ec.message())};
 }
 
+namespace {
+
+// Asio's transfer_all hands the kernel at most 64 KiB per call (default_max_transfer_size), so a
+// 1 MiB chunk cost 16 sendmsg or recvmsg calls with a reactor poll after each; a raw socket
+// moves it in as few calls as the socket buffer allows. This lets each call take all that is
+// left.
+struct TransferAllAtOnce {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t /*transferred*/) const noexcept {
+    return ec ? 0 : std::numeric_limits<std::size_t>::max();
+  }
+};
+
+}  // namespace
+
 asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buffer buffer,
                                    std::chrono::milliseconds timeout) {
   connection.arm(timeout);
-  auto [ec, transferred] = co_await asio::async_read(connection.socket, buffer, kNoThrow);
+  auto [ec, transferred] = co_await asio::async_read(connection.socket, buffer, TransferAllAtOnce{}, kNoThrow);
   if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
   co_return ok();
 }
@@ -67,7 +82,7 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
                                    std::chrono::milliseconds timeout) {
   connection.arm(timeout);
   const std::array<asio::mutable_buffer, 2> buffers{first, second};
-  auto [ec, transferred] = co_await asio::async_read(connection.socket, buffers, kNoThrow);
+  auto [ec, transferred] = co_await asio::async_read(connection.socket, buffers, TransferAllAtOnce{}, kNoThrow);
   if (ec) co_return outcome::failure(io_error(connection, ec, "read"));
   co_return ok();
 }
@@ -96,7 +111,7 @@ asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer
                                   std::chrono::milliseconds timeout) {
   connection.arm(timeout);
   const std::array<asio::const_buffer, 2> buffers{first, second};
-  auto [ec, transferred] = co_await asio::async_write(connection.socket, buffers, kNoThrow);
+  auto [ec, transferred] = co_await asio::async_write(connection.socket, buffers, TransferAllAtOnce{}, kNoThrow);
   if (ec) co_return outcome::failure(io_error(connection, ec, "write"));
   co_return ok();
 }
