@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     peer_options.arena = arena.value();
-    // What the daemon's idle-priority warmer does in the background after start: write each
+    // What the daemon's low-priority warmer does in the background after start: write each
     // page once, so the transfers below measure a running sidecar, not first touches.
     const auto warm_start = Clock::now();
     const std::uint64_t warmed = arena.value()->warm();

@@ -8,9 +8,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "kvrelay/shm_transport/byte_io.h"
 
@@ -41,6 +44,32 @@ double sender_progress(const ChildProcess& sender) {
   }
   return fraction;
 }
+
+// One spinning thread per core until stop().
+class CpuHogs {
+ public:
+  CpuHogs() {
+    for (unsigned core = 0; core < std::max(1U, std::thread::hardware_concurrency()); ++core) {
+      threads_.emplace_back([this] {
+        while (!stop_.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+  }
+  CpuHogs(const CpuHogs&) = delete;
+  CpuHogs& operator=(const CpuHogs&) = delete;
+  ~CpuHogs() { stop(); }
+  void stop() {
+    stop_ = true;
+    for (auto& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
 
 std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t transfer_id,
                                    const std::filesystem::path& file, bool paced) {
@@ -165,6 +194,11 @@ TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, ret
     INFO("receiver killed at " << percent * 100 << "%");
     const std::uint64_t transfer_id = 900;
     {
+      // Every core busy while the receiver runs and dies, as on a loaded node: the kernel closes a
+      // killed process's sockets only once each of its threads has run to its exit, so a
+      // background thread starved of CPU (as SCHED_IDLE ones are) would hold the connection open
+      // for seconds.
+      CpuHogs hogs;
       PeerDaemon doomed;
       ChildProcess sender(send_argv(doomed, transfer_id, dir / "payload", true), dir.path());
       REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); },
@@ -173,6 +207,7 @@ TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, ret
       doomed.process().send_signal(SIGKILL);
       // The sender's next write or read fails at once (goal: within 1 s).
       const auto status = sender.wait_for_exit(std::chrono::seconds(1));
+      hogs.stop();
       REQUIRE(status.has_value());
       CHECK(*status == 1);
       CHECK(sender.stderr_text().find("kvrelay peer:") != std::string::npos);
