@@ -98,7 +98,8 @@ TEST_CASE("touching pages from kernel mode loses no concurrent write and stops a
     }
   });
   std::uint64_t covered = 0;
-  for (int round = 0; round < 200; ++round) covered = shm::touch_pages_for_kernel_write(bytes, nullptr);
+  for (int round = 0; round < 200; ++round)
+    covered = shm::touch_pages_for_kernel_write(bytes, nullptr);
   done = true;
   writer.join();
   CHECK(covered == bytes.size());
