@@ -41,7 +41,7 @@ ClientArena::~ClientArena() {
 void ClientArena::start_warming() {
   if (warmer_.joinable() || mapping.size() == 0) return;
   warmer_ = std::thread([this] {
-    run_at_background_priority();
+    run_as_background_work();
     (void)touch_pages_for_write(mapping.bytes(), &stop_warming_);
   });
 }

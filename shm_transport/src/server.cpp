@@ -229,7 +229,7 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
     if (server->options_.warm_arena) {
       server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
         // Only spare CPU: whatever the sidecar or its workers need comes first.
-        run_at_background_priority();
+        run_as_background_work();
         const auto warmed = arena->warm(stop);
         spdlog::debug("shm arena: warmed {} of {} bytes", warmed, arena->capacity());
       });

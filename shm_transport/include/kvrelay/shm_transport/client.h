@@ -33,7 +33,7 @@ struct ClientArena {
   ClientArena(const ClientArena&) = delete;
   ClientArena& operator=(const ClientArena&) = delete;
 
-  // Touches every page of the mapping once for writing, at background priority (nice 10), without changing a
+  // Touches every page of the mapping once for writing, as paced background work, without changing a
   // byte (an atomic OR with 0, safe beside other processes' writes). On hosts that build page
   // tables lazily the first write to a page through a mapping costs ~100x a later one; this
   // pays it in the background instead of in the first publishes.

@@ -70,9 +70,10 @@ std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomi
 // at the first failing call (a kernel without FUTEX_WAKE_OP, an address not mapped writable).
 std::uint64_t touch_pages_for_kernel_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept;
 
-// Lowers the calling thread to nice 10: about a tenth of a normal thread's share of a busy CPU,
-// yet enough to exit promptly when its process is killed (see the definition).
-void run_at_background_priority() noexcept;
+// Marks the calling thread as background work: its page-touch loops (above) sleep twice as long
+// as each MiB took, so they use at most a third of a core, at normal priority so the thread
+// still exits promptly when its process is killed (see the definition).
+void run_as_background_work() noexcept;
 
 // A mapping of a whole segment; unmapped on destruction.
 class Mapping {

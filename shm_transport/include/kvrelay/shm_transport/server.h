@@ -36,7 +36,7 @@ struct ShmServerOptions {
   std::uint32_t resolve_threads = 4;
   // Bytes of the shared arena (0: none; every entry gets its own sealed memfd). See arena.h.
   std::uint64_t arena_bytes = 0;
-  // Write each arena page once in the background (nice 10), see ShmArena::warm.
+  // Write each arena page once in the background (paced), see ShmArena::warm.
   bool warm_arena = true;
   // Arena entries one connection may hold at once; past this it gets sealed copies.
   std::uint32_t max_leases_per_connection = 4096;
@@ -133,7 +133,7 @@ class ShmServer {
   ShmServerOptions options_;
   std::shared_ptr<EntryStore> store_;
   std::shared_ptr<ShmArena> arena_;
-  // Warms the arena's pages once at nice 10 (ShmArena::warm), stopped by stop().
+  // Warms the arena's pages once, paced (ShmArena::warm), stopped by stop().
   std::thread arena_warmer_;
   std::atomic<bool> stop_warming_{false};
   SmallMessageHandler small_handler_;
