@@ -382,7 +382,8 @@ int main(int argc, char** argv) {
   }
   // One unmeasured pass over every size: whichever size goes first otherwise runs at a third of
   // its later speed on this host (measured: 1 MiB at 0.4-0.5 GB/s first, 2.0-2.6 after 16 MiB).
-  for (const std::size_t mib : tcp_sizes_mib) (void)tcp_transfer_once(client.value(), payload, mib * kMiB, transfer_id);
+  for (const std::size_t mib : tcp_sizes_mib)
+    (void)tcp_transfer_once(client.value(), payload, mib * kMiB, transfer_id);
   nlohmann::json paired_median;
   for (const std::size_t mib : tcp_sizes_mib) {
     const auto key = std::to_string(mib) + "MiB";

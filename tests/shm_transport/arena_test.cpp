@@ -3,10 +3,13 @@
 
 #include "kvrelay/shm_transport/arena.h"
 
+#include <time.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <span>
 #include <thread>
@@ -116,6 +119,32 @@ TEST_CASE("touching pages from kernel mode loses no concurrent write and stops a
   auto read_only = shm::Mapping::map(memfd.value().get(), kPage * 2, false);
   REQUIRE(read_only);
   CHECK(shm::touch_pages_for_kernel_write(read_only.value().bytes(), nullptr) == 0);
+}
+
+TEST_CASE("background warming sleeps at least twice its working time between MiB", "[shm][arena]") {
+  // Paced work at normal priority, not a lowered priority: see run_as_background_work. Sleeping
+  // twice as long as each MiB took means wall time >= 2x the thread's CPU time (less the last MiB).
+  constexpr std::size_t kBytes = 32U << 20;
+  std::vector<std::byte> pages(kBytes, std::byte{3});
+  double cpu_seconds = 0;
+  double wall_seconds = 0;
+  std::uint64_t covered = 0;
+  std::thread warmer([&] {
+    shm::run_as_background_work();
+    timespec cpu_start{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_start);
+    const auto wall_start = std::chrono::steady_clock::now();
+    covered = shm::touch_pages_for_kernel_write(pages, nullptr);
+    wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+    timespec cpu_end{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_end);
+    cpu_seconds = static_cast<double>(cpu_end.tv_sec - cpu_start.tv_sec) +
+                  static_cast<double>(cpu_end.tv_nsec - cpu_start.tv_nsec) * 1e-9;
+  });
+  warmer.join();
+  CHECK(covered == kBytes);
+  CHECK(wall_seconds >= 1.8 * cpu_seconds);
+  CHECK(std::all_of(pages.begin(), pages.end(), [](std::byte value) { return value == std::byte{3}; }));
 }
 
 TEST_CASE("a full arena says so, and blocks keep their arena alive", "[shm][arena]") {
