@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <linux/magic.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -181,44 +179,44 @@ class BackgroundPace {
   std::chrono::steady_clock::time_point last_{};
 };
 
-}  // namespace
-
-std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
+// Calls `touch(offset)` for each page start from `first` on that has `word_bytes` left, checking
+// `stop` and pacing every MiB; stops early when `touch` fails. Returns the bytes covered.
+template <typename TouchPage>
+std::uint64_t touch_each_page(std::span<std::byte> bytes, std::uint64_t first, std::uint64_t word_bytes,
+                              const std::atomic<bool>* stop, TouchPage touch) noexcept {
   const long page_size = ::sysconf(_SC_PAGESIZE);
   const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
   BackgroundPace pace;
-  std::uint64_t offset = 0;
-  for (; offset < bytes.size(); offset += step) {
-    if ((offset & 0xFFFFF) == 0) {
+  std::uint64_t offset = first;
+  for (; offset + word_bytes <= bytes.size(); offset += step) {
+    if (((offset - first) & 0xFFFFF) == 0) {
       if (stop != nullptr && stop->load(std::memory_order_relaxed)) break;
       pace.after_piece();
     }
-    __atomic_fetch_or(reinterpret_cast<unsigned char*>(bytes.data() + offset), 0, __ATOMIC_RELAXED);
+    if (!touch(offset)) break;
   }
   return std::min<std::uint64_t>(offset, bytes.size());
 }
 
+}  // namespace
+
+std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
+  return touch_each_page(bytes, 0, 1, stop, [&](std::uint64_t offset) {
+    __atomic_fetch_or(reinterpret_cast<unsigned char*>(bytes.data() + offset), 0, __ATOMIC_RELAXED);
+    return true;
+  });
+}
+
 std::uint64_t touch_pages_for_kernel_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
   // futex words are 4-byte aligned; mappings start on a page, so every page start qualifies.
   const auto misalignment = reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(std::uint32_t);
   const std::uint64_t first = misalignment == 0 ? 0 : alignof(std::uint32_t) - misalignment;
   std::uint32_t unused_futex = 0;  // FUTEX_WAKE_OP wakes waiters on it: there are none
   constexpr int kOrWithZero = FUTEX_OP(FUTEX_OP_OR, 0, FUTEX_OP_CMP_EQ, 0);
-  BackgroundPace pace;
-  std::uint64_t offset = first;
-  for (; offset + sizeof(std::uint32_t) <= bytes.size(); offset += step) {
-    if (((offset - first) & 0xFFFFF) == 0) {
-      if (stop != nullptr && stop->load(std::memory_order_relaxed)) break;
-      pace.after_piece();
-    }
-    if (::syscall(SYS_futex, &unused_futex, FUTEX_WAKE_OP | FUTEX_PRIVATE_FLAG, 0, 0, bytes.data() + offset,
-                  kOrWithZero) < 0) {
-      break;
-    }
-  }
-  return std::min<std::uint64_t>(offset, bytes.size());
+  return touch_each_page(bytes, first, sizeof(std::uint32_t), stop, [&](std::uint64_t offset) {
+    return ::syscall(SYS_futex, &unused_futex, FUTEX_WAKE_OP | FUTEX_PRIVATE_FLAG, 0, 0, bytes.data() + offset,
+                     kOrWithZero) >= 0;
+  });
 }
 
 void run_as_background_work() noexcept {
