@@ -14,7 +14,7 @@ json number(double value) {
   return std::isfinite(value) ? json(value) : json();
 }
 
-json interval(const Interval& value) {
+json interval_json(const Interval& value) {
   return json::array({number(value.low), number(value.high)});
 }
 
@@ -24,7 +24,7 @@ json break_even_to_json(const BreakEven& estimate) {
           {"baseline", estimate.baseline},
           {"kind", crossing_kind_name(estimate.kind)},
           {"break_even_tokens", estimate.break_even_tokens ? number(*estimate.break_even_tokens) : json()},
-          {"ci95", estimate.ci95 ? interval(*estimate.ci95) : json()},
+          {"ci95", estimate.ci95 ? interval_json(*estimate.ci95) : json()},
           {"bootstrap_agreement", estimate.bootstrap_agreement},
           {"fit_ms",
            {{"treatment",
@@ -45,7 +45,7 @@ json effect_to_json(const Effect& effect) {
            {"baseline", effect.baseline},
            {"n", effect.n},
            {"mean_diff_ms", t ? number(t->difference) : json()},
-           {"ci95", t ? interval(t->ci95) : json()},
+           {"ci95", t ? interval_json(t->ci95) : json()},
            {"pct_change", number(effect.pct_change)},
            {"p_value", t ? number(t->p_value) : json()},
            {"p_holm", effect.p_holm ? number(*effect.p_holm) : json()},
@@ -59,9 +59,9 @@ json effect_to_json(const Effect& effect) {
            {"mean_baseline_ms", number(effect.mean_baseline_ms)},
            {"median_diff_ms", number(effect.median_diff_ms)},
            {"p99_diff_ms", number(effect.p99_diff_ms)},
-           {"ci95_bootstrap", effect.bootstrap ? interval(effect.bootstrap->mean_difference) : json()},
-           {"ci95_median_bootstrap", effect.bootstrap ? interval(effect.bootstrap->median_difference) : json()},
-           {"ci95_p99_bootstrap", effect.bootstrap ? interval(effect.bootstrap->p99_difference) : json()},
+           {"ci95_bootstrap", effect.bootstrap ? interval_json(effect.bootstrap->mean_difference) : json()},
+           {"ci95_median_bootstrap", effect.bootstrap ? interval_json(effect.bootstrap->median_difference) : json()},
+           {"ci95_p99_bootstrap", effect.bootstrap ? interval_json(effect.bootstrap->p99_difference) : json()},
            {"bootstrap_resamples", effect.bootstrap ? effect.bootstrap->resamples : 0},
            {"p_wilcoxon", effect.wilcoxon ? number(effect.wilcoxon->p_value) : json()}};
   if (effect.wilcoxon) {

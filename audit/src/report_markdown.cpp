@@ -17,7 +17,7 @@ std::string p_value(double value) {
   return value < 1e-4 ? fmt::format("{:.1e}", value) : fmt::format("{:.4f}", value);
 }
 
-std::string interval(const Interval& value) {
+std::string interval_text(const Interval& value) {
   return fmt::format("[{}, {}]", figure(value.low), figure(value.high));
 }
 
@@ -43,12 +43,12 @@ void effects_table(std::string& out, const std::vector<Effect>& effects) {
   out += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& effect : effects) {
     const auto& t = effect.t_test;
-    out += fmt::format("| {} | {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} |\n", cell(effect.treatment), effect.n,
-                       effect.paired ? "paired" : "Welch", t ? figure(t->difference) : "n/a",
-                       t ? interval(t->ci95) : "n/a", figure(effect.pct_change, 1), t ? p_value(t->p_value) : "n/a",
-                       effect.p_holm ? p_value(*effect.p_holm) : "n/a", figure(effect.median_diff_ms),
-                       effect.bootstrap ? interval(effect.bootstrap->mean_difference) : "n/a",
-                       effect.wilcoxon ? p_value(effect.wilcoxon->p_value) : "n/a");
+    out += fmt::format(
+        "| {} | {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} |\n", cell(effect.treatment), effect.n,
+        effect.paired ? "paired" : "Welch", t ? figure(t->difference) : "n/a", t ? interval_text(t->ci95) : "n/a",
+        figure(effect.pct_change, 1), t ? p_value(t->p_value) : "n/a", effect.p_holm ? p_value(*effect.p_holm) : "n/a",
+        figure(effect.median_diff_ms), effect.bootstrap ? interval_text(effect.bootstrap->mean_difference) : "n/a",
+        effect.wilcoxon ? p_value(effect.wilcoxon->p_value) : "n/a");
   }
 }
 
@@ -82,10 +82,10 @@ std::string render_markdown(const AuditReport& report) {
   out += "| model pair | treatment | outcome | break-even tokens | 95% CI | bootstrap agreement |\n";
   out += "|---|---|---|---|---|---|\n";
   for (const auto& estimate : report.break_even) {
-    out += fmt::format("| {} | {} | {} | {} | {} | {}% |\n", cell(estimate.model_pair), cell(estimate.treatment),
-                       crossing_kind_name(estimate.kind),
-                       estimate.break_even_tokens ? figure(*estimate.break_even_tokens, 0) : "-",
-                       estimate.ci95 ? interval(*estimate.ci95) : "-", figure(100.0 * estimate.bootstrap_agreement, 0));
+    out += fmt::format(
+        "| {} | {} | {} | {} | {} | {}% |\n", cell(estimate.model_pair), cell(estimate.treatment),
+        crossing_kind_name(estimate.kind), estimate.break_even_tokens ? figure(*estimate.break_even_tokens, 0) : "-",
+        estimate.ci95 ? interval_text(*estimate.ci95) : "-", figure(100.0 * estimate.bootstrap_agreement, 0));
   }
   return out;
 }

@@ -33,7 +33,9 @@ HttpServerLimits HttpServerLimits::from_policy(const LimitsPolicy& limits) {
   return result;
 }
 
-namespace {
+// Named rather than anonymous: HttpServer::State holds these, and GCC warns
+// (-Wsubobject-linkage) when a unity build includes this file into another.
+namespace http_server_detail {
 
 // What the server needs from a connection when it drains: close it if it sits between requests.
 class DrainableSession {
@@ -42,7 +44,9 @@ class DrainableSession {
   virtual void close_if_idle() = 0;
 };
 
-}  // namespace
+}  // namespace http_server_detail
+
+using http_server_detail::DrainableSession;
 
 struct HttpServer::State {
   asio::io_context& io;

@@ -33,6 +33,12 @@ namespace {
 
 constexpr std::uint32_t kServerProtocolVersion = kDataPlaneVersion;
 
+}  // namespace
+
+// Named rather than anonymous: ShmServer::Connection holds these, and GCC warns
+// (-Wsubobject-linkage) when a unity build includes this file into another.
+namespace server_detail {
+
 // The running check of an arena region the client reports progress on: the verifier thread
 // hashes what has been written while the client writes the rest, so a commit only hashes the tail.
 struct ArenaVerification {
@@ -44,12 +50,19 @@ struct ArenaVerification {
   bool running = false;
 };
 
-struct Region {
+struct ServedRegion {
   UniqueFd fd;                        // a memfd region, or
   std::shared_ptr<ArenaBlock> block;  // an arena region
   std::uint64_t size = 0;
   std::shared_ptr<ArenaVerification> verification;  // once the client reported progress
 };
+
+}  // namespace server_detail
+
+using server_detail::ArenaVerification;
+using server_detail::ServedRegion;
+
+namespace {
 
 Result<sockaddr_un> socket_address(const std::string& path) {
   sockaddr_un address{};
@@ -90,7 +103,7 @@ struct ShmServer::Connection {
   UniqueFd socket;
   std::uint32_t uid = 0;
   std::int32_t pid = 0;
-  std::map<std::uint64_t, Region> regions;
+  std::map<std::uint64_t, ServedRegion> regions;
   std::uint32_t client_version = 1;
   // Arena entries handed to this client: their blocks stay allocated until it gives them back
   // (ReleaseLeases) or hangs up.
@@ -115,7 +128,7 @@ namespace {
 
 // Queues hashing of the region's bytes up to `target` on `pool`, unless a job is already at it
 // (that job picks the new target up before it finishes).
-void advance_verification(boost::asio::thread_pool& pool, Region& region, std::uint64_t target) {
+void advance_verification(boost::asio::thread_pool& pool, ServedRegion& region, std::uint64_t target) {
   if (!region.verification) {
     region.verification = std::make_shared<ArenaVerification>();
     if (!region.verification->hash.valid()) {
@@ -147,7 +160,7 @@ void advance_verification(boost::asio::thread_pool& pool, Region& region, std::u
 }
 
 // The region's xxh3: what the verifier has not hashed yet, hashed here.
-std::uint64_t arena_region_checksum(Region& region) {
+std::uint64_t arena_region_checksum(ServedRegion& region) {
   if (!region.verification) return bulk_hash64(region.block->bytes().data(), static_cast<std::size_t>(region.size));
   auto& verification = *region.verification;
   std::unique_lock lock(verification.mutex);
@@ -482,7 +495,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     reply = encode_error(id, Error{code, std::move(message)});
   };
   // An allocated or attached region, filed under a new id and counted as pending until its commit.
-  auto file_region = [&](Region region) {
+  auto file_region = [&](ServedRegion region) {
     const std::uint64_t region_id = next_region_id_++;
     connection.pending_bytes += region.size;
     pending_bytes_ += region.size;
@@ -518,7 +531,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       if (connection.pending_bytes + *size > options_.max_pending_bytes_per_connection) {
         return refuse(ErrorCode::kResourceExhausted, "too many uncommitted bytes on this connection");
       }
-      Region region;
+      ServedRegion region;
       region.size = *size;
       if (takes_fd) {
         if (fds.size() != 1) return refuse(ErrorCode::kProtocol, fmt::format("attach needs 1 fd, got {}", fds.size()));
@@ -551,7 +564,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       auto block = arena_->allocate(*size);
       // The client falls back to a region of its own on this answer.
       if (!block) return refuse(block.error().code, block.error().message);
-      Region region;
+      ServedRegion region;
       region.size = *size;
       region.block = std::move(block).value();
       const std::uint64_t offset = region.block->offset();
@@ -694,7 +707,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   if (found == connection.regions.end()) return fail(ErrorCode::kNotFound, "no such region on this connection");
   // A commit consumes its region whatever the outcome (after F_SEAL_WRITE it could not be
   // written again anyway), so a failed commit never strands memory.
-  Region region = std::move(found->second);
+  ServedRegion region = std::move(found->second);
   connection.regions.erase(found);
   connection.pending_bytes -= region.size;
   pending_bytes_ -= region.size;

@@ -46,7 +46,7 @@ std::vector<std::uint8_t> decode_payload(const kvrelay_codec_plugin& codec, cons
   return out;
 }
 
-std::vector<std::uint8_t> params_with(std::uint32_t group) {
+std::vector<std::uint8_t> group_params(std::uint32_t group) {
   BuiltinParams params;
   params.group_size = group;
   params.recent_tokens = 16;
@@ -101,7 +101,7 @@ TEST_CASE("the portable, AVX2 and AVX-512 quantizer loops write the same bytes",
         for (int index = 0; index < 3; ++index) {
           for (std::uint32_t group : {2U, 6U, 16U, 32U, 64U}) {
             const auto& codec = *quantizer(index);
-            const auto params = params_with(group);
+            const auto params = group_params(group);
             REQUIRE(force_cpu_path(CpuPath::kBaseline));
             const auto portable = encode_payload(codec, layout, *input, params);
             const auto portable_back = decode_payload(codec, layout, portable, params, input->size());
@@ -162,7 +162,7 @@ TEST_CASE("the portable, AVX2 and AVX-512 loops decode any payload bytes alike",
       for (int index = 0; index < 3; ++index) {
         for (std::uint32_t group : {6U, 16U, 32U, 64U}) {
           const auto& codec = *quantizer(index);
-          const auto params = params_with(group);
+          const auto params = group_params(group);
           const kvrelay_codec_layout c_layout = to_c(layout);
           std::vector<std::uint8_t> payload(codec.max_encoded_size(&c_layout, params.data(), params.size()));
           for (auto& byte : payload)
@@ -206,7 +206,7 @@ TEST_CASE("quantizer payloads keep the bytes of the reference implementation the
       const auto kv = synthetic_kv(layout, 29).value();
       const std::string name = golden.codec;
       const auto& codec = *quantizer(name == "fp8" ? 0 : name == "int8" ? 1 : 2);
-      const auto payload = encode_payload(codec, layout, kv, params_with(32));
+      const auto payload = encode_payload(codec, layout, kv, group_params(32));
       INFO(name << " " << layout.describe() << " on " << cpu_path_name(path));
       CHECK(XXH3_64bits(payload.data(), payload.size()) == golden.hash);
     }

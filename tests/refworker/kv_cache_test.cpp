@@ -20,10 +20,10 @@ using kvrelay::ErrorCode;
 
 namespace {
 
-constexpr const char* kShape = "layers=3,dim=64,heads=4,kv_heads=2,ffn=172,vocab=300,seq_len=256";
+constexpr const char* kKvCacheShape = "layers=3,dim=64,heads=4,kv_heads=2,ffn=172,vocab=300,seq_len=256";
 
 const kr::Model& model() {
-  static auto built = kr::load_model({"", kShape, 7});
+  static auto built = kr::load_model({"", kKvCacheShape, 7});
   REQUIRE(built);
   return built.value();
 }

@@ -11,7 +11,7 @@ using kvrelay::ErrorCode;
 
 namespace {
 
-constexpr const char* kShape = "layers=6,dim=128,heads=8,kv_heads=2,ffn=344,vocab=600,seq_len=256";
+constexpr const char* kSyntheticShape = "layers=6,dim=128,heads=8,kv_heads=2,ffn=344,vocab=600,seq_len=256";
 
 std::vector<float> prefill_logits(const kr::Model& model, std::span<const std::int32_t> tokens) {
   kr::InferenceSession session(model);
@@ -22,7 +22,8 @@ std::vector<float> prefill_logits(const kr::Model& model, std::span<const std::i
 
 std::vector<std::int32_t> some_tokens(std::size_t n) {
   std::vector<std::int32_t> tokens{kr::kBosToken};
-  for (std::size_t i = 1; i < n; ++i) tokens.push_back(static_cast<std::int32_t>(3 + (i * 37) % 590));
+  for (std::size_t i = 1; i < n; ++i)
+    tokens.push_back(static_cast<std::int32_t>(3 + (i * 37) % 590));
   return tokens;
 }
 
@@ -50,7 +51,7 @@ TEST_CASE("refworker shape parser", "[refworker][synthetic]") {
 }
 
 TEST_CASE("refworker synthetic weights are deterministic per seed", "[refworker][synthetic]") {
-  const auto config = kr::parse_shape(kShape).value();
+  const auto config = kr::parse_shape(kSyntheticShape).value();
   auto a = kr::make_synthetic(config, 42);
   auto b = kr::make_synthetic(config, 42);
   auto c = kr::make_synthetic(config, 43);
@@ -62,7 +63,7 @@ TEST_CASE("refworker synthetic weights are deterministic per seed", "[refworker]
   CHECK(prefill_logits(a.value(), tokens) != prefill_logits(c.value(), tokens));
   CHECK(a.value().fingerprint() == b.value().fingerprint());
   CHECK_FALSE(a.value().fingerprint().kv_compatible_with(c.value().fingerprint()));
-  CHECK(a.value().fingerprint().weights_identity == std::string("synthetic:") + kShape + ":42");
+  CHECK(a.value().fingerprint().weights_identity == std::string("synthetic:") + kSyntheticShape + ":42");
   CHECK(a.value().fingerprint().head_dim == 16);
   CHECK(a.value().fingerprint().kv_heads == 2);
 }
@@ -84,15 +85,16 @@ TEST_CASE("refworker synthetic activations stay finite and informative at depth"
   }
   const double n = static_cast<double>(logits.value().size());
   const double stddev = std::sqrt(sum_squares / n - (sum / n) * (sum / n));
-  CHECK(stddev > 0.1);   // not collapsed
+  CHECK(stddev > 0.1);    // not collapsed
   CHECK(stddev < 100.0);  // not exploding
   auto kv = session.export_kv(tokens.size());
   REQUIRE(kv);
-  for (const float value : kv.value()) REQUIRE(std::isfinite(value));
+  for (const float value : kv.value())
+    REQUIRE(std::isfinite(value));
 }
 
 TEST_CASE("refworker synthetic model: KV prefix import equals full prefill", "[refworker][synthetic]") {
-  auto model = kr::load_model({"", kShape, 5});
+  auto model = kr::load_model({"", kSyntheticShape, 5});
   REQUIRE(model);
   const auto tokens = some_tokens(100);
   const auto full = prefill_logits(model.value(), tokens);
@@ -123,5 +125,5 @@ TEST_CASE("refworker synthetic: a shape too large to allocate is an error, not a
 
 TEST_CASE("refworker load_model needs exactly one source", "[refworker][synthetic]") {
   CHECK(kr::load_model({}).error().code == ErrorCode::kInvalidArgument);
-  CHECK(kr::load_model({"x.bin", kShape, 0}).error().code == ErrorCode::kInvalidArgument);
+  CHECK(kr::load_model({"x.bin", kSyntheticShape, 0}).error().code == ErrorCode::kInvalidArgument);
 }

@@ -26,7 +26,7 @@ shm::ShmServerOptions arena_options(std::uint64_t arena_bytes = kArenaBytes) {
   return options;
 }
 
-bool same_bytes(std::span<const std::byte> left, std::span<const std::byte> right) {
+bool arena_bytes_equal(std::span<const std::byte> left, std::span<const std::byte> right) {
   return left.size() == right.size() && (left.empty() || std::memcmp(left.data(), right.data(), left.size()) == 0);
 }
 
@@ -56,10 +56,10 @@ TEST_CASE("shm arena: publish and lookup round-trip 0 B, 1 B, 1 MiB + 1 and 64 M
     CHECK(entry.value().in_arena());
     CHECK_FALSE(entry.value().fd);
     CHECK(entry.value().info.checksum == shm::checksum_bytes(bytes));
-    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(arena_bytes_equal(entry.value().bytes(), bytes));
     std::vector<std::byte> tail(std::min<std::size_t>(size, 100));
     REQUIRE(entry.value().read(size - tail.size(), tail).has_value());
-    CHECK(same_bytes(tail, std::span(bytes).last(tail.size())));
+    CHECK(arena_bytes_equal(tail, std::span(bytes).last(tail.size())));
     CHECK(entry.value().read(size, std::span(tail.data(), 1)).error().code == ErrorCode::kOutOfRange);
   }
   const auto stats = reader.stats().value();
@@ -88,10 +88,10 @@ TEST_CASE("shm arena: a lease keeps a replaced entry's bytes until the reader gi
   for (std::uint64_t round = 2; round <= 4; ++round) {
     REQUIRE(publisher.publish(key, KvLayout{}, pattern_bytes(1U << 20, round)).has_value());
   }
-  CHECK(same_bytes(held.value().bytes(), old_bytes));
+  CHECK(arena_bytes_equal(held.value().bytes(), old_bytes));
   auto current = publisher.lookup(key);
   REQUIRE(current.has_value());
-  CHECK(same_bytes(current.value().bytes(), pattern_bytes(1U << 20, 4)));
+  CHECK(arena_bytes_equal(current.value().bytes(), pattern_bytes(1U << 20, 4)));
   current = Result<shm::ReadOnlyEntry>(fail(ErrorCode::kNotFound, "dropped"));
   REQUIRE(publisher.release_leases().has_value());  // leases are per client: give that one back too
   auto stats = reader.stats().value();
@@ -120,7 +120,7 @@ TEST_CASE("shm arena: leases outlive their client object and end when the last e
   REQUIRE(publisher.release_leases().has_value());
   CHECK(publisher.stats().value().leases == 1);
   CHECK(publisher.stats().value().connections == 2);
-  CHECK(same_bytes(kept->bytes(), bytes));
+  CHECK(arena_bytes_equal(kept->bytes(), bytes));
   kept.reset();
   CHECK(wait_until([&] { return publisher.stats().value().leases == 0; }, std::chrono::seconds(5)));
   CHECK(publisher.stats().value().connections == 1);
@@ -153,7 +153,7 @@ TEST_CASE("shm arena: a full arena evicts its least recently used entries, never
   auto sixth = reader.lookup({8, 6});
   REQUIRE(sixth.has_value());
   CHECK(sixth.value().in_arena());
-  CHECK(same_bytes(held.value().bytes(), pattern_bytes(1U << 20, 2)));
+  CHECK(arena_bytes_equal(held.value().bytes(), pattern_bytes(1U << 20, 2)));
   CHECK(reader.lookup({8, 2}).has_value());
 }
 
@@ -170,7 +170,7 @@ TEST_CASE("shm arena: an older client gets a sealed copy it cannot write", "[shm
   REQUIRE(entry.value().fd);
   CHECK((shm::get_seals(entry.value().fd.get()).value() & 0x0008U) != 0);  // F_SEAL_WRITE
   CHECK(::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_SHARED, entry.value().fd.get(), 0) == MAP_FAILED);
-  CHECK(same_bytes(entry.value().bytes(), bytes));
+  CHECK(arena_bytes_equal(entry.value().bytes(), bytes));
   CHECK(old_reader.value().stats().value().leases == 0);
   // An older client also publishes into segments of its own, never the arena.
   const auto before = publisher.stats().value().arena_bytes_in_use;
@@ -187,7 +187,7 @@ TEST_CASE("shm arena: a full arena falls back to sealed segments, a bad commit f
   auto entry = client.lookup({5, 1});
   REQUIRE(entry.has_value());
   CHECK_FALSE(entry.value().in_arena());
-  CHECK(same_bytes(entry.value().bytes(), big));
+  CHECK(arena_bytes_equal(entry.value().bytes(), big));
   REQUIRE(client.stats().has_value());  // the lookup's reply descriptor is closed by now
   CHECK(count_memfds(server.pid(), "kvrelay-region") == 1);
 
@@ -267,7 +267,7 @@ TEST_CASE("shm arena: progress reports let the sidecar check a region while it i
     REQUIRE(client.commit(std::move(region).value(), {9, 1}, KvLayout{}, checksum).has_value());
     auto entry = client.lookup({9, 1});
     REQUIRE(entry.has_value());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(arena_bytes_equal(entry.value().bytes(), bytes));
     CHECK(client.stats().value().rejected_messages == rejected_before + 1);
   }
   SECTION("a region checked halfway still fails a wrong checksum, and an aborted one is freed") {
@@ -290,7 +290,7 @@ TEST_CASE("shm arena: progress reports let the sidecar check a region while it i
     auto entry = client.lookup({9, 3});
     REQUIRE(entry.has_value());
     CHECK(entry.value().in_arena());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(arena_bytes_equal(entry.value().bytes(), bytes));
     CHECK(client.stats().value().rejected_messages == rejected_before);
   }
 }
