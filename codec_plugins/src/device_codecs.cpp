@@ -22,4 +22,35 @@ Result<const kvrelay_codec_plugin*> cuda_implementation(std::uint32_t codec_id) 
 #endif
 }
 
+Result<CodecPlacement> place_codecs(CodecRegistry& registry, std::string_view device) {
+  CodecPlacement placement;
+  if (device == "cpu") {
+    placement.cpu_reason = "codecs.device is \"cpu\"";
+    return placement;
+  }
+  if (device != "cuda" && device != "auto") {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("codec device '{}' is not cpu, cuda or auto", device));
+  }
+  // Every implementation first, then the switch: a registry is never left half on the GPU.
+  std::vector<std::pair<std::uint32_t, const kvrelay_codec_plugin*>> moves;
+  for (const std::uint32_t codec_id : {kFp8CodecId, kInt8CodecId, kInt4CodecId}) {
+    if (registry.find(codec_id) == nullptr) continue;
+    auto implementation = cuda_implementation(codec_id);
+    if (!implementation) {
+      if (device == "cuda") {
+        return fail(implementation.error().code,
+                    fmt::format("codecs.device \"cuda\": {}", implementation.error().message));
+      }
+      placement.cpu_reason = implementation.error().message;
+      return placement;
+    }
+    moves.emplace_back(codec_id, implementation.value());
+  }
+  for (const auto& [codec_id, implementation] : moves) {
+    KVRELAY_TRY(registry.set_executor(codec_id, implementation, "cuda"));
+    placement.on_gpu.emplace_back(registry.find(codec_id)->name());
+  }
+  return placement;
+}
+
 }  // namespace kvrelay::codec

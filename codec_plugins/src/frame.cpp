@@ -46,8 +46,9 @@ kvrelay_codec_layout to_c(const KvLayout& layout) {
   return {layout.layers, layout.kv_heads, layout.head_dim, static_cast<std::uint32_t>(layout.dtype), layout.tokens};
 }
 
-Error codec_error(const Codec& codec, int code, const char* action) {
-  const char* text = codec.plugin().error_text(code);
+// `ran`: the implementation that returned `code` (its own error texts).
+Error codec_error(const Codec& codec, const kvrelay_codec_plugin& ran, int code, const char* action) {
+  const char* text = ran.error_text(code);
   auto error_code = static_cast<ErrorCode>(code);
   if (code <= 0 || code > static_cast<int>(ErrorCode::kInternal)) error_code = ErrorCode::kInternal;
   return Error{error_code, fmt::format("codec '{}' {} failed: {}", codec.name(), action, text ? text : "?")};
@@ -126,7 +127,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
                             options.implementation->name, options.implementation->codec_id, codec.name(), codec.id()));
   }
   const kvrelay_codec_plugin& implementation =
-      options.implementation != nullptr ? *options.implementation : codec.plugin();
+      options.implementation != nullptr ? *options.implementation : codec.executor();
   const kvrelay_codec_layout c_layout = to_c(layout);
   const auto& params = plan.params;
   const std::size_t prefix = kFrameHeaderSize + params.size();
@@ -138,7 +139,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
   // fills the codec's bound (the built-in streamed codecs always do); otherwise the whole frame
   // is hashed again below.
   const detail::StreamedEncodeFn streamed =
-      options.zstd_stage || options.implementation != nullptr ? nullptr : detail::streamed_encoder(&codec.plugin());
+      options.zstd_stage || &implementation != &codec.plugin() ? nullptr : detail::streamed_encoder(&codec.plugin());
   std::optional<BulkHashStream> streamed_hash;
   if (streamed != nullptr) streamed_hash.emplace();
   if (streamed_hash && !streamed_hash->valid()) streamed_hash.reset();
@@ -147,7 +148,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     streamed_hash->update(out, prefix);
     const int code = streamed(&c_layout, params.data(), params.size(), kv.data(), kv.size(), out + prefix, plan.bound,
                               &inner_size, detail::OutputSink{hash_ready, &*streamed_hash});
-    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
+    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, codec.plugin(), code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     payload_size = inner_size;
   } else if (options.zstd_stage) {
@@ -156,7 +157,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     if (inner.size() < plan.bound) inner.resize(plan.bound);
     const int code = implementation.encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(), inner.data(),
                                            plan.bound, &inner_size);
-    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
+    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, implementation, code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     const std::size_t compressed = ZSTD_compress(frame.data() + prefix, plan.capacity - prefix - kFrameTrailerSize,
                                                  inner.data(), inner_size, options.zstd_level);
@@ -167,7 +168,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
   } else {
     const int code = implementation.encode(&c_layout, params.data(), params.size(), kv.data(), kv.size(),
                                            frame.data() + prefix, plan.bound, &inner_size);
-    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, code, "encode"));
+    if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, implementation, code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     payload_size = inner_size;
   }
@@ -261,7 +262,7 @@ Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header
                 fmt::format("implementation '{}' (codec id {}) cannot decode a frame of codec '{}' (id {})",
                             implementation->name, implementation->codec_id, codec->name(), header.codec_id));
   }
-  const kvrelay_codec_plugin& decoder = implementation != nullptr ? *implementation : codec->plugin();
+  const kvrelay_codec_plugin& decoder = implementation != nullptr ? *implementation : codec->executor();
   KVRELAY_TRY(auto total, header.layout.total_bytes());
   if (output.size() != total) {
     return fail(ErrorCode::kLayoutMismatch, fmt::format("output has {} bytes, frame layout {} needs {}", output.size(),
@@ -293,7 +294,7 @@ Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header
   }
   const int code = decoder.decode(&c_layout, header.params.data(), header.params.size(), payload, header.inner_length,
                                   output.data(), output.size());
-  if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(*codec, code, "decode"));
+  if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(*codec, decoder, code, "decode"));
   return ok();
 }
 

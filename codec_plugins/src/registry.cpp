@@ -28,7 +28,21 @@ bool valid_name(const char* name) {
 }  // namespace
 
 Codec::Codec(const kvrelay_codec_plugin* plugin, std::string origin, std::shared_ptr<void> library)
-    : plugin_(plugin), origin_(std::move(origin)), library_(std::move(library)) {}
+    : plugin_(plugin), executor_(plugin), origin_(std::move(origin)), library_(std::move(library)) {}
+
+Status CodecRegistry::set_executor(std::uint32_t codec_id, const kvrelay_codec_plugin* executor, std::string device) {
+  auto found =
+      std::find_if(codecs_.begin(), codecs_.end(), [codec_id](const auto& codec) { return codec->id() == codec_id; });
+  if (found == codecs_.end()) return fail(ErrorCode::kNotFound, fmt::format("no codec with id {}", codec_id));
+  if (executor == nullptr || executor->codec_id != codec_id || executor->encode == nullptr ||
+      executor->decode == nullptr || executor->max_encoded_size == nullptr || executor->error_text == nullptr) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("not an implementation of codec '{}' (id {})", (*found)->name(), codec_id));
+  }
+  (*found)->executor_ = executor;
+  (*found)->device_ = std::move(device);
+  return ok();
+}
 
 std::vector<std::uint8_t> Codec::default_params() const {
   const auto* bytes = static_cast<const std::uint8_t*>(plugin_->default_params);

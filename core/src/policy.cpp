@@ -377,6 +377,13 @@ void read_codecs(const json& value, const std::string& pointer, CodecPolicy& out
   ObjectReader reader(value, pointer, diag);
   if (!reader.is_object()) return;
   reader.read_string_array("plugin_dirs", out.plugin_dirs);
+  if (const auto* device = reader.field("device", false)) {
+    if (device->is_string() && (*device == "cpu" || *device == "cuda" || *device == "auto")) {
+      out.device = device->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("device"), "\"cpu\", \"cuda\" or \"auto\"", device);
+    }
+  }
   reader.reject_unknown_keys();
 }
 

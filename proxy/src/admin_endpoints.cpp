@@ -65,7 +65,8 @@ nlohmann::json codecs_to_json(const codec::CodecRegistry& registry,
                       {"id", codec->id()},
                       {"flags", codec->flag_names()},
                       {"lossless", codec->lossless()},
-                      {"origin", codec->origin()}});
+                      {"origin", codec->origin()},
+                      {"device", codec->device()}});
   }
   nlohmann::json refused = nlohmann::json::array();
   for (const auto& failure : failures)

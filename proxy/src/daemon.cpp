@@ -6,6 +6,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/core/metrics.h"
@@ -93,6 +95,18 @@ int run_daemon(const DaemonOptions& options) {
     // A refused plugin is logged by the loader and listed at /admin/codecs; the daemon runs on.
     auto failures = codecs->load_directory(directory);
     codec_load_failures.insert(codec_load_failures.end(), failures.begin(), failures.end());
+  }
+  // A GPU the operator asked for and cannot have is a configuration error, like a bad policy.
+  auto placement = codec::place_codecs(*codecs, policy->codecs.device);
+  if (!placement) {
+    spdlog::critical("{}: /codecs/device: {}", policy->source, placement.error().to_string());
+    return 2;
+  }
+  if (!placement.value().on_gpu.empty()) {
+    spdlog::info("codecs on the GPU: {}", fmt::join(placement.value().on_gpu, ", "));
+  } else if (policy->codecs.device != "cpu") {
+    spdlog::warn("codecs.device \"{}\": codecs stay on the CPU ({})", policy->codecs.device,
+                 placement.value().cpu_reason);
   }
   // Worker data plane (Unix socket + shared memory) and peer plane share one store: an entry
   // received from a peer is what a local worker's lookup finds.

@@ -33,6 +33,7 @@ bad_variants = {
     "unknown medium": lambda d: d["routes"][0].update(allowed_media=["carrier_pigeon"]),
     "bad dtype": lambda d: d["agents"][0]["model"].update(dtype="fp64"),
     "missing schema_version": lambda d: d.pop("schema_version"),
+    "unknown codec device": lambda d: d.setdefault("codecs", {}).update(device="tpu"),
 }
 for name, mutate in bad_variants.items():
     document = copy.deepcopy(base)

@@ -174,3 +174,45 @@ TEST_CASE("/admin/codecs lists built-in and plugin codecs and the plugins refuse
   CHECK_THAT(listing["refused_plugins"].dump(), Catch::Contains("version") && Catch::Contains("size"));
   CHECK(http_request(daemon.http_port(), "GET", "/healthz").status == 200);
 }
+
+TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start without the GPU it names",
+          "[proxy][admin][process]") {
+  // "auto" runs everywhere: fp8, int8 and int4 go to the GPU when this host has one.
+  auto policy = policy_with_routes();
+  policy["codecs"]["device"] = "auto";
+  std::string quantizer_device;
+  {
+    DaemonUnderTest daemon(policy);
+    const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin/codecs").body);
+    std::map<std::string, std::string> devices;
+    for (const auto& codec : listing["codecs"])
+      devices[codec["name"].get<std::string>()] = codec["device"].get<std::string>();
+    quantizer_device = devices["int8"];
+    CHECK((quantizer_device == "cpu" || quantizer_device == "cuda"));
+    CHECK(devices["fp8"] == quantizer_device);
+    CHECK(devices["int4"] == quantizer_device);
+    for (const char* host_only : {"raw", "lossless", "sparse"}) {
+      INFO(host_only);
+      CHECK(devices[host_only] == "cpu");
+    }
+  }
+  TempDir dir;
+  policy["codecs"]["device"] = "cuda";
+  write_file(dir / "cuda.json", policy.dump());
+  if (quantizer_device == "cpu") {
+    // Asked for a GPU it cannot have: a configuration error naming the setting and the reason.
+    const auto result =
+        run_command({kvrelay_binary().string(), "serve", "--config", (dir / "cuda.json").string()}, dir.path());
+    CHECK(result.exit_status == 2);
+    CHECK_THAT(result.err, Catch::Contains("/codecs/device") && Catch::Contains("cuda"));
+  } else {
+    DaemonUnderTest daemon(policy);
+    CHECK(http_request(daemon.http_port(), "GET", "/admin/codecs").body.find("\"cuda\"") != std::string::npos);
+  }
+  policy["codecs"]["device"] = "tpu";
+  write_file(dir / "tpu.json", policy.dump());
+  const auto bad =
+      run_command({kvrelay_binary().string(), "serve", "--config", (dir / "tpu.json").string()}, dir.path());
+  CHECK(bad.exit_status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("/codecs/device: expected \"cpu\", \"cuda\" or \"auto\""));
+}

@@ -220,6 +220,44 @@ TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with 
   }
 }
 
+TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B answers as with the CPU codecs",
+          "[proxy][kv_path][e2e][process][cuda]") {
+  const auto model = stories_model_path();
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
+  Sidecar node_a("node-a");
+  Sidecar node_b("node-b");
+  RefworkerUnderTest worker_a({"--model", model->string()}, {"--kvrelay-socket", node_a.socket_path()});
+  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node_b.socket_path()});
+  RefworkerUnderTest reference({"--model", model->string()});
+  const json a_agents = json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
+                                     agent_json("reader", "node-b", 1, stories_model_json())});
+  const json b_agents = json::array({agent_json("writer", "node-a", 1, stories_model_json()),
+                                     agent_json("reader", "", worker_b.port(), stories_model_json())});
+  const json routes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}});
+  auto policy = [&](const Sidecar& side, const json& agents, const std::string& peer_id, std::uint16_t peer_port) {
+    auto document = sidecar_policy(
+        side, agents, routes, json::array({{{"id", peer_id}, {"address", "127.0.0.1:" + std::to_string(peer_port)}}}));
+    document["codecs"]["device"] = "auto";
+    return document;
+  };
+  node_a.start(policy(node_a, a_agents, "node-b", 1));
+  const auto codecs = json::parse(http_request(node_a.http_port(), "GET", "/admin/codecs").body);
+  bool on_gpu = false;
+  for (const auto& codec : codecs["codecs"])
+    on_gpu = on_gpu || (codec["name"] == "int8" && codec["device"] == "cuda");
+  if (!on_gpu) KVRELAY_SKIP("no CUDA device: the quantizers stay on the CPU");
+  node_b.start(policy(node_b, b_agents, "node-a", node_a.peer_port()));
+  node_a.reload(policy(node_a, a_agents, "node-b", node_b.peer_port()));
+  // A encodes on its GPU, B decodes on its GPU; the frames are the CPU's, so B's answer meets
+  // the same floors as in the CPU run above.
+  int seed = 40;
+  for (const auto& medium : kMedia) {
+    check_handoff(node_a, "writer", node_b, "reader", "writer-to-reader", medium, ++seed, reference.port());
+  }
+  CHECK(node_a.metric_sum("kvrelay_kv_bytes_total", {"direction=\"served\"", "codec=\"int8\""}) > 0);
+  CHECK(node_b.metric_sum("kvrelay_kv_bytes_total", {"direction=\"fetched\"", "codec=\"int4\""}) > 0);
+}
+
 TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory with the route's medium",
           "[proxy][kv_path][e2e][process]") {
   const auto model = stories_model_path();

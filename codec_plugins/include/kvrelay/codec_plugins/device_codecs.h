@@ -7,8 +7,12 @@
 // encoded or decoded on the GPU; the frame is the one the CPU codec writes.
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "kvrelay/codec_plugins/codec_abi.h"
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/result.h"
 
 namespace kvrelay::codec {
@@ -16,5 +20,15 @@ namespace kvrelay::codec {
 // The CUDA implementation of built-in codec `codec_id` (fp8, int8, int4). Fails with kUnsupported,
 // naming the reason, when the build has no CUDA, the machine no device, or the codec no kernels.
 [[nodiscard]] Result<const kvrelay_codec_plugin*> cuda_implementation(std::uint32_t codec_id);
+
+// Where a registry's fp8, int8 and int4 run (the policy's codecs.device).
+struct CodecPlacement {
+  std::vector<std::string> on_gpu;  // codec names now run by the CUDA kernels
+  std::string cpu_reason;           // why they stay on the CPU ("" when on the GPU)
+};
+// `device`: "cpu" leaves every codec on the CPU; "cuda" moves fp8, int8 and int4 to the GPU and
+// fails with kUnsupported, naming why, when it cannot (no CUDA build, no device); "auto" moves
+// them when it can and otherwise keeps them on the CPU, saying why in cpu_reason.
+[[nodiscard]] Result<CodecPlacement> place_codecs(CodecRegistry& registry, std::string_view device);
 
 }  // namespace kvrelay::codec

@@ -29,9 +29,17 @@ class Codec {
   [[nodiscard]] std::vector<std::uint8_t> default_params() const;
   // "lossless,host" style list of flag names.
   [[nodiscard]] std::string flag_names() const;
+  // The implementation encode_frame and decode_frame run for this codec (same id, same bytes):
+  // the codec's own unless CodecRegistry::set_executor placed it elsewhere, e.g. on the GPU.
+  [[nodiscard]] const kvrelay_codec_plugin& executor() const { return *executor_; }
+  // Where executor() runs: "cpu" or "cuda".
+  [[nodiscard]] const std::string& device() const { return device_; }
 
  private:
+  friend class CodecRegistry;
   const kvrelay_codec_plugin* plugin_;
+  const kvrelay_codec_plugin* executor_;
+  std::string device_ = "cpu";
   std::string origin_;
   std::shared_ptr<void> library_;  // keeps the dlopen handle alive as long as the codec
 };
@@ -53,6 +61,11 @@ class CodecRegistry {
   Status load_file(const std::filesystem::path& path);
   // Loads every regular `*.so` file in `directory` (sorted by name); failures are logged and returned.
   std::vector<PluginLoadFailure> load_directory(const std::filesystem::path& directory);
+
+  // Has `executor` (an implementation of the same codec id, e.g. cuda_implementation()) run every
+  // later encode and decode of that codec; `device` names where it runs. Set up before sharing
+  // the registry between threads.
+  Status set_executor(std::uint32_t codec_id, const kvrelay_codec_plugin* executor, std::string device);
 
   [[nodiscard]] const Codec* find(std::string_view name) const;
   [[nodiscard]] const Codec* find(std::uint32_t id) const;

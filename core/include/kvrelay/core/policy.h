@@ -124,6 +124,9 @@ struct LimitsPolicy {
 
 struct CodecPolicy {
   std::vector<std::string> plugin_dirs;
+  // Where the sidecar runs the codecs that have GPU kernels (fp8, int8, int4): "cpu", "cuda"
+  // (startup fails without a usable device) or "auto" (CUDA when a device is found). Read at start.
+  std::string device = "cpu";
 };
 
 struct LoggingPolicy {
