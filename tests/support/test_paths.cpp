@@ -34,7 +34,11 @@ std::optional<std::filesystem::path> stories_model_path() {
 
 TempDir::TempDir() {
   static std::atomic<unsigned> counter{0};
-  path_ = binary_dir() / "test-tmp" / ("t" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)));
+  // $KVRELAY_TEST_TMPDIR: test binaries run outside their build tree (scripts/gpu-check.sh).
+  const char* override_root = std::getenv("KVRELAY_TEST_TMPDIR");
+  const std::filesystem::path root =
+      override_root != nullptr ? std::filesystem::path(override_root) : binary_dir() / "test-tmp";
+  path_ = root / ("t" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)));
   std::filesystem::remove_all(path_);
   std::filesystem::create_directories(path_);
 }
