@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <limits>
+
 #include "kvrelay/decision/decision_json.h"
 
 #include "engine_fixture.h"
@@ -186,6 +188,26 @@ TEST_CASE("Codec observations move the expected ratio used by the cost model") {
   const Decision d = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0}).value();
   CHECK(d.cost_of(int8).wire_bytes == Approx(1000 * 100e3 * 0.75));
   CHECK(d.cost_of(int8).codec_s == Approx(1000 * 100e3 / 1e9 * 2));
+}
+
+TEST_CASE("A codec observation that timed one side (a sidecar's encode or its decode) moves only that side") {
+  EngineFixture f;
+  const RouteId r = f.route();
+  const MediumId int8 = f.id("kv_int8");
+  const double raw = 1000 * 100e3;
+  const double not_timed = std::numeric_limits<double>::quiet_NaN();
+  for (int i = 0; i < 64; ++i) {
+    f.engine.observe_codec(int8, DType::kFloat16, 1e6, 0.5e6, 1e-3, not_timed);  // encode at 1 GB/s
+  }
+  const double encode_only = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0}).value().cost_of(int8).codec_s;
+  CHECK(encode_only > raw / 1e9);  // the decode prior is still in
+  for (int i = 0; i < 64; ++i) {
+    f.engine.observe_codec(int8, DType::kFloat16, 1e6, 0.5e6, not_timed, 0.5e-3);  // decode at 2 GB/s
+  }
+  const Decision d = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0}).value();
+  CHECK(d.cost_of(int8).codec_s == Approx(raw / 1e9 + raw / 2e9));
+  CHECK(d.cost_of(int8).wire_bytes == Approx(raw * 0.5));
+  CHECK(encode_only != Approx(d.cost_of(int8).codec_s));
 }
 
 TEST_CASE("Setup rejects unknown names and bad parameters") {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "kvrelay/codec_plugins/frame.h"
@@ -362,6 +363,8 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
         }
       }
     }
+    observe_codec(codec, decoded.value().header.layout.dtype, fetched_raw_bytes, frame.size(), std::nullopt,
+                  std::chrono::duration<double>(decoded_at - received).count());
     attempts.push_back({{"peer", peer_id},
                         {"result", "fetched"},
                         {"held_tokens", held_tokens},
@@ -498,7 +501,9 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   if (!already_encoded && codec != "raw" && codec != "lossless") {
     // Same node: the bytes move over shared memory, but B gets exactly what the codec delivers.
+    const auto encode_started = Clock::now();
     auto frame = encode_entry(*codecs_, codec, *entry);
+    const auto encoded_at = Clock::now();
     auto decoded = frame ? decode_entry(*codecs_, frame.value(), policy->limits.kv_store_bytes, arena_.get())
                          : Result<std::shared_ptr<const shm::StoredEntry>>(frame.error());
     if (!decoded) {
@@ -506,6 +511,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
       finish("error", 0);
       return decoded.error();
     }
+    // decode_entry's time includes filing the entry, as a fetch's decode does not: an upper bound.
+    observe_codec(codec, entry->info.layout.dtype, entry->info.bytes, frame.value().size(),
+                  std::chrono::duration<double>(encoded_at - encode_started).count(),
+                  std::chrono::duration<double>(Clock::now() - encoded_at).count());
     metrics_.wire_bytes.with({"shm", choice.medium, codec}).inc(static_cast<double>(frame.value().size()));
     entry = std::move(decoded).value();
   }
@@ -577,6 +586,10 @@ void KvPath::run_pusher() {
     const auto policy = policy_->current();
     const auto started = Clock::now();
     auto frame = encode_entry(*codecs_, job.codec, *job.entry);
+    if (frame) {
+      observe_codec(job.codec, job.entry->info.layout.dtype, job.entry->info.bytes, frame.value().size(),
+                    std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
+    }
     Status pushed =
         frame ? peers_->push(job.peer, std::random_device{}(), job.key, frame.value(), policy->limits.read_timeout)
               : Status(frame.error());
@@ -627,6 +640,19 @@ void KvPath::count_peer_bytes(std::string_view direction, std::string_view codec
   const auto medium = medium_for_codec(codec);
   metrics_.wire_bytes.with({direction, medium, codec}).inc(static_cast<double>(frame_bytes));
   metrics_.raw_bytes.with({direction, medium}).inc(static_cast<double>(raw_bytes));
+}
+
+void KvPath::observe_codec(std::string_view codec, DType dtype, std::uint64_t raw_bytes, std::uint64_t frame_bytes,
+                           std::optional<double> encode_s, std::optional<double> decode_s) {
+  const auto medium_name = medium_for_codec(codec);
+  if (medium_name == "kv_raw") return;
+  constexpr double kNotTimed = std::numeric_limits<double>::quiet_NaN();  // the engine skips that side
+  std::lock_guard lock(engine_mutex_);
+  if (!engine_) return;
+  if (const auto medium = engine_->find_medium(medium_name)) {
+    engine_->observe_codec(medium.value(), dtype, static_cast<double>(raw_bytes), static_cast<double>(frame_bytes),
+                           encode_s.value_or(kNotTimed), decode_s.value_or(kNotTimed));
+  }
 }
 
 void KvPath::observe_peer_rtt(const std::string& peer, double seconds) {

@@ -69,6 +69,11 @@ class KvPath final : public shm::DataPlaneHooks {
   // Encoded KV the peer server served or received (its on_kv_bytes callback).
   void count_peer_bytes(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
                         std::uint64_t raw_bytes);
+  // What this sidecar's own encode or decode of `codec` (a spec: "int4+zstd") cost, for the
+  // engine's codec estimates; nullopt leaves that side out (serving times encodes, fetching and
+  // receiving pushes time decodes). Raw KV has no codec cost and is ignored.
+  void observe_codec(std::string_view codec, DType dtype, std::uint64_t raw_bytes, std::uint64_t frame_bytes,
+                     std::optional<double> encode_s, std::optional<double> decode_s);
   // A probe's RTT to `peer`, for the engine's link estimates.
   void observe_peer_rtt(const std::string& peer, double seconds);
   // The agent's engine load from its metrics page (UpstreamProber), for the engine's compute term.

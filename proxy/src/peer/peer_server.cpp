@@ -327,8 +327,11 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   auto capacity = codec::max_frame_size(*spec.value().codec, layout, encode_options);
   if (!capacity) co_return outcome::failure(capacity.error());
   auto encoded = shared->buffers.take(static_cast<std::size_t>(capacity.value()));
+  const auto encode_started = std::chrono::steady_clock::now();
   auto frame_size = codec::encode_frame_into(*spec.value().codec, layout, raw, encode_options, encoded.u8());
   if (!frame_size) co_return outcome::failure(frame_size.error());
+  const double encode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_started).count();
   const std::uint64_t raw_bytes = raw.size();
   stored = {};  // back to the pool before the send: a concurrent fetch may use them meanwhile
   tail = {};
@@ -348,7 +351,9 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
       !sent) {
     co_return sent;
   }
-  if (options.on_kv_bytes) options.on_kv_bytes("served", request.codec, header.frame_bytes, raw_bytes);
+  if (options.on_kv_bytes) {
+    options.on_kv_bytes({"served", request.codec, header.frame_bytes, raw_bytes, layout.dtype, encode_seconds});
+  }
   co_return ok();
 }
 
@@ -364,16 +369,19 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   auto received = shared->buffers.take(static_cast<std::size_t>(header.frame_bytes));
   const auto frame = received.u8();
   if (auto got = co_await read_encoded_chunks(connection, header, frame, options.read_timeout); !got) co_return got;
+  const auto decode_started = std::chrono::steady_clock::now();
   auto decoded = codec::decode_frame_view(*options.codecs, frame, options.max_entry_bytes, shared->buffers);
   if (!decoded) co_return outcome::failure(decoded.error());
+  const double decode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count();
   auto entry =
       shm::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv), options.arena.get());
   if (!entry) co_return outcome::failure(entry.error());
   if (auto put = shared->store->put(header.key, std::move(entry).value()); !put) co_return put;
   if (options.on_kv_bytes) {
     const auto* used = options.codecs->find(decoded.value().header.codec_id);
-    options.on_kv_bytes("received", used != nullptr ? used->name() : "unknown", header.frame_bytes,
-                        decoded.value().kv.size());
+    options.on_kv_bytes({"received", used != nullptr ? used->name() : "unknown", header.frame_bytes,
+                         decoded.value().kv.size(), decoded.value().header.layout.dtype, decode_seconds});
   }
   shm::ByteWriter done;
   done.put(header.id);

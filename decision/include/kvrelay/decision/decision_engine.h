@@ -159,6 +159,9 @@ class DecisionEngine {
   void observe_load(AgentId receiver, double requests_waiting) noexcept;
   void observe_link(LinkId link, double bytes, double seconds) noexcept;
   void observe_rtt(LinkId link, double seconds) noexcept;
+  // One encode and/or decode of `raw_bytes` into `encoded_bytes`; a time that is not finite and
+  // positive leaves that side out (a sidecar times its encodes when serving and its decodes when
+  // fetching), the ratio is still observed.
   void observe_codec(MediumId medium, DType dtype, double raw_bytes, double encoded_bytes, double encode_s,
                      double decode_s) noexcept;
   // A finished handoff over `route` with KV medium `medium`: the receiver's time from asking for

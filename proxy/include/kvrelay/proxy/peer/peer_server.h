@@ -16,12 +16,23 @@
 #include <string_view>
 
 #include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/proxy/peer/peer_protocol.h"
 #include "kvrelay/shm_transport/entry_store.h"
 
 namespace kvrelay::proxy::peer {
+
+struct KvBytesEvent {
+  std::string_view direction;  // "served" (a fetch answered) or "received" (a push filed)
+  std::string_view codec;      // codec spec, e.g. "int4+zstd"
+  std::uint64_t frame_bytes = 0;
+  std::uint64_t raw_bytes = 0;
+  DType dtype = DType::kFloat16;
+  // This sidecar's encode ("served") or decode ("received") time, for the decision engine.
+  double codec_seconds = 0.0;
+};
 
 struct PeerServerOptions {
   std::string node_id;
@@ -39,10 +50,8 @@ struct PeerServerOptions {
   std::shared_ptr<shm::ShmArena> arena;
   // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
   std::shared_ptr<const codec::CodecRegistry> codecs;
-  // Encoded KV that left ("served") or arrived ("received"): codec spec, frame bytes, raw bytes.
-  std::function<void(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
-                     std::uint64_t raw_bytes)>
-      on_kv_bytes;
+  // Encoded KV that left ("served") or arrived ("received"), with what its codec cost here.
+  std::function<void(const KvBytesEvent& event)> on_kv_bytes;
 };
 
 class PeerServer {
