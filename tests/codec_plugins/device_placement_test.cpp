@@ -13,25 +13,12 @@
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
 
+#include "counting_int8.h"
+
 using namespace kvrelay;
 using namespace kvrelay::codec;
 
 namespace {
-
-// The CPU int8, counted, standing in for another device's implementation.
-int placed_executor_calls = 0;
-
-int placed_encode(const kvrelay_codec_layout* layout, const void* params, size_t params_size, const void* input,
-                  size_t input_size, void* output, size_t capacity, size_t* written) {
-  ++placed_executor_calls;
-  return int8_codec()->encode(layout, params, params_size, input, input_size, output, capacity, written);
-}
-
-int placed_decode(const kvrelay_codec_layout* layout, const void* params, size_t params_size, const void* input,
-                  size_t input_size, void* output, size_t output_size) {
-  ++placed_executor_calls;
-  return int8_codec()->decode(layout, params, params_size, input, input_size, output, output_size);
-}
 
 // An executor whose every call fails with its own error text.
 int failing_encode(const kvrelay_codec_layout*, const void*, size_t, const void*, size_t, void*, size_t, size_t*) {
@@ -56,9 +43,7 @@ TEST_CASE("a codec's executor runs its encodes and decodes and writes the frames
           "[codec][device]") {
   auto placed = CodecRegistry::with_builtins();
   const auto plain = CodecRegistry::with_builtins();
-  kvrelay_codec_plugin counted = *int8_codec();
-  counted.encode = placed_encode;
-  counted.decode = placed_decode;
+  const kvrelay_codec_plugin counted = test::counting_int8();
   REQUIRE(placed.set_executor(kInt8CodecId, &counted, "test-device"));
   CHECK(placed.find("int8")->device() == "test-device");
   CHECK(placed.find("int4")->device() == "cpu");
@@ -70,22 +55,22 @@ TEST_CASE("a codec's executor runs its encodes and decodes and writes the frames
     INFO("zstd stage " << zstd);
     EncodeOptions options;
     options.zstd_stage = zstd;
-    placed_executor_calls = 0;
+    test::counting_int8_calls = 0;
     const auto expected = encode_frame(*plain.find("int8"), layout, kv, options).value();
-    CHECK(placed_executor_calls == 0);
+    CHECK(test::counting_int8_calls == 0);
     const auto frame = encode_frame(*placed.find("int8"), layout, kv, options).value();
-    CHECK(placed_executor_calls == 1);
+    CHECK(test::counting_int8_calls == 1);
     CHECK(frame == expected);
     std::vector<std::uint8_t> mine(kv.size());
     std::vector<std::uint8_t> theirs(kv.size());
     REQUIRE(decode_frame(plain, frame, mine));
     REQUIRE(decode_frame(placed, frame, theirs));
-    CHECK(placed_executor_calls == 2);
+    CHECK(test::counting_int8_calls == 2);
     CHECK(theirs == mine);
     WarmBufferPool buffers(2, 1U << 20);
     const auto view = decode_frame_view(placed, frame, kv.size(), buffers);
     REQUIRE(view);
-    CHECK(placed_executor_calls == 3);
+    CHECK(test::counting_int8_calls == 3);
     CHECK(std::vector<std::uint8_t>(view.value().kv.begin(), view.value().kv.end()) == mine);
   }
 

@@ -11,6 +11,8 @@
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
 
+#include "counting_int8.h"
+
 using namespace kvrelay;
 using namespace kvrelay::codec;
 
@@ -273,31 +275,10 @@ TEST_CASE("decode_frame_view refuses what decode_frame refuses", "[codec][frame]
   CHECK(decode_error(s.registry, short_payload, s.size()) != ErrorCode::kOk);
 }
 
-namespace {
-
-// A second implementation of int8 (the CPU one, counted) for EncodeOptions::implementation.
-int implementation_calls = 0;
-
-int counted_encode(const kvrelay_codec_layout* layout, const void* params, size_t params_size, const void* input,
-                   size_t input_size, void* output, size_t capacity, size_t* written) {
-  ++implementation_calls;
-  return int8_codec()->encode(layout, params, params_size, input, input_size, output, capacity, written);
-}
-
-int counted_decode(const kvrelay_codec_layout* layout, const void* params, size_t params_size, const void* input,
-                   size_t input_size, void* output, size_t output_size) {
-  ++implementation_calls;
-  return int8_codec()->decode(layout, params, params_size, input, input_size, output, output_size);
-}
-
-}  // namespace
-
 TEST_CASE("another implementation of a codec writes and reads the same frames", "[codec][frame]") {
   const auto registry = CodecRegistry::with_builtins();
   const Codec& int8 = *registry.find("int8");
-  kvrelay_codec_plugin counted = *int8_codec();
-  counted.encode = counted_encode;
-  counted.decode = counted_decode;
+  const kvrelay_codec_plugin counted = test::counting_int8();
   const KvLayout layout{2, 4, 32, DType::kFloat16, 150};
   const auto kv = synthetic_kv(layout, 4).value();
   for (const bool zstd : {false, true}) {
@@ -306,16 +287,16 @@ TEST_CASE("another implementation of a codec writes and reads the same frames", 
     plain.zstd_stage = zstd;
     EncodeOptions other = plain;
     other.implementation = &counted;
-    implementation_calls = 0;
+    test::counting_int8_calls = 0;
     const auto expected = encode_frame(int8, layout, kv, plain).value();
-    CHECK(implementation_calls == 0);
+    CHECK(test::counting_int8_calls == 0);
     CHECK(encode_frame(int8, layout, kv, other).value() == expected);
-    CHECK(implementation_calls == 1);
+    CHECK(test::counting_int8_calls == 1);
     std::vector<std::uint8_t> mine(kv.size());
     std::vector<std::uint8_t> theirs(kv.size());
     REQUIRE(decode_frame(registry, expected, mine));
     REQUIRE(decode_frame(registry, expected, theirs, &counted));
-    CHECK(implementation_calls == 2);
+    CHECK(test::counting_int8_calls == 2);
     CHECK(theirs == mine);
   }
   // An implementation of another codec is refused, naming both.

@@ -97,31 +97,52 @@ struct SameNode {
   RefworkerUnderTest reference;
 };
 
+// A writer worker behind node A's sidecar, a reader behind node B's, and a reference worker
+// without a sidecar (the tokens medium).
+struct CrossNode {
+  explicit CrossNode(const std::filesystem::path& model)
+      : worker_a({"--model", model.string()}, {"--kvrelay-socket", node_a.socket_path()}),
+        worker_b({"--model", model.string()}, {"--kvrelay-socket", node_b.socket_path()}),
+        reference({"--model", model.string()}) {}
+  [[nodiscard]] json a_agents() const {
+    return json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
+                        agent_json("reader", "node-b", 1, stories_model_json())});
+  }
+  [[nodiscard]] json b_agents() const {
+    return json::array({agent_json("writer", "node-a", 1, stories_model_json()),
+                        agent_json("reader", "", worker_b.port(), stories_model_json())});
+  }
+  Sidecar node_a{"node-a"};
+  Sidecar node_b{"node-b"};
+  RefworkerUnderTest worker_a;
+  RefworkerUnderTest worker_b;
+  RefworkerUnderTest reference;
+};
+
+json peer_list(const std::string& id, std::uint16_t port) {
+  return json::array({{{"id", id}, {"address", "127.0.0.1:" + std::to_string(port)}}});
+}
+
 }  // namespace
 
 TEST_CASE("cross-node handoff: B's sidecar fetches A's KV from A's sidecar with the route's medium",
           "[proxy][kv_path][e2e][process]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
-  Sidecar node_a("node-a");
-  Sidecar node_b("node-b");
-  RefworkerUnderTest worker_a({"--model", model->string()}, {"--kvrelay-socket", node_a.socket_path()});
-  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node_b.socket_path()});
+  CrossNode pair(*model);
+  Sidecar& node_a = pair.node_a;
+  Sidecar& node_b = pair.node_b;
+  const RefworkerUnderTest& reference = pair.reference;
+  // A third agent on node B with another model.
   RefworkerUnderTest worker_c({"--synthetic", kTinySyntheticShape, "--seed", "3"},
                               {"--kvrelay-socket", node_b.socket_path()});
-  RefworkerUnderTest reference({"--model", model->string()});  // no sidecar: the tokens medium
-
-  const json a_agents = json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
-                                     agent_json("reader", "node-b", 1, stories_model_json()),
-                                     agent_json("other", "node-b", 1, tiny_synthetic_model_json())});
-  const json b_agents = json::array({agent_json("writer", "node-a", 1, stories_model_json()),
-                                     agent_json("reader", "", worker_b.port(), stories_model_json()),
-                                     agent_json("other", "", worker_c.port(), tiny_synthetic_model_json())});
+  json a_agents = pair.a_agents();
+  a_agents.push_back(agent_json("other", "node-b", 1, tiny_synthetic_model_json()));
+  json b_agents = pair.b_agents();
+  b_agents.push_back(agent_json("other", "", worker_c.port(), tiny_synthetic_model_json()));
   json routes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}},
                              {{"id", "writer-to-other"}, {"from", "writer"}, {"to", "other"}}});
-  auto peer_json = [](const std::string& id, std::uint16_t port) {
-    return json::array({{{"id", id}, {"address", "127.0.0.1:" + std::to_string(port)}}});
-  };
+  const auto peer_json = peer_list;
   // Ports are the kernel's choice: A starts with a placeholder address for B, learns B's real
   // one by reload once B listens.
   node_a.start(sidecar_policy(node_a, a_agents, routes, peer_json("node-b", 1)));
@@ -224,19 +245,14 @@ TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B 
           "[proxy][kv_path][e2e][process][cuda]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
-  Sidecar node_a("node-a");
-  Sidecar node_b("node-b");
-  RefworkerUnderTest worker_a({"--model", model->string()}, {"--kvrelay-socket", node_a.socket_path()});
-  RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node_b.socket_path()});
-  RefworkerUnderTest reference({"--model", model->string()});
-  const json a_agents = json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
-                                     agent_json("reader", "node-b", 1, stories_model_json())});
-  const json b_agents = json::array({agent_json("writer", "node-a", 1, stories_model_json()),
-                                     agent_json("reader", "", worker_b.port(), stories_model_json())});
+  CrossNode pair(*model);
+  Sidecar& node_a = pair.node_a;
+  Sidecar& node_b = pair.node_b;
+  const json a_agents = pair.a_agents();
+  const json b_agents = pair.b_agents();
   const json routes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}});
   auto policy = [&](const Sidecar& side, const json& agents, const std::string& peer_id, std::uint16_t peer_port) {
-    auto document = sidecar_policy(
-        side, agents, routes, json::array({{{"id", peer_id}, {"address", "127.0.0.1:" + std::to_string(peer_port)}}}));
+    auto document = sidecar_policy(side, agents, routes, peer_list(peer_id, peer_port));
     document["codecs"]["device"] = "auto";
     return document;
   };
@@ -252,7 +268,7 @@ TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B 
   // the same floors as in the CPU run above.
   int seed = 40;
   for (const auto& medium : kMedia) {
-    check_handoff(node_a, "writer", node_b, "reader", "writer-to-reader", medium, ++seed, reference.port());
+    check_handoff(node_a, "writer", node_b, "reader", "writer-to-reader", medium, ++seed, pair.reference.port());
   }
   CHECK(node_a.metric_sum("kvrelay_kv_bytes_total", {"direction=\"served\"", "codec=\"int8\""}) > 0);
   CHECK(node_b.metric_sum("kvrelay_kv_bytes_total", {"direction=\"fetched\"", "codec=\"int4\""}) > 0);
