@@ -2,7 +2,7 @@
 # The CUDA checks for a GPU machine that cannot build kvrelay (no Debian packages, no network),
 # such as the lent H200: `pack` here, after building the default preset with nvcc present,
 # gathers the binaries that hold the GPU tests (stripped), the shared libraries they load and
-# the test model into gpu-bundle/bundle.tar.gz (~22 MiB; a device call carries 64 MiB); `run`
+# the test model into gpu-bundle/bundle.tar.gz (~21 MiB; a device call carries 64 MiB); `run`
 # there unpacks it and checks, with no build tree:
 #   - codec_cuda_parity: every kernel's bytes against the CPU codecs;
 #   - codec_tests [device] and the `kvrelay codec --device cuda` test: the executor hook,
@@ -24,9 +24,8 @@ pack() {
     echo "gpu-check: $build was not built with CUDA (configure with nvcc on the PATH)" >&2
     exit 2
   fi
-  local staging
   staging=$(mktemp -d)
-  trap 'rm -rf "$staging"' RETURN
+  trap 'rm -rf "$staging"' EXIT
   mkdir -p "$staging/bin" "$staging/lib" "$staging/model"
   for binary in "${binaries[@]}"; do
     if [[ ! -x $build/$binary ]]; then
@@ -36,9 +35,18 @@ pack() {
     strip -o "$staging/bin/$(basename "$binary")" "$build/$binary"
     # Every library but the C library and the loader (the machine's own): libstdc++ too, since
     # the GPU machine's may be older than the one these were built with.
-    ldd "$build/$binary" | awk '$3 ~ /^\// {print $3}' |
-      grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
-      while read -r library; do cp -L -n "$library" "$staging/lib/"; done
+    local libraries
+    libraries=$(ldd "$build/$binary")
+    if grep -q "not found" <<<"$libraries"; then
+      echo "gpu-check: $binary needs a library this machine lacks:" >&2
+      grep "not found" <<<"$libraries" >&2
+      exit 2
+    fi
+    while read -r library; do
+      # Not cp -n: coreutils 9.2 and later fail on a file already there.
+      [[ -e $staging/lib/${library##*/} ]] || cp -L "$library" "$staging/lib/"
+    done < <(awk '$3 ~ /^\// {print $3}' <<<"$libraries" |
+      grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so')
   done
   local model=${KVRELAY_TEST_MODEL:-../shared/models/stories260K.bin}
   if [[ -f $model ]]; then

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "kvrelay/codec_plugins/builtin_codecs.h"
+#include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/codec_plugins/metrics.h"
 
 #if defined(KVRELAY_HAVE_CUDA)
 #include "cuda_staged.h"
@@ -20,6 +22,37 @@ Result<const kvrelay_codec_plugin*> cuda_implementation(std::uint32_t codec_id) 
 #else
   return fail(ErrorCode::kUnsupported, "this kvrelay was built without CUDA (nvcc was not found)");
 #endif
+}
+
+Status verify_implementation(const Codec& codec, const kvrelay_codec_plugin& implementation,
+                             const CodecRegistry& registry) {
+  const KvLayout layout{2, 2, 64, DType::kFloat16, 160};
+  KVRELAY_TRY(const auto kv, synthetic_kv(layout, 17));
+  EncodeOptions on_device;
+  on_device.implementation = &implementation;
+  const auto expected = encode_frame(codec, layout, kv);
+  const auto frame = encode_frame(codec, layout, kv, on_device);
+  if (!expected) return outcome::failure(expected.error());
+  if (!frame) {
+    return fail(frame.error().code,
+                fmt::format("self-check encode of '{}' failed: {}", codec.name(), frame.error().message));
+  }
+  if (frame.value() != expected.value()) {
+    return fail(ErrorCode::kInternal,
+                fmt::format("self-check: the GPU's '{}' frame differs from the CPU's", codec.name()));
+  }
+  std::vector<std::uint8_t> cpu_kv(kv.size());
+  std::vector<std::uint8_t> device_kv(kv.size());
+  KVRELAY_TRY(decode_frame(registry, expected.value(), cpu_kv, &codec.plugin()));
+  if (auto decoded = decode_frame(registry, expected.value(), device_kv, &implementation); !decoded) {
+    return fail(decoded.error().code,
+                fmt::format("self-check decode of '{}' failed: {}", codec.name(), decoded.error().message));
+  }
+  if (device_kv != cpu_kv) {
+    return fail(ErrorCode::kInternal,
+                fmt::format("self-check: the GPU's '{}' decode differs from the CPU's", codec.name()));
+  }
+  return ok();
 }
 
 Result<CodecPlacement> place_codecs(CodecRegistry& registry, std::string_view device) {
@@ -42,6 +75,15 @@ Result<CodecPlacement> place_codecs(CodecRegistry& registry, std::string_view de
                     fmt::format("codecs.device \"cuda\": {}", implementation.error().message));
       }
       placement.cpu_reason = implementation.error().message;
+      return placement;
+    }
+    // A device that is present may still not run these kernels (built for sm_90; short of
+    // memory beside an engine): check one small frame each way against the CPU before moving.
+    if (auto checked = verify_implementation(*registry.find(codec_id), *implementation.value(), registry); !checked) {
+      if (device == "cuda") {
+        return fail(checked.error().code, fmt::format("codecs.device \"cuda\": {}", checked.error().message));
+      }
+      placement.cpu_reason = checked.error().message;
       return placement;
     }
     moves.emplace_back(codec_id, implementation.value());

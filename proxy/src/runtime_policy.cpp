@@ -1,8 +1,12 @@
 #include "kvrelay/proxy/runtime_policy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+
+#include <string_view>
+#include <vector>
 
 namespace kvrelay::proxy {
 
@@ -30,12 +34,19 @@ Result<std::string> RuntimePolicy::reload() {
   }
   const auto previous = current_.load();
   auto next = std::make_shared<const Policy>(std::move(loaded).value());
-  std::string note = "applied";
+  // Settings read at start: say so instead of claiming them applied.
+  std::vector<std::string_view> on_restart;
   if (!(next->listen.http == previous->listen.http) || next->listen.admin != previous->listen.admin ||
-      next->listen.peer != previous->listen.peer || next->listen.unix_socket != previous->listen.unix_socket ||
-      next->node_id != previous->node_id) {
-    note = "applied; listen addresses and node id take effect on restart";
+      next->listen.peer != previous->listen.peer || next->listen.unix_socket != previous->listen.unix_socket) {
+    on_restart.emplace_back("listen addresses");
   }
+  if (next->node_id != previous->node_id) on_restart.emplace_back("node id");
+  if (next->codecs.device != previous->codecs.device || next->codecs.plugin_dirs != previous->codecs.plugin_dirs) {
+    on_restart.emplace_back("codecs (plugin_dirs, device)");
+  }
+  const std::string note = on_restart.empty()
+                               ? std::string("applied")
+                               : fmt::format("applied; {} take effect on restart", fmt::join(on_restart, " and "));
   current_.store(std::move(next));
   reloads_.with({"ok"}).inc();
   last_reload_success_.set(1);

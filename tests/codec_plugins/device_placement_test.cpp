@@ -98,6 +98,41 @@ TEST_CASE("set_executor refuses an implementation of another codec and an unknow
   CHECK(devices_of(registry, "cpu").size() == registry.codecs().size());
 }
 
+namespace {
+
+// An int8 implementation whose frames differ from the CPU's in one payload byte.
+int off_by_one_encode(const kvrelay_codec_layout* layout, const void* params, size_t params_size, const void* input,
+                      size_t input_size, void* output, size_t capacity, size_t* written) {
+  const int code = int8_codec()->encode(layout, params, params_size, input, input_size, output, capacity, written);
+  if (code == KVRELAY_CODEC_OK && *written > 0) static_cast<std::uint8_t*>(output)[*written / 2] ^= 1U;
+  return code;
+}
+
+}  // namespace
+
+TEST_CASE("verify_implementation accepts an implementation that writes the CPU's frames and names one that does not",
+          "[codec][device]") {
+  const auto registry = CodecRegistry::with_builtins();
+  const Codec& int8 = *registry.find("int8");
+  const kvrelay_codec_plugin counted = test::counting_int8();
+  test::counting_int8_calls = 0;
+  REQUIRE(verify_implementation(int8, counted, registry));
+  CHECK(test::counting_int8_calls == 2);  // one encode, one decode
+
+  kvrelay_codec_plugin differs = *int8_codec();
+  differs.encode = off_by_one_encode;
+  const auto wrong_bytes = verify_implementation(int8, differs, registry);
+  REQUIRE_FALSE(wrong_bytes);
+  CHECK_THAT(wrong_bytes.error().message, Catch::Contains("int8") && Catch::Contains("differs"));
+
+  kvrelay_codec_plugin failing = *int8_codec();
+  failing.encode = failing_encode;
+  failing.error_text = failing_error_text;
+  const auto broken = verify_implementation(int8, failing, registry);
+  REQUIRE_FALSE(broken);
+  CHECK_THAT(broken.error().message, Catch::Contains("self-check") && Catch::Contains("device lost"));
+}
+
 TEST_CASE("place_codecs puts fp8, int8 and int4 on the GPU when asked and able, and says why not", "[codec][device]") {
   const bool have_gpu = cuda_implementation(kInt8CodecId).has_value();
   const std::set<std::string> gpu_codecs{"fp8", "int8", "int4"};

@@ -195,6 +195,13 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
       INFO(host_only);
       CHECK(devices[host_only] == "cpu");
     }
+    // The placement is made at start: a reload says so instead of claiming it applied.
+    auto moved = policy;
+    moved["codecs"]["device"] = "cpu";
+    write_file(daemon.dir() / "policy.json", moved.dump());
+    const auto reloaded = http_request(daemon.http_port(), "POST", "/admin/reload");
+    REQUIRE(reloaded.status == 200);
+    CHECK_THAT(reloaded.body, Catch::Contains("codecs (plugin_dirs, device) take effect on restart"));
   }
   TempDir dir;
   policy["codecs"]["device"] = "cuda";

@@ -256,13 +256,19 @@ TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B 
     document["codecs"]["device"] = "auto";
     return document;
   };
+  // Where a sidecar runs int8 and int4, from its /admin/codecs.
+  const auto quantizers_on_gpu = [](const Sidecar& side) {
+    const auto codecs = json::parse(http_request(side.http_port(), "GET", "/admin/codecs").body);
+    int on_gpu = 0;
+    for (const auto& codec : codecs["codecs"]) {
+      if ((codec["name"] == "int8" || codec["name"] == "int4") && codec["device"] == "cuda") ++on_gpu;
+    }
+    return on_gpu == 2;
+  };
   node_a.start(policy(node_a, a_agents, "node-b", 1));
-  const auto codecs = json::parse(http_request(node_a.http_port(), "GET", "/admin/codecs").body);
-  bool on_gpu = false;
-  for (const auto& codec : codecs["codecs"])
-    on_gpu = on_gpu || (codec["name"] == "int8" && codec["device"] == "cuda");
-  if (!on_gpu) KVRELAY_SKIP("no CUDA device: the quantizers stay on the CPU");
+  if (!quantizers_on_gpu(node_a)) KVRELAY_SKIP("no CUDA device: the quantizers stay on the CPU");
   node_b.start(policy(node_b, b_agents, "node-a", node_a.peer_port()));
+  REQUIRE(quantizers_on_gpu(node_b));
   node_a.reload(policy(node_a, a_agents, "node-b", node_b.peer_port()));
   // A encodes on its GPU, B decodes on its GPU; the frames are the CPU's, so B's answer meets
   // the same floors as in the CPU run above.

@@ -379,9 +379,13 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   if (!entry) co_return outcome::failure(entry.error());
   if (auto put = shared->store->put(header.key, std::move(entry).value()); !put) co_return put;
   if (options.on_kv_bytes) {
-    const auto* used = options.codecs->find(decoded.value().header.codec_id);
-    options.on_kv_bytes({"received", used != nullptr ? used->name() : "unknown", header.frame_bytes,
-                         decoded.value().kv.size(), decoded.value().header.layout.dtype, decode_seconds});
+    // The spec the sender pushed ("int4+zstd"), so both sides count it under the same medium.
+    const auto& frame_header = decoded.value().header;
+    const auto* used = options.codecs->find(frame_header.codec_id);
+    const std::string spec = std::string(used != nullptr ? used->name() : "unknown") +
+                             ((frame_header.flags & codec::kFrameFlagZstdStage) != 0 ? "+zstd" : "");
+    options.on_kv_bytes(
+        {"received", spec, header.frame_bytes, decoded.value().kv.size(), frame_header.layout.dtype, decode_seconds});
   }
   shm::ByteWriter done;
   done.put(header.id);
