@@ -25,6 +25,12 @@ bool valid_name(const char* name) {
                      [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; });
 }
 
+// Every function an implementation must provide (for add and set_executor alike).
+bool has_every_function(const kvrelay_codec_plugin& plugin) {
+  return plugin.max_encoded_size != nullptr && plugin.encode != nullptr && plugin.decode != nullptr &&
+         plugin.error_text != nullptr;
+}
+
 }  // namespace
 
 Codec::Codec(const kvrelay_codec_plugin* plugin, std::string origin, std::shared_ptr<void> library)
@@ -34,8 +40,7 @@ Status CodecRegistry::set_executor(std::uint32_t codec_id, const kvrelay_codec_p
   auto found =
       std::find_if(codecs_.begin(), codecs_.end(), [codec_id](const auto& codec) { return codec->id() == codec_id; });
   if (found == codecs_.end()) return fail(ErrorCode::kNotFound, fmt::format("no codec with id {}", codec_id));
-  if (executor == nullptr || executor->codec_id != codec_id || executor->encode == nullptr ||
-      executor->decode == nullptr || executor->max_encoded_size == nullptr || executor->error_text == nullptr) {
+  if (executor == nullptr || executor->codec_id != codec_id || !has_every_function(*executor)) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("not an implementation of codec '{}' (id {})", (*found)->name(), codec_id));
   }
@@ -85,8 +90,7 @@ Status CodecRegistry::add(const kvrelay_codec_plugin* plugin, std::string origin
   if (!valid_name(plugin->name)) {
     return fail(ErrorCode::kInvalidArgument, fmt::format("{}: codec name missing or not [a-z0-9_-]{{1,31}}", origin));
   }
-  if (plugin->max_encoded_size == nullptr || plugin->encode == nullptr || plugin->decode == nullptr ||
-      plugin->error_text == nullptr) {
+  if (!has_every_function(*plugin)) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("{}: codec '{}' lacks a function pointer", origin, plugin->name));
   }

@@ -184,13 +184,7 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.warm_buffer_bytes = policy->limits.peer_buffer_bytes;
     if (shm_server) peer_options.arena = shm_server->arena();
     peer_options.codecs = codecs;
-    peer_options.on_kv_bytes = [path = kv_path.get()](const peer::KvBytesEvent& event) {
-      path->count_peer_bytes(event.direction, event.codec, event.frame_bytes, event.raw_bytes);
-      const bool served = event.direction == "served";
-      path->observe_codec(event.codec, event.dtype, event.raw_bytes, event.frame_bytes,
-                          served ? std::optional(event.codec_seconds) : std::nullopt,
-                          served ? std::nullopt : std::optional(event.codec_seconds));
-    };
+    peer_options.on_kv_bytes = [path = kv_path.get()](const peer::KvBytesEvent& event) { path->record_peer_kv(event); };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());

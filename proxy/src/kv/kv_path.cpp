@@ -635,11 +635,14 @@ void KvPath::prefill_observed(const shm::PrefillReport& report) {
   }
 }
 
-void KvPath::count_peer_bytes(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
-                              std::uint64_t raw_bytes) {
-  const auto medium = medium_for_codec(codec);
-  metrics_.wire_bytes.with({direction, medium, codec}).inc(static_cast<double>(frame_bytes));
-  metrics_.raw_bytes.with({direction, medium}).inc(static_cast<double>(raw_bytes));
+void KvPath::record_peer_kv(const peer::KvBytesEvent& event) {
+  const auto medium = medium_for_codec(event.codec);
+  metrics_.wire_bytes.with({event.direction, medium, event.codec}).inc(static_cast<double>(event.frame_bytes));
+  metrics_.raw_bytes.with({event.direction, medium}).inc(static_cast<double>(event.raw_bytes));
+  const bool served = event.direction == "served";
+  observe_codec(event.codec, event.dtype, event.raw_bytes, event.frame_bytes,
+                served ? std::optional(event.codec_seconds) : std::nullopt,
+                served ? std::nullopt : std::optional(event.codec_seconds));
 }
 
 void KvPath::observe_codec(std::string_view codec, DType dtype, std::uint64_t raw_bytes, std::uint64_t frame_bytes,

@@ -23,6 +23,7 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/decision/decision_engine.h"
+#include "kvrelay/proxy/peer/peer_server.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/shm_transport/server.h"
 
@@ -66,14 +67,9 @@ class KvPath final : public shm::DataPlaneHooks {
                  std::string_view params_json) override;
   void prefill_observed(const shm::PrefillReport& report) override;
 
-  // Encoded KV the peer server served or received (its on_kv_bytes callback).
-  void count_peer_bytes(std::string_view direction, std::string_view codec, std::uint64_t frame_bytes,
-                        std::uint64_t raw_bytes);
-  // What this sidecar's own encode or decode of `codec` (a spec: "int4+zstd") cost, for the
-  // engine's codec estimates; nullopt leaves that side out (serving times encodes, fetching and
-  // receiving pushes time decodes). Raw KV has no codec cost and is ignored.
-  void observe_codec(std::string_view codec, DType dtype, std::uint64_t raw_bytes, std::uint64_t frame_bytes,
-                     std::optional<double> encode_s, std::optional<double> decode_s);
+  // Encoded KV the peer server served or received (its on_kv_bytes callback): counted, and its
+  // encode (served) or decode (received) time fed to the engine.
+  void record_peer_kv(const peer::KvBytesEvent& event);
   // A probe's RTT to `peer`, for the engine's link estimates.
   void observe_peer_rtt(const std::string& peer, double seconds);
   // The agent's engine load from its metrics page (UpstreamProber), for the engine's compute term.
@@ -90,6 +86,12 @@ class KvPath final : public shm::DataPlaneHooks {
   void set_arena(std::shared_ptr<shm::ShmArena> arena) { arena_ = std::move(arena); }
 
  private:
+  // What this sidecar's own encode or decode of `codec` (a spec: "int4+zstd") cost, for the
+  // engine's codec estimates; nullopt leaves that side out (serving times encodes, fetching and
+  // receiving pushes time decodes). Raw KV has no codec cost and is ignored.
+  void observe_codec(std::string_view codec, DType dtype, std::uint64_t raw_bytes, std::uint64_t frame_bytes,
+                     std::optional<double> encode_s, std::optional<double> decode_s);
+
   std::shared_ptr<shm::ShmArena> arena_;
   struct Choice {
     std::string medium;
