@@ -8,7 +8,10 @@
 #   - codec_tests [device] and the `kvrelay codec --device cuda` test: the executor hook,
 #     place_codecs and the CLI's GPU frames;
 #   - proxy_kv_path_tests [cuda]: two sidecars with codecs.device "auto" hand KV over on the GPU;
-#   - cuda_codec_bench: throughput next to a device-to-device copy (JSON to $OUT or gpu-out/).
+#   - cuda_codec_bench: throughput next to a device-to-device copy (JSON to $OUT or gpu-out/);
+#   - then, since that machine has 16 cores to itself, the CPU goals of the codec and transport
+#     issues away from the 2-vCPU development VM: codec_bench and transport_bench (JSON beside
+#     it; each under a time limit so the GPU results always come back).
 # Usage: scripts/gpu-check.sh pack [build dir]   |   scripts/gpu-check.sh run
 # With the device tool: run(command="bash scripts/gpu-check.sh run", carry=["gpu-bundle"]).
 set -euo pipefail
@@ -19,7 +22,8 @@ pack() {
   local build=${1:-build/default}
   local binaries=(proxy/kvrelay refworker/kvrelay-refworker tests/codec_plugins/codec_cuda_parity
                   tests/codec_plugins/codec_tests tests/proxy/proxy_kv_path_tests
-                  bench/codec_bench/cuda_codec_bench)
+                  bench/codec_bench/cuda_codec_bench bench/codec_bench/codec_bench
+                  bench/transport_bench/transport_bench)
   if ! grep -q 'KVRELAY_HAVE_CUDA=1' "$build/build.ninja" 2>/dev/null; then
     echo "gpu-check: $build was not built with CUDA (configure with nvcc on the PATH)" >&2
     exit 2
@@ -99,6 +103,19 @@ run() {
     "kvrelay codec --device cuda writes the CPU's frame\\, or refuses naming why"
   step sidecar_gpu_handoff "$bin/proxy_kv_path_tests" --warn NoTests "[cuda]" -s
   step cuda_codec_bench sh -c "'$bin/cuda_codec_bench' > '$out/cuda_codec_bench.json'"
+  # The CPU benchmarks on an otherwise idle many-core machine (`timeout` exits 124 when one
+  # runs out of time; its partial output is kept).
+  local model_kv=()
+  if [[ -n ${KVRELAY_TEST_MODEL:-} ]] &&
+    "$bin/kvrelay-refworker" dump-kv --model "$KVRELAY_TEST_MODEL" --tokens 400 --queries 32 \
+      --out "$root/tmp/dump400" >"$out/dump_kv.log" 2>&1; then
+    model_kv=(--kv "$root/tmp/dump400/kv.bin" --kv-layout 5,4,8,fp32 --kv-tokens 400 --kv-name stories260K-400
+              --kv-convert fp16 bf16)
+  fi
+  step codec_bench timeout 150 sh -c "\"\$0\" \"\$@\" > '$out/codec_bench.json'" "$bin/codec_bench" "${model_kv[@]}"
+  step transport_bench timeout 120 sh -c "'$bin/transport_bench' --repeats 5 > '$out/transport_bench.json'"
+  nproc >"$out/nproc.txt"
+  lscpu >"$out/lscpu.txt" 2>&1 || true
   return $failed
 }
 

@@ -4,6 +4,8 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/audit/statistics.h"
 #include "kvrelay/proxy/peer/peer_client.h"
 #include "kvrelay/proxy/peer/peer_server.h"
 #include "kvrelay/shm_transport/client.h"
@@ -40,6 +43,22 @@ double seconds_since(Clock::time_point start) {
 }
 double gbps(std::size_t bytes, double seconds) {
   return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+// --pin: the sending thread on one CPU and the receiving thread on another, for the raw
+// baseline and the peer plane alike. Unpinned, the scheduler sometimes kept the peer plane's two
+// long-lived threads on one CPU for seconds (its transfers then ran at a fifth of their speed
+// while the raw baseline, a new receiving thread per run, was placed afresh).
+bool pin_threads = false;
+constexpr int kSenderCpu = 0;
+constexpr int kReceiverCpu = 1;
+
+void pin_this_thread(int cpu) {
+  if (!pin_threads || cpu >= static_cast<int>(std::thread::hardware_concurrency())) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<std::size_t>(cpu), &set);
+  (void)::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set);
 }
 
 std::vector<std::byte> make_payload(std::size_t size) {
@@ -149,6 +168,7 @@ class RawTcpBaseline {
   double once(const std::vector<std::byte>& payload) {
     std::byte* destination = sink_.data() + runs_++ % slots_ * size_;
     std::thread receiver([&] {
+      pin_this_thread(kReceiverCpu);
       const int connection = ::accept(listener_, nullptr, nullptr);
       std::size_t got = 0;
       while (got < size_) {
@@ -189,6 +209,9 @@ class RawTcpBaseline {
 
 struct ShmResults {
   double publish_gbps = 0;
+  // Each run against a memcpy of the same bytes just before it (arena only).
+  std::vector<double> publish_vs_memcpy_paired;
+  std::vector<double> commit_in_place_vs_memcpy_paired;
   double commit_in_place_gbps = 0;
   double first_publish_gbps = 0;
   double small_p50_us = 0;
@@ -217,13 +240,27 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
   // With an arena, the first publishes write pages this process (and the sidecar) never wrote
   // before; once every block has been used once, publishes run as in a long-lived worker.
   const int warm_up = arena_bytes > 0 ? static_cast<int>((arena_bytes + payload.size() - 1) / payload.size()) : 0;
-  for (int repeat = 0; repeat < warm_up + kRepeats; ++repeat) {
+  // With an arena each measured publish is paired with a memcpy of the same bytes into a warm
+  // buffer run just before it, so the ratio's two sides see the same moment of the host; three
+  // times --repeats pairs give the median something to stand on.
+  std::vector<std::byte> copy_sink(arena_bytes > 0 ? payload.size() : 0);
+  std::memcpy(copy_sink.data(), payload.data(), copy_sink.size());
+  const auto memcpy_gbps_now = [&] {
+    const auto start = Clock::now();
+    std::memcpy(copy_sink.data(), payload.data(), copy_sink.size());
+    return gbps(copy_sink.size(), seconds_since(start));
+  };
+  const int measured = arena_bytes > 0 ? 3 * kRepeats : kRepeats;
+  for (int repeat = 0; repeat < warm_up + measured; ++repeat) {
+    const double copy_gbps = repeat >= warm_up && arena_bytes > 0 ? memcpy_gbps_now() : 0.0;
     const auto start = Clock::now();
     auto published = client.value().publish({1, static_cast<std::uint64_t>(repeat)}, KvLayout{}, payload);
     const double seconds = seconds_since(start);
     if (!published) std::fprintf(stderr, "publish: %s\n", published.error().to_string().c_str());
     if (repeat == 0) results.first_publish_gbps = gbps(payload.size(), seconds);
     if (repeat >= warm_up) results.publish_gbps = std::max(results.publish_gbps, gbps(payload.size(), seconds));
+    if (published && copy_gbps > 0)
+      results.publish_vs_memcpy_paired.push_back(gbps(payload.size(), seconds) / copy_gbps);
   }
   if (arena_bytes > 0 && server.value()->stats().arena_bytes_in_use == 0) {
     std::fprintf(stderr, "arena publish fell back to sealed segments\n");
@@ -231,10 +268,11 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
   }
   // An engine that writes its KV straight into the region (allocate, write, commit) pays only
   // the commit: its checksum pass plus the sidecar's check. The write is the engine's own.
-  for (int repeat = 0; arena_bytes > 0 && repeat < kRepeats; ++repeat) {
+  for (int repeat = 0; arena_bytes > 0 && repeat < measured; ++repeat) {
     auto region = client.value().allocate(payload.size());
     if (!region || !region.value().in_arena()) break;
     std::memcpy(region.value().bytes().data(), payload.data(), payload.size());
+    const double copy_gbps = memcpy_gbps_now();
     const auto start = Clock::now();
     const auto checksum = shm::checksum_bytes(region.value().bytes());
     auto committed =
@@ -242,6 +280,7 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
     const double seconds = seconds_since(start);
     if (!committed) break;
     results.commit_in_place_gbps = std::max(results.commit_in_place_gbps, gbps(payload.size(), seconds));
+    results.commit_in_place_vs_memcpy_paired.push_back(gbps(payload.size(), seconds) / copy_gbps);
   }
   if (small_messages) {
     std::vector<std::byte> message(64, std::byte{7});
@@ -277,11 +316,20 @@ double tcp_transfer_once(proxy::peer::PeerClient& client, const std::vector<std:
   return gbps(size, seconds);
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const std::size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+// Median and quartiles of per-run ratios, with the count: a run of a sub-millisecond transfer
+// on a shared host is one noisy sample, so small sizes take many.
+nlohmann::json spread(std::span<const double> values) {
+  if (values.empty()) return {{"runs", 0}};
+  return {{"runs", values.size()},
+          {"p25", audit::quantile(values, 0.25)},
+          {"median", audit::median(values)},
+          {"p75", audit::quantile(values, 0.75)}};
+}
+
+// Runs of one TCP size: --repeats for 64 MiB and up, proportionally more below (1 MiB: 64x),
+// so each size gets about the same measuring time and a 1 MiB median rests on hundreds of pairs.
+int tcp_runs_for(std::size_t bytes) {
+  return kRepeats * static_cast<int>(std::max<std::size_t>(1, 64 * kMiB / bytes));
 }
 
 nlohmann::json machine() {
@@ -309,6 +357,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", kRepeats, "runs per measurement; the best is reported")->check(CLI::Range(1, 1000));
   app.add_option("--tcp-mib", tcp_sizes_mib, "TCP transfer sizes in MiB (each at most 256)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{256}));
+  std::uint32_t chunk_kib = 1024;
+  app.add_option("--chunk-kib", chunk_kib, "the peer client's chunk size (window: 8 MiB of chunks)")
+      ->check(CLI::Range(4U, 16U * 1024U));
+  app.add_flag("--pin", pin_threads,
+               "run the sending thread on CPU 0 and the receiving thread on CPU 1 (TCP runs; needs 2 CPUs)");
   app.add_flag("--skip-shm", skip_shm, "measure only memcpy and the TCP paths (for profiling the peer plane)");
   app.add_flag("--peer-arena,!--no-peer-arena", peer_arena,
                "receive peer transfers into a warmed arena (the daemon's default) or into sealed segments");
@@ -319,6 +372,7 @@ int main(int argc, char** argv) {
   result["bench"] = "transport_bench";
   result["machine"] = machine();
   result["repeats"] = kRepeats;
+  result["pinned"] = pin_threads && std::thread::hardware_concurrency() >= 2;
   result["memcpy_gbps"] = bench_memcpy(payload);
   if (!skip_shm) {
     result["memcpy_fresh_pages_gbps"] = bench_memcpy_fresh(payload);
@@ -333,6 +387,8 @@ int main(int argc, char** argv) {
     result["shm_first_publish_gbps"] = shm_results.first_publish_gbps;
     result["shm_commit_in_place_gbps"] = shm_results.commit_in_place_gbps;
     result["shm_commit_in_place_vs_memcpy"] = shm_results.commit_in_place_gbps / result["memcpy_gbps"].get<double>();
+    result["shm_publish_vs_memcpy_paired"] = spread(shm_results.publish_vs_memcpy_paired);
+    result["shm_commit_in_place_vs_memcpy_paired"] = spread(shm_results.commit_in_place_vs_memcpy_paired);
     result["shm_publish_sealed_segments_gbps"] = sealed_results.publish_gbps;
     result["shm_publish_sealed_segments_vs_memcpy"] = sealed_results.publish_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_sealed_segments_vs_memfd_write"] =
@@ -368,14 +424,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "peer listen: %s\n", listening.error().to_string().c_str());
     return 1;
   }
-  std::thread io_thread([&] { io.run(); });
+  std::thread io_thread([&] {
+    pin_this_thread(kReceiverCpu);
+    io.run();
+  });
+  pin_this_thread(kSenderCpu);
   std::uint64_t transfer_id = 0;
   nlohmann::json raw;
   nlohmann::json tcp;
   nlohmann::json ratio;
   nlohmann::json raw_rotating;
   nlohmann::json ratio_rotating;
-  auto client = proxy::peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, {});
+  proxy::peer::PeerClientOptions client_options;
+  client_options.chunk_bytes = chunk_kib * 1024;
+  client_options.window_chunks = std::max<std::uint32_t>(1, 8 * 1024 / chunk_kib);
+  auto client = proxy::peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, client_options);
   if (!client) {
     std::fprintf(stderr, "peer connect: %s\n", client.error().to_string().c_str());
     return 1;
@@ -385,6 +448,9 @@ int main(int argc, char** argv) {
   for (const std::size_t mib : tcp_sizes_mib)
     (void)tcp_transfer_once(client.value(), payload, mib * kMiB, transfer_id);
   nlohmann::json paired_median;
+  nlohmann::json paired_spread;
+  nlohmann::json raw_spread;
+  nlohmann::json tcp_spread;
   for (const std::size_t mib : tcp_sizes_mib) {
     const auto key = std::to_string(mib) + "MiB";
     RawTcpBaseline fixed_sink(mib * kMiB, false);
@@ -393,22 +459,30 @@ int main(int argc, char** argv) {
     double best_rotating = 0;
     double best_tcp = 0;
     std::vector<double> paired;
+    std::vector<double> raw_runs;
+    std::vector<double> tcp_runs;
     // Interleaved run by run, so a burst of load from elsewhere on the host falls on both sides
     // of the ratio rather than on whichever block of runs it happened to hit.
-    for (int repeat = 0; repeat < kRepeats; ++repeat) {
+    const int runs = tcp_runs_for(mib * kMiB);
+    for (int repeat = 0; repeat < runs; ++repeat) {
       const double raw_run = fixed_sink.once(payload);
       best_rotating = std::max(best_rotating, rotating_sink.once(payload));
       const double tcp_run = tcp_transfer_once(client.value(), payload, mib * kMiB, transfer_id);
       best_raw = std::max(best_raw, raw_run);
       best_tcp = std::max(best_tcp, tcp_run);
       if (raw_run > 0) paired.push_back(tcp_run / raw_run);
+      raw_runs.push_back(raw_run);
+      tcp_runs.push_back(tcp_run);
     }
     raw[key] = best_raw;
     raw_rotating[key] = best_rotating;
     tcp[key] = best_tcp;
     ratio[key] = best_tcp / best_raw;
     ratio_rotating[key] = best_tcp / best_rotating;
-    paired_median[key] = median(paired);
+    paired_median[key] = paired.empty() ? 0.0 : audit::median(paired);
+    paired_spread[key] = spread(paired);
+    raw_spread[key] = spread(raw_runs);
+    tcp_spread[key] = spread(tcp_runs);
   }
   server.stop();
   work.reset();
@@ -420,6 +494,9 @@ int main(int argc, char** argv) {
   // The median over runs of each TCP run against the raw run just before it: less moved by
   // one lucky run on either side than the ratio of the bests.
   result["tcp_vs_raw_tcp_paired_median"] = paired_median;
+  result["tcp_vs_raw_tcp_paired"] = paired_spread;
+  result["raw_tcp_gbps_runs"] = raw_spread;
+  result["tcp_transfer_gbps_runs"] = tcp_spread;
   // Diagnostics next to the goal's ratio: the peer plane writes each transfer to a new place in
   // its arena, which a raw receiver rewriting one cached buffer does not pay for.
   result["raw_tcp_rotating_sink_gbps"] = raw_rotating;

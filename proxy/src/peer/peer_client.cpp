@@ -141,15 +141,22 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
   auto& connection = *state->connection;
   const auto& options = state->options;
   const auto begin_frame = encode_begin(begin);
-  if (auto sent = co_await write_all(connection, asio::buffer(begin_frame), asio::const_buffer{}, options.read_timeout);
-      !sent) {
-    co_return outcome::failure(sent.error());
+  const std::uint64_t chunks = begin.chunk_count();
+  // With eager chunks the Begin goes out in the first chunk's write: written alone, it woke the
+  // receiver once for the Begin and again for the chunk behind it.
+  bool begin_sent = false;
+  if (begin.eager_chunks == 0 || chunks == 0) {
+    if (auto sent =
+            co_await write_all(connection, asio::buffer(begin_frame), asio::const_buffer{}, options.read_timeout);
+        !sent) {
+      co_return outcome::failure(sent.error());
+    }
+    begin_sent = true;
   }
   // Until the receiver answers the Begin only the eager chunks go out (the receiver drops them if
   // it does not take the transfer); without eager chunks the answer comes before the first one.
   bool answered = false;
 
-  const std::uint64_t chunks = begin.chunk_count();
   const auto started = std::chrono::steady_clock::now();
   asio::steady_timer pacing(connection.socket.get_executor());
   std::uint64_t next = 0;
@@ -172,11 +179,12 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
           ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next),
                       begin.running_checksums ? running_checksum(running, std::span<const std::byte>(data, length))
                                               : (*chunk_checksums)[static_cast<std::size_t>(next)]});
-      if (auto sent =
-              co_await write_all(connection, asio::buffer(header), asio::buffer(data, length), options.read_timeout);
-          !sent) {
-        co_return outcome::failure(sent.error());
-      }
+      const asio::const_buffer body(data, length);
+      auto sent = begin_sent ? co_await write_all(connection, asio::buffer(header), body, options.read_timeout)
+                             : co_await write_all(connection, asio::buffer(begin_frame), asio::buffer(header), body,
+                                                  options.read_timeout);
+      if (!sent) co_return outcome::failure(sent.error());
+      begin_sent = true;
       ++next;
       if (options.rate_limit_bytes_per_s > 0) {
         const double seconds =

@@ -116,6 +116,15 @@ asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer
   co_return ok();
 }
 
+asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
+                                  asio::const_buffer third, std::chrono::milliseconds timeout) {
+  connection.arm(timeout);
+  const std::array<asio::const_buffer, 3> buffers{first, second, third};
+  auto [ec, transferred] = co_await asio::async_write(connection.socket, buffers, TransferAllAtOnce{}, kNoThrow);
+  if (ec) co_return outcome::failure(io_error(connection, ec, "write"));
+  co_return ok();
+}
+
 asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
                                               std::chrono::milliseconds timeout) {
   std::array<std::byte, kPeerHeaderBytes> header_bytes{};

@@ -81,6 +81,9 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
 // lists here: GCC 12 miscompiles braced lists inside co_await expressions.)
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   std::chrono::milliseconds timeout);
+// Three buffers: a Begin, then the first chunk's header and body, in one system call.
+asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
+                                  asio::const_buffer third, std::chrono::milliseconds timeout);
 
 struct PeerFrame {
   PeerHeader header;

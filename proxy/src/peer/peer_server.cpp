@@ -206,6 +206,7 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   if (!total.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   const std::uint64_t chunks = begin.chunk_count();
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
+  std::vector<std::byte> last_ack_frame;
   for (std::uint64_t index = 0; index < chunks; ++index) {
     auto frame = co_await read_frame(connection, options.read_timeout, options.read_timeout);
     if (!frame) co_return outcome::failure(frame.error());
@@ -249,8 +250,11 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     }
     shm::ByteWriter ack;
     ack.put(begin.transfer_id).put(static_cast<std::uint32_t>(index));
-    const auto ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
-    if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
+    // The last chunk's acknowledgement goes out with Committed, in one write: sent alone it
+    // woke the sender, which then slept again until Committed came a moment later.
+    last_ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
+    if (index + 1 == chunks) break;
+    if (auto sent = co_await send_frame(connection, last_ack_frame, options.read_timeout); !sent) co_return sent;
   }
   const std::uint64_t digest = total.digest();
   // Running checksums need no second check: the last chunk's, already checked, is the entry's.
@@ -277,7 +281,8 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   shm::ByteWriter done;
   done.put(begin.transfer_id);
   const auto committed_frame = encode_peer_frame(PeerMessage::kCommitted, done.bytes());
-  co_return co_await send_frame(connection, committed_frame, options.read_timeout);
+  co_return co_await write_all(connection, asio::buffer(last_ack_frame), asio::buffer(committed_frame),
+                               options.read_timeout);
 }
 
 // Answers a Fetch with the longest prefix of the chain this node holds, encoded with the
