@@ -93,10 +93,11 @@ std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t trans
 // A hand-driven peer connection for sending frames the real client never would.
 class RawPeer {
  public:
-  explicit RawPeer(const PeerDaemon& daemon) : socket_(io_) {
+  explicit RawPeer(const PeerDaemon& daemon, std::uint64_t extra_capabilities = 0) : socket_(io_) {
     socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), daemon.peer_address().port));
     peer::Hello hello;
     hello.node_id = "raw";
+    hello.capabilities |= extra_capabilities;
     write(peer::encode_hello(peer::PeerMessage::kHello, hello));
     REQUIRE(read_frame().first == peer::PeerMessage::kHelloOk);
   }
@@ -392,6 +393,60 @@ TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and
     CHECK(raw.error_then_close() == ErrorCode::kProtocol);
   }
   REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
+}
+
+TEST_CASE("chunk acknowledgements: each chunk for a sender without cumulative acks, every half window with them",
+          "[peer]") {
+  PeerDaemon daemon;
+  const auto bytes = peer_pattern(4 * kChunkBytes, 93);
+  peer::Begin begin;
+  begin.key = {1, 0};
+  begin.info = shm::EntryInfo{KvLayout{}, bytes.size(), 0};
+  begin.chunk_bytes = kChunkBytes;
+  begin.running_checksums = true;
+  begin.eager_chunks = 4;  // the sender's window: the whole transfer
+  // What the receiver answers after Begin and four chunks, as (type, chunk index or id).
+  const auto answers = [&](std::uint64_t capabilities, std::uint64_t transfer_id) {
+    RawPeer raw(daemon, capabilities);
+    begin.transfer_id = transfer_id;
+    begin.key.context_hash = transfer_id;
+    raw.write(peer::encode_begin(begin));
+    for (std::uint32_t index = 0; index < 4; ++index) {
+      const auto end = (index + 1) * std::size_t{kChunkBytes};
+      raw.send_chunk(transfer_id, index, std::span(bytes).subspan(index * std::size_t{kChunkBytes}, kChunkBytes),
+                     XXH3_64bits(bytes.data(), end));
+    }
+    std::vector<std::pair<peer::PeerMessage, std::uint64_t>> seen;
+    while (seen.empty() || seen.back().first != peer::PeerMessage::kCommitted) {
+      auto [type, payload] = raw.read_frame();
+      REQUIRE(type != peer::PeerMessage::kError);
+      shm::ByteReader reader(payload);
+      const auto id = reader.get<std::uint64_t>();
+      REQUIRE(id.has_value());
+      CHECK(*id == transfer_id);
+      std::uint64_t value = *id;
+      if (type == peer::PeerMessage::kChunkAck) value = reader.get<std::uint32_t>().value();
+      seen.emplace_back(type, value);
+    }
+    auto entry = daemon.data_plane().lookup(begin.key);
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    return seen;
+  };
+  using peer::PeerMessage;
+  SECTION("a sender that did not announce them hears about every chunk") {
+    const std::vector<std::pair<PeerMessage, std::uint64_t>> expected{
+        {PeerMessage::kBeginOk, 801}, {PeerMessage::kChunkAck, 0}, {PeerMessage::kChunkAck, 1},
+        {PeerMessage::kChunkAck, 2},  {PeerMessage::kChunkAck, 3}, {PeerMessage::kCommitted, 801}};
+    CHECK(answers(0, 801) == expected);
+  }
+  SECTION("a sender that announced them hears every half window, and about the last chunk with Committed") {
+    const std::vector<std::pair<PeerMessage, std::uint64_t>> expected{{PeerMessage::kBeginOk, 802},
+                                                                      {PeerMessage::kChunkAck, 1},
+                                                                      {PeerMessage::kChunkAck, 3},
+                                                                      {PeerMessage::kCommitted, 802}};
+    CHECK(answers(peer::kCapCumulativeAcks, 802) == expected);
+  }
 }
 
 TEST_CASE("peer refuses malformed frames and out-of-order chunks", "[peer][hostile]") {

@@ -99,6 +99,7 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
   tune_socket(connection.socket);
   Hello mine;
   mine.node_id = state->options.node_id;
+  mine.capabilities |= kCapCumulativeAcks;
   const auto hello = encode_hello(PeerMessage::kHello, mine);
   if (auto sent =
           co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout);
@@ -205,10 +206,11 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
     shm::ByteReader ack_reader(ack.value().payload);
     const auto ack_id = ack_reader.get<std::uint64_t>();
     const auto ack_index = ack_reader.get<std::uint32_t>();
-    if (!ack_index || *ack_id != begin.transfer_id || *ack_index != acked) {
+    // Cumulative (kCapCumulativeAcks): any chunk already sent and not yet acknowledged.
+    if (!ack_index || *ack_id != begin.transfer_id || *ack_index < acked || *ack_index >= next) {
       co_return fail(ErrorCode::kProtocol, "unexpected chunk acknowledgement");
     }
-    ++acked;
+    acked = std::uint64_t{*ack_index} + 1;
     if (options.on_progress) {
       options.on_progress(std::min<std::uint64_t>(acked * begin.chunk_bytes, begin.info.bytes), begin.info.bytes);
     }

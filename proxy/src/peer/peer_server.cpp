@@ -152,7 +152,8 @@ asio::awaitable<Status> drop_eager_chunks(PeerConnection& connection, const Begi
 }
 
 // Receives the chunks of one transfer into a fresh sealed memfd and publishes it.
-asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection& connection, const Begin& begin) {
+asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection& connection, const Begin& begin,
+                                         bool cumulative_acks) {
   const auto& options = shared->options;
   std::optional<Error> refusal;
   if (begin.info.bytes > options.max_entry_bytes) {
@@ -207,6 +208,10 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
   const std::uint64_t chunks = begin.chunk_count();
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   std::vector<std::byte> last_ack_frame;
+  // A sender that takes cumulative acks hears from us every half window (its eager chunks are its
+  // window, or the whole transfer when that is smaller), so it never stalls on a full window.
+  const std::uint64_t ack_every =
+      cumulative_acks && begin.eager_chunks >= 2 ? std::uint64_t{begin.eager_chunks} / 2 : 1;
   for (std::uint64_t index = 0; index < chunks; ++index) {
     auto frame = co_await read_frame(connection, options.read_timeout, options.read_timeout);
     if (!frame) co_return outcome::failure(frame.error());
@@ -254,6 +259,7 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     // woke the sender, which then slept again until Committed came a moment later.
     last_ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
     if (index + 1 == chunks) break;
+    if ((index + 1) % ack_every != 0) continue;
     if (auto sent = co_await send_frame(connection, last_ack_frame, options.read_timeout); !sent) co_return sent;
   }
   const std::uint64_t digest = total.digest();
@@ -463,7 +469,8 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
       case PeerMessage::kBeginRunning: {
         auto begin = decode_begin(payload, frame.value().header.type);
         if (!begin) co_return outcome::failure(begin.error());
-        auto received = co_await receive_transfer(shared, connection, begin.value());
+        auto received = co_await receive_transfer(shared, connection, begin.value(),
+                                                  (remote.value().capabilities & kCapCumulativeAcks) != 0);
         if (!received) co_return received;
         continue;
       }

@@ -28,6 +28,9 @@ inline constexpr std::uint64_t kCapSharedMemory = 1U << 1;  // hello carries a U
 // Accepts kBeginRunning: each chunk carries the running checksum of the transfer so far, so
 // both sides hash every byte once, as it goes out or comes in (see Begin::running_checksums).
 inline constexpr std::uint64_t kCapRunningChecksums = 1U << 2;
+// Announced by a sender: it takes a ChunkAck as acknowledging every chunk up to its index, so a
+// receiver may acknowledge every few chunks instead of each one (each ack wakes the sender).
+inline constexpr std::uint64_t kCapCumulativeAcks = 1U << 3;
 
 enum class PeerMessage : std::uint16_t {
   kHello = 1,
