@@ -491,7 +491,20 @@ void encode_fp8_512(const QuantEncodeArgs& a) {
     std::uint8_t* __restrict out = a.codes + t * row;
     for (std::size_t h = 0; h < heads; ++h) {
       const __m512 inv16 = _mm512_set1_ps(inv[h]);
-      for (std::size_t d = h * dim; d < (h + 1) * dim; d += 16) {
+      std::size_t d = h * dim;
+      const std::size_t end = (h + 1) * dim;
+      // fp32 rows: 64 codes at a time narrow with two packs and a permute (codes64), cheaper than
+      // four vpmovdb (codes are at most 255, so the saturating packs keep them). 16-bit rows
+      // measured 7-8% slower this way, so they keep one vector at a time.
+      for (; kSize == 4 && d + 64 <= end; d += 64) {
+        __m512i codes[4];
+        for (std::size_t k = 0; k < 4; ++k) {
+          codes[k] = lanes16::float_to_e4m3_lanes16(
+              _mm512_mul_ps(lanes16::load16<kDtype>(source + (d + 16 * k) * kSize), inv16));
+        }
+        _mm512_storeu_si512(out + d, lanes16::codes64(codes[0], codes[1], codes[2], codes[3]));
+      }
+      for (; d < end; d += 16) {
         const __m512 scaled = _mm512_mul_ps(lanes16::load16<kDtype>(source + d * kSize), inv16);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), lanes16::float_to_e4m3_16(scaled));
       }

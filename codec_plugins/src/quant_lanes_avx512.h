@@ -134,9 +134,9 @@ KVRELAY_LANES __m512 dequantize16(__m128i codes, __m512 zero, __m512 scale) {
   return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), scale), zero);
 }
 
-// float_to_e4m3 on sixteen lanes -> sixteen code bytes (the arithmetic of quant_lanes_avx2.h's
-// e4m3_magnitude_lanes, which documents why each step is exact).
-KVRELAY_LANES __m128i float_to_e4m3_16(__m512 value) {
+// float_to_e4m3 on sixteen lanes -> sixteen codes in 32-bit lanes (the arithmetic of
+// quant_lanes_avx2.h's e4m3_magnitude_lanes, which documents why each step is exact).
+KVRELAY_LANES __m512i float_to_e4m3_lanes16(__m512 value) {
   __m512 magnitude = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(value), _mm512_set1_epi32(0x7FFFFFFF)));
   magnitude = _mm512_min_ps(magnitude, _mm512_set1_ps(bits::kFp8E4m3Max));  // NaN -> 448
   const __m512i m = _mm512_castps_si512(magnitude);
@@ -148,8 +148,14 @@ KVRELAY_LANES __m128i float_to_e4m3_16(__m512 value) {
       _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(magnitude, magic)), _mm512_castps_si512(magic));
   const __mmask16 is_subnormal = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(0.015625F), _CMP_LT_OQ);
   const __m512i code = _mm512_mask_blend_epi32(is_subnormal, normal, subnormal);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(value), 24), _mm512_set1_epi32(0x80));
-  return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+  // code | (value >> 24 & 0x80) in one instruction (0xF8: A | (B & C)).
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(_mm512_castps_si512(value), 24), _mm512_set1_epi32(0x80),
+                                   0xF8);
+}
+
+// The same, as sixteen code bytes.
+KVRELAY_LANES __m128i float_to_e4m3_16(__m512 value) {
+  return _mm512_cvtepi32_epi8(float_to_e4m3_lanes16(value));
 }
 
 // e4m3_to_float on sixteen codes (quant_lanes_avx2.h's e4m3_to_float8: the code's bits at
