@@ -46,9 +46,9 @@ double gbps(std::size_t bytes, double seconds) {
 }
 
 // --pin: the sending thread on one CPU and the receiving thread on another, for the raw
-// baseline and the peer plane alike. Unpinned, the scheduler sometimes kept the peer plane's two
-// long-lived threads on one CPU for seconds (its transfers then ran at a fifth of their speed
-// while the raw baseline, a new receiving thread per run, was placed afresh).
+// baseline and the peer plane alike. A diagnostic: in a few unpinned runs the peer plane ran at
+// a fifth of its speed for seconds while the raw baseline (a new receiving thread per run) did
+// not, and the suspect is the scheduler keeping the two long-lived threads on one CPU.
 bool pin_threads = false;
 constexpr int kSenderCpu = 0;
 constexpr int kReceiverCpu = 1;

@@ -107,22 +107,29 @@ std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byt
   return running.digest();
 }
 
-asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
-                                  std::chrono::milliseconds timeout) {
+namespace {
+
+template <std::size_t N>
+asio::awaitable<Status> write_buffers(PeerConnection& connection, std::array<asio::const_buffer, N> buffers,
+                                      std::chrono::milliseconds timeout) {
   connection.arm(timeout);
-  const std::array<asio::const_buffer, 2> buffers{first, second};
   auto [ec, transferred] = co_await asio::async_write(connection.socket, buffers, TransferAllAtOnce{}, kNoThrow);
   if (ec) co_return outcome::failure(io_error(connection, ec, "write"));
   co_return ok();
 }
 
+}  // namespace
+
+asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
+                                  std::chrono::milliseconds timeout) {
+  const std::array<asio::const_buffer, 2> buffers{first, second};  // not braced inside co_await (GCC 12)
+  co_return co_await write_buffers(connection, buffers, timeout);
+}
+
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   asio::const_buffer third, std::chrono::milliseconds timeout) {
-  connection.arm(timeout);
   const std::array<asio::const_buffer, 3> buffers{first, second, third};
-  auto [ec, transferred] = co_await asio::async_write(connection.socket, buffers, TransferAllAtOnce{}, kNoThrow);
-  if (ec) co_return outcome::failure(io_error(connection, ec, "write"));
-  co_return ok();
+  co_return co_await write_buffers(connection, buffers, timeout);
 }
 
 asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
