@@ -189,7 +189,7 @@ Result<QualityReport> evaluate(const CodecRegistry& registry, const CodecSpec& c
     KVRELAY_TRY(kept, sparse_kept_mask(layout, header.params, payload));
   }
   KVRELAY_TRY(auto report, compare_kv(layout, kv, decoded, queries, kept));
-  report.codec = std::string(codec.codec->name()) + (codec.zstd_stage ? "+zstd" : "");
+  report.codec = spec_name(codec);
   report.encoded_bytes = frame.size();
   report.ratio = frame.empty() ? 0.0 : static_cast<double>(total) / static_cast<double>(frame.size());
   return report;

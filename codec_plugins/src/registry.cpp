@@ -175,10 +175,13 @@ const Codec* CodecRegistry::find(std::uint32_t id) const {
   return nullptr;
 }
 
+namespace {
+constexpr std::string_view kZstdSuffix = "+zstd";
+}  // namespace
+
 Result<CodecSpec> resolve_codec(const CodecRegistry& registry, std::string_view spec) {
   CodecSpec resolved;
   std::string_view name = spec;
-  constexpr std::string_view kZstdSuffix = "+zstd";
   if (name.size() > kZstdSuffix.size() && name.ends_with(kZstdSuffix)) {
     resolved.zstd_stage = true;
     name.remove_suffix(kZstdSuffix.size());
@@ -186,6 +189,12 @@ Result<CodecSpec> resolve_codec(const CodecRegistry& registry, std::string_view 
   resolved.codec = registry.find(name);
   if (resolved.codec == nullptr) return fail(ErrorCode::kUnknownCodec, fmt::format("unknown codec '{}'", spec));
   return resolved;
+}
+
+std::string spec_name(const CodecSpec& spec) {
+  std::string name(spec.codec != nullptr ? spec.codec->name() : std::string_view("unknown"));
+  if (spec.zstd_stage) name += kZstdSuffix;
+  return name;
 }
 
 }  // namespace kvrelay::codec

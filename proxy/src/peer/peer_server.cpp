@@ -253,14 +253,18 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       std::lock_guard lock(shared->mutex);
       shared->counters.bytes_received += expected;
     }
+    const bool last = index + 1 == chunks;
+    if (!last && (index + 1) % ack_every != 0) continue;
     shm::ByteWriter ack;
     ack.put(begin.transfer_id).put(static_cast<std::uint32_t>(index));
+    auto ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
     // The last chunk's acknowledgement goes out with Committed, in one write: sent alone it
     // woke the sender, which then slept again until Committed came a moment later.
-    last_ack_frame = encode_peer_frame(PeerMessage::kChunkAck, ack.bytes());
-    if (index + 1 == chunks) break;
-    if ((index + 1) % ack_every != 0) continue;
-    if (auto sent = co_await send_frame(connection, last_ack_frame, options.read_timeout); !sent) co_return sent;
+    if (last) {
+      last_ack_frame = std::move(ack_frame);
+      break;
+    }
+    if (auto sent = co_await send_frame(connection, ack_frame, options.read_timeout); !sent) co_return sent;
   }
   const std::uint64_t digest = total.digest();
   // Running checksums need no second check: the last chunk's, already checked, is the entry's.
@@ -392,9 +396,8 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   if (options.on_kv_bytes) {
     // The spec the sender pushed ("int4+zstd"), so both sides count it under the same medium.
     const auto& frame_header = decoded.value().header;
-    const auto* used = options.codecs->find(frame_header.codec_id);
-    const std::string spec = std::string(used != nullptr ? used->name() : "unknown") +
-                             ((frame_header.flags & codec::kFrameFlagZstdStage) != 0 ? "+zstd" : "");
+    const std::string spec = codec::spec_name(
+        {options.codecs->find(frame_header.codec_id), (frame_header.flags & codec::kFrameFlagZstdStage) != 0});
     options.on_kv_bytes(
         {"received", spec, header.frame_bytes, decoded.value().kv.size(), frame_header.layout.dtype, decode_seconds});
   }

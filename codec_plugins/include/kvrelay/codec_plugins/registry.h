@@ -81,5 +81,7 @@ struct CodecSpec {
   bool zstd_stage = false;
 };
 [[nodiscard]] Result<CodecSpec> resolve_codec(const CodecRegistry& registry, std::string_view spec);
+// The spec text resolve_codec reads back: "int4", "int4+zstd" ("unknown" without a codec).
+[[nodiscard]] std::string spec_name(const CodecSpec& spec);
 
 }  // namespace kvrelay::codec
