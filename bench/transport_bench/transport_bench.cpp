@@ -365,6 +365,9 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-shm", skip_shm, "measure only memcpy and the TCP paths (for profiling the peer plane)");
   app.add_flag("--peer-arena,!--no-peer-arena", peer_arena,
                "receive peer transfers into a warmed arena (the daemon's default) or into sealed segments");
+  bool staging = true;
+  app.add_flag("--staging,!--no-staging", staging,
+               "stage chunks through a reused buffer (the default) or receive straight into the arena");
   CLI11_PARSE(app, argc, argv);
 
   const auto payload = make_payload(256 * kMiB);
@@ -406,6 +409,8 @@ int main(int argc, char** argv) {
   proxy::peer::PeerServerOptions peer_options;
   peer_options.node_id = "bench";
   result["peer_arena"] = peer_arena;
+  result["staging"] = staging;
+  peer_options.stage_arena_chunks = staging;
   if (peer_arena) {
     auto arena = shm::ShmArena::create(3 * largest);
     if (!arena) {
@@ -438,6 +443,7 @@ int main(int argc, char** argv) {
   proxy::peer::PeerClientOptions client_options;
   client_options.chunk_bytes = chunk_kib * 1024;
   client_options.window_chunks = std::max<std::uint32_t>(1, 8 * 1024 / chunk_kib);
+  client_options.stage_chunks = staging;
   auto client = proxy::peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, client_options);
   if (!client) {
     std::fprintf(stderr, "peer connect: %s\n", client.error().to_string().c_str());

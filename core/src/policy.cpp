@@ -366,6 +366,7 @@ void read_limits(const json& value, const std::string& pointer, LimitsPolicy& ou
   reader.read_u32("max_queued_responses", out.max_queued_responses, 1, 1U << 16);
   reader.read_u64("kv_store_bytes", out.kv_store_bytes, 0, 1ULL << 50);
   reader.read_u64("peer_buffer_bytes", out.peer_buffer_bytes, 0, 1ULL << 40);
+  reader.read_bool("peer_staging", out.peer_staging);
   reader.read_u64("shm_arena_bytes", out.shm_arena_bytes, 0, 1ULL << 40);
   reader.read_millis("probe_interval_ms", out.probe_interval, 50, 3'600'000);
   reader.read_millis("kv_lookup_timeout_ms", out.kv_lookup_timeout, 1, 600'000);

@@ -103,6 +103,19 @@ TEST_CASE("peer transfer buffers can be kept smaller, or not at all", "[core][po
   CHECK_THAT(rejection(document), Catch::Contains("/limits/peer_buffer_bytes: expected integer"));
 }
 
+TEST_CASE("peer chunk staging is on unless limits.peer_staging turns it off", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  CHECK(defaults.value().limits.peer_staging);
+  document["limits"] = {{"peer_staging", false}};
+  const auto off = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(off);
+  CHECK_FALSE(off.value().limits.peer_staging);
+  document["limits"] = {{"peer_staging", "no"}};
+  CHECK_THAT(rejection(document), Catch::Contains("/limits/peer_staging: expected"));
+}
+
 TEST_CASE("the shared-memory arena has a size, and 0 turns it off", "[core][policy]") {
   auto document = minimal_policy();
   const auto defaults = parse_policy(document.dump(), "config/x.json");

@@ -11,19 +11,23 @@
 #include <string>
 #include <vector>
 
-#include "daemon_fixture.h"
 #include "kvrelay/proxy/peer/peer_client.h"
 #include "kvrelay/shm_transport/client.h"
+
+#include "daemon_fixture.h"
 
 namespace kvrelay::test {
 
 class PeerDaemon {
  public:
-  PeerDaemon() {
+  // `limits`: extra policy limits, merged over the fixture's own.
+  explicit PeerDaemon(const nlohmann::json& limits = nlohmann::json::object()) {
     auto policy = basic_daemon_policy();
     policy["listen"]["peer"] = "127.0.0.1:0";
     policy["listen"]["unix_socket"] = socket_path_;
     policy["limits"]["kv_store_bytes"] = 1ULL << 31;
+    for (const auto& [name, value] : limits.items())
+      policy["limits"][name] = value;
     daemon_ = std::make_unique<DaemonUnderTest>(policy);
     const auto ready = nlohmann::json::parse(read_file(daemon_->dir() / "ready.json"));
     peer_port_ = ready["peer"].get<std::uint16_t>();
@@ -64,7 +68,8 @@ inline std::vector<std::byte> peer_pattern(std::size_t size, std::uint64_t seed)
     state ^= state << 17;
     std::memcpy(bytes.data() + offset, &state, 8);
   }
-  for (; offset < size; ++offset) bytes[offset] = static_cast<std::byte>(offset * 131 + seed);
+  for (; offset < size; ++offset)
+    bytes[offset] = static_cast<std::byte>(offset * 131 + seed);
   return bytes;
 }
 

@@ -44,6 +44,46 @@ TEST_CASE("peer transfers of 0 B, 1 B, 1 MiB + 1 and 256 MiB arrive byte for byt
   CHECK(stats.bytes_received == 1 + (1U << 20) + 1 + (256U << 20));
 }
 
+// Staging (the default, above) and direct I/O must land the same bytes: with limits.peer_staging
+// off the receiver reads chunks straight into its arena block and the sender writes them straight
+// from the caller's memory.
+TEST_CASE("peer transfers without staging arrive byte for byte in the arena", "[peer]") {
+  PeerDaemon daemon(nlohmann::json{{"peer_staging", false}});
+  proxy::peer::PeerClientOptions options;
+  options.stage_chunks = false;
+  options.chunk_bytes = 64 * 1024;  // many chunks, so every window and acknowledgement rule runs
+  auto client = proxy::peer::PeerClient::connect(daemon.peer_address(), options);
+  REQUIRE(client.has_value());
+  auto local = daemon.data_plane();
+  std::uint64_t transfer_id = 300;
+  for (const std::size_t size : {std::size_t{1}, std::size_t{64 * 1024}, std::size_t{(3U << 20) + 7}}) {
+    INFO("size " << size);
+    const auto bytes = peer_pattern(size, transfer_id);
+    const shm::EntryKey key{9, transfer_id};
+    auto sent = client.value().send(transfer_id, key, KvLayout{}, bytes);
+    REQUIRE(sent.has_value());
+    CHECK(sent.value() == TransferOutcome::kCommitted);
+    auto entry = local.lookup(key);
+    REQUIRE(entry.has_value());
+    CHECK(entry.value().in_arena());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    ++transfer_id;
+  }
+  // The command line's switch for the same thing, from a file's mapping.
+  TempDir dir;
+  const auto file_bytes = peer_pattern((2U << 20) + 3, 77);
+  write_file(dir / "payload", std::string(reinterpret_cast<const char*>(file_bytes.data()), file_bytes.size()));
+  const auto sent = run_command({kvrelay_binary().string(), "peer", "send", "--to", daemon.peer_text(), "--transfer-id",
+                                 "77", "--no-staging", (dir / "payload").string()},
+                                dir.path());
+  REQUIRE(sent.exit_status == 0);
+  CHECK(nlohmann::json::parse(sent.out)["outcome"] == "committed");
+  auto entry = local.lookup({1, 77});
+  REQUIRE(entry.has_value());
+  CHECK(same_bytes(entry.value().bytes(), file_bytes));
+  CHECK(daemon.peer_stats().committed_transfers == 4);
+}
+
 TEST_CASE("peer KV transfers keep their layout; same-host peers may use shared memory", "[peer]") {
   PeerDaemon daemon;
   const KvLayout layout{3, 2, 16, DType::kBFloat16, 50};

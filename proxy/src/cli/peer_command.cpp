@@ -34,6 +34,7 @@ struct SendOptions {
   double rate_limit_mib_per_s = 0;
   bool same_host = false;
   bool progress = false;
+  bool no_staging = false;
   std::string node_id = "kvrelay-cli";
   std::string file;
 };
@@ -76,6 +77,7 @@ int run_send(const SendOptions& options) {
 
   client_options.chunk_bytes = options.chunk_bytes;
   client_options.window_chunks = options.window;
+  if (options.no_staging) client_options.stage_chunks = false;
   client_options.rate_limit_bytes_per_s = static_cast<std::uint64_t>(options.rate_limit_mib_per_s * 1024 * 1024);
   if (options.progress) {
     client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
@@ -155,6 +157,8 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   send_command->add_option("--rate-limit-mib", send->rate_limit_mib_per_s, "Pace the transfer (MiB/s, 0 = off)");
   send_command->add_flag("--same-host", send->same_host, "Use the peer's shared-memory socket when it offers one");
   send_command->add_flag("--progress", send->progress, "Print 'progress DONE TOTAL' after each acknowledged chunk");
+  send_command->add_flag("--no-staging", send->no_staging,
+                         "Write chunks straight from the file's mapping, not through a reused buffer");
   send_command->add_option("--node-id", send->node_id, "Node id announced in the hello");
   send_command->add_option("file", send->file, "File whose bytes are sent")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "kvrelay/core/bulk_hash.h"
@@ -38,7 +39,8 @@ struct PeerClient::State {
   asio::io_context io;
   std::shared_ptr<PeerConnection> connection;
   Hello remote;
-  bool broken = false;  // after an error mid-protocol the stream position is unknown
+  bool broken = false;             // after an error mid-protocol the stream position is unknown
+  std::vector<std::byte> staging;  // options.stage_chunks: one chunk, kept warm across transfers
 
   State() = default;
   State(const State&) = delete;
@@ -167,20 +169,32 @@ asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, B
   if (begin.running_checksums && !running.valid()) {
     co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   }
+  // One write completes (the kernel has the bytes) before the next chunk is staged, so one
+  // chunk's worth of buffer serves the whole window.
+  std::byte* staging = nullptr;
+  if (options.stage_chunks && chunks > 0) {
+    const auto chunk_size = static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes));
+    if (state->staging.size() < chunk_size) state->staging.resize(chunk_size);
+    staging = state->staging.data();
+  }
   while (!answered || acked < chunks) {
     while (next < chunks && next - acked < options.window_chunks && (answered || next < begin.eager_chunks)) {
       const std::uint64_t offset = next * begin.chunk_bytes;
       const std::size_t length =
           static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes - offset));
-      const std::byte* data = bytes.data() + offset;
+      const std::span<const std::byte> chunk(bytes.data() + offset, length);
+      std::uint64_t checksum = 0;
+      if (begin.running_checksums) {
+        checksum = running_checksum(running, chunk, staging);
+      } else {
+        checksum = (*chunk_checksums)[static_cast<std::size_t>(next)];
+        if (staging != nullptr) std::memcpy(staging, chunk.data(), length);
+      }
       encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(header.data(), kPeerHeaderBytes), PeerMessage::kChunk,
                          static_cast<std::uint32_t>(kChunkHeaderBytes + length));
-      encode_chunk_header(
-          std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next),
-                      begin.running_checksums ? running_checksum(running, std::span<const std::byte>(data, length))
-                                              : (*chunk_checksums)[static_cast<std::size_t>(next)]});
-      const asio::const_buffer body(data, length);
+      encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
+                          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next), checksum});
+      const asio::const_buffer body(staging != nullptr ? staging : chunk.data(), length);
       auto sent = begin_sent ? co_await write_all(connection, asio::buffer(header), body, options.read_timeout)
                              : co_await write_all(connection, asio::buffer(begin_frame), asio::buffer(header), body,
                                                   options.read_timeout);
@@ -351,6 +365,7 @@ PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& pe
   options.node_id = policy.node_id;
   options.read_timeout = policy.limits.read_timeout;
   options.allow_shared_memory = peer.same_host;
+  options.stage_chunks = policy.limits.peer_staging;
   return options;
 }
 

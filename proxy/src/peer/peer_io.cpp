@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <limits>
 
 #include "kvrelay/core/bulk_hash.h"
@@ -87,23 +88,39 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
   co_return ok();
 }
 
-std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk) {
-  constexpr std::size_t kPieceBytes = 32 * 1024;
+namespace {
+
+constexpr std::size_t kHashPieceBytes = 32 * 1024;
+
+// Calls `each` on consecutive L1-sized pieces of `chunk` and copies each piece to `copy_to`
+// (when set) right after, while it is still in cache.
+template <class Each>
+void for_each_piece(std::span<const std::byte> chunk, std::byte* copy_to, Each&& each) {
+  for (std::size_t offset = 0; offset < chunk.size(); offset += kHashPieceBytes) {
+    const auto piece = chunk.subspan(offset, std::min(kHashPieceBytes, chunk.size() - offset));
+    each(piece);
+    if (copy_to != nullptr) std::memcpy(copy_to + offset, piece.data(), piece.size());
+  }
+}
+
+}  // namespace
+
+std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk, std::byte* copy_to) {
   BulkHashStream own;
-  if (chunk.size() <= kPieceBytes || !own.valid()) {  // small, or out of memory: two passes
+  if (chunk.size() <= kHashPieceBytes || !own.valid()) {  // small, or out of memory: two passes
     whole.update(chunk.data(), chunk.size());
+    if (copy_to != nullptr) std::memcpy(copy_to, chunk.data(), chunk.size());
     return bulk_hash64(chunk.data(), chunk.size());
   }
-  for (std::size_t offset = 0; offset < chunk.size(); offset += kPieceBytes) {
-    const auto piece = chunk.subspan(offset, std::min(kPieceBytes, chunk.size() - offset));
+  for_each_piece(chunk, copy_to, [&](std::span<const std::byte> piece) {
     own.update(piece.data(), piece.size());
     whole.update(piece.data(), piece.size());
-  }
+  });
   return own.digest();
 }
 
-std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byte> chunk) {
-  running.update(chunk.data(), chunk.size());
+std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byte> chunk, std::byte* copy_to) {
+  for_each_piece(chunk, copy_to, [&](std::span<const std::byte> piece) { running.update(piece.data(), piece.size()); });
   return running.digest();
 }
 

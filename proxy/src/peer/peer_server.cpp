@@ -184,11 +184,12 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     co_return co_await send_frame(connection, begin_ok, options.read_timeout);
   }
 
-  // With an arena, chunks are received straight into the entry's block: memory that stays
-  // mapped (and warm), so no copy and no page faults; a failed transfer just frees the block.
-  // Without one (or when it is full) each chunk lands in a reused (warm) buffer, is checked
-  // while it is in cache and goes into a new segment with one kernel copy: receiving into a
-  // mapping of the new segment would pay a first-touch fault per 4 KiB, which costs far more.
+  // With an arena, chunks go into the entry's block: memory that stays mapped, so no page
+  // faults of a new mapping; a failed transfer just frees the block. Staged (the default), each
+  // lands in a reused buffer and the checksum pass copies it into the block. Without an arena
+  // (or when it is full) each chunk lands in that buffer, is checked while it is in cache and
+  // goes into a new segment with one kernel copy: receiving into a mapping of the new segment
+  // would pay a first-touch fault per 4 KiB, which costs far more.
   std::shared_ptr<shm::ArenaBlock> block;
   if (options.arena) {
     if (auto allocated = options.arena->allocate(begin.info.bytes)) block = std::move(allocated).value();
@@ -199,6 +200,8 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     auto created = shm::create_sealed_memfd_to_fill("kvrelay-peer", begin.info.bytes);
     if (!created) co_return outcome::failure(created.error());
     memfd = std::move(created).value();
+  }
+  if (!block || options.stage_arena_chunks) {
     buffer.emplace(shared, static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes)));
   }
   if (auto sent = co_await send_frame(connection, begin_ok, options.read_timeout); !sent) co_return sent;
@@ -226,7 +229,7 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
                                                        frame.value().header.length - kChunkHeaderBytes, expected));
     }
     const auto length = static_cast<std::size_t>(expected);
-    std::byte* landing = block ? block->bytes().data() + offset : buffer->data();
+    std::byte* landing = buffer ? buffer->data() : block->bytes().data() + offset;
     if (auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes), asio::buffer(landing, length),
                                        options.read_timeout);
         !got) {
@@ -237,9 +240,10 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
       co_return fail(ErrorCode::kProtocol,
                      fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
     }
-    const std::uint64_t actual = begin.running_checksums
-                                     ? running_checksum(total, std::span<const std::byte>(landing, length))
-                                     : checksum_chunk_into(total, std::span<const std::byte>(landing, length));
+    std::byte* staged_to = block && buffer ? block->bytes().data() + offset : nullptr;
+    const std::span<const std::byte> received(landing, length);
+    const std::uint64_t actual = begin.running_checksums ? running_checksum(total, received, staged_to)
+                                                         : checksum_chunk_into(total, received, staged_to);
     if (actual != chunk.checksum) {
       co_return fail(ErrorCode::kChecksumMismatch,
                      fmt::format("chunk {} checksum 0x{:016x} != 0x{:016x}", index, actual, chunk.checksum));

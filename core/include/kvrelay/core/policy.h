@@ -113,6 +113,10 @@ struct LimitsPolicy {
   std::uint64_t kv_store_bytes = 1ULL << 30;
   // Peer transfer buffers kept warm between fetches, per side (fetching, serving); read at start.
   std::uint64_t peer_buffer_bytes = 192ULL << 20;
+  // Peer chunks pass through one reused buffer on each side, moved by the checksum pass, instead
+  // of the kernel copying them to and from the entry's memory (docs/transports.md, "Staged
+  // chunks"); read at start by the receiving side, per transfer by the sending side.
+  bool peer_staging = true;
   // The shared-memory arena entries live in (0: one sealed memfd per entry); read at start.
   std::uint64_t shm_arena_bytes = 256ULL << 20;
   std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url

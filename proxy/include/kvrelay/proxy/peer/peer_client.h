@@ -26,8 +26,12 @@ struct PeerClientOptions {
   std::chrono::milliseconds read_timeout{5'000};
   std::uint32_t chunk_bytes = 1U << 20;
   // Chunks sent but not yet acknowledged. Bounds what a slow receiver can make us hold in
-  // flight: window * chunk_bytes (the data itself is never copied).
+  // flight: window * chunk_bytes of the caller's data, which must stay valid until send returns.
   std::uint32_t window_chunks = 8;
+  // Each chunk is copied by its checksum pass into one reused buffer that the socket write then
+  // reads, rather than written from the caller's memory: see "staged chunks" in
+  // docs/transports.md. False writes straight from the caller's memory.
+  bool stage_chunks = true;
   std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
   // May publish through the receiver's Unix socket when it is on this host and offers one.
   bool allow_shared_memory = false;

@@ -48,6 +48,10 @@ struct PeerServerOptions {
   std::uint64_t warm_buffer_bytes = 192ULL << 20;
   // Where received entries go when it has room (the shm server's arena); else sealed memfds.
   std::shared_ptr<shm::ShmArena> arena;
+  // Chunks bound for the arena land in a reused one-chunk buffer and are copied into their
+  // block by the checksum pass, rather than received straight into the block: see "staged
+  // chunks" in docs/transports.md. False receives into the block.
+  bool stage_arena_chunks = true;
   // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
   std::shared_ptr<const codec::CodecRegistry> codecs;
   // Encoded KV that left ("served") or arrived ("received"), with what its codec cost here.
