@@ -50,6 +50,8 @@ double gbps(std::size_t bytes, double seconds) {
 // a fifth of its speed for seconds while the raw baseline (a new receiving thread per run) did
 // not, and the suspect is the scheduler keeping the two long-lived threads on one CPU.
 bool pin_threads = false;
+// --serial-in-place-commit: hash, then commit (the sidecar checks only after), as before session 20.
+bool serial_in_place_commit = false;
 constexpr int kSenderCpu = 0;
 constexpr int kReceiverCpu = 1;
 
@@ -267,16 +269,22 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
     results.publish_gbps = 0;
   }
   // An engine that writes its KV straight into the region (allocate, write, commit) pays only
-  // the commit: its checksum pass plus the sidecar's check. The write is the engine's own.
+  // the commit: its checksum pass, with the sidecar's check running alongside (commit_written).
+  // The write is the engine's own.
   for (int repeat = 0; arena_bytes > 0 && repeat < measured; ++repeat) {
     auto region = client.value().allocate(payload.size());
     if (!region || !region.value().in_arena()) break;
     std::memcpy(region.value().bytes().data(), payload.data(), payload.size());
     const double copy_gbps = memcpy_gbps_now();
     const auto start = Clock::now();
-    const auto checksum = shm::checksum_bytes(region.value().bytes());
-    auto committed =
-        client.value().commit(std::move(region).value(), {2, static_cast<std::uint64_t>(repeat)}, KvLayout{}, checksum);
+    const shm::EntryKey key{2, static_cast<std::uint64_t>(repeat)};
+    Status committed = ok();
+    if (serial_in_place_commit) {
+      const auto checksum = shm::checksum_bytes(region.value().bytes());
+      committed = client.value().commit(std::move(region).value(), key, KvLayout{}, checksum);
+    } else {
+      committed = client.value().commit_written(std::move(region).value(), key, KvLayout{});
+    }
     const double seconds = seconds_since(start);
     if (!committed) break;
     results.commit_in_place_gbps = std::max(results.commit_in_place_gbps, gbps(payload.size(), seconds));
@@ -365,6 +373,8 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-shm", skip_shm, "measure only memcpy and the TCP paths (for profiling the peer plane)");
   app.add_flag("--peer-arena,!--no-peer-arena", peer_arena,
                "receive peer transfers into a warmed arena (the daemon's default) or into sealed segments");
+  app.add_flag("--serial-in-place-commit", serial_in_place_commit,
+               "commit in place with the checksum computed first and the sidecar's check after it");
   bool staging = true;
   app.add_flag("--staging,!--no-staging", staging,
                "stage chunks through a reused buffer (the default) or receive straight into the arena");

@@ -102,9 +102,8 @@ int kvrelay_region_commit(kvrelay_client* client, kvrelay_region* region, const 
     delete region;
     return invalid(client, "unknown dtype");
   }
-  const auto checksum = kvrelay::shm::checksum_bytes(region->region.bytes());
-  auto committed = client->client.commit(std::move(region->region), {key->model_id, key->context_hash},
-                                         to_layout(*layout), checksum);
+  auto committed =
+      client->client.commit_written(std::move(region->region), {key->model_id, key->context_hash}, to_layout(*layout));
   delete region;
   return committed ? KVRELAY_OK : record(client, committed.error());
 }

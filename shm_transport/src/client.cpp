@@ -285,6 +285,37 @@ Status ShmClient::publish_with_context(const EntryKey& key, const KvLayout& layo
   return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json);
 }
 
+namespace {
+
+// Progress reports go out every this many bytes of an arena region, for regions of at least two.
+constexpr std::size_t kProgressBytes = 4U << 20;
+
+}  // namespace
+
+void ShmClient::report_progress(std::uint64_t region_id, std::uint64_t written) {
+  ByteWriter progress;
+  progress.put(region_id).put(written);
+  // One-way; if it cannot be sent the commit still checks everything.
+  (void)send_message(socket_.get(), encode_frame(MessageType::kRegionProgress, next_request_++, progress.bytes()));
+}
+
+Status ShmClient::commit_written(WritableRegion region, const EntryKey& key, const KvLayout& layout) {
+  const auto bytes = region.bytes();
+  if (!region.in_arena() || bytes.size() < 2 * kProgressBytes) {
+    const std::uint64_t checksum = checksum_bytes(bytes);
+    return commit(std::move(region), key, layout, checksum);
+  }
+  BulkHashStream hash;
+  if (!hash.valid()) return fail(ErrorCode::kResourceExhausted, "cannot allocate a hash state");
+  for (std::size_t offset = 0; offset < bytes.size(); offset += kProgressBytes) {
+    const std::size_t take = std::min(kProgressBytes, bytes.size() - offset);
+    hash.update(bytes.data() + offset, take);
+    if (offset + take < bytes.size()) report_progress(region.id, offset + take);
+  }
+  const std::uint64_t checksum = hash.digest();
+  return commit(std::move(region), key, layout, checksum);
+}
+
 Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum) {
   KVRELAY_TRY(auto arena_region, try_arena_region(bytes.size()));
   BulkHashStream hash;
@@ -296,8 +327,7 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
   if (arena_region) {
     // Every few MiB the sidecar hears how far the copy got and verifies that much on its own
     // thread while this one copies on, so the commit is left with only the tail to check.
-    constexpr std::size_t kProgressBytes = 4U << 20;
-    const bool report_progress = bytes.size() >= 2 * kProgressBytes;
+    const bool progress = bytes.size() >= 2 * kProgressBytes;
     const auto destination = arena_region->bytes();
     for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
       const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
@@ -312,13 +342,8 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
         std::memcpy(destination.data() + offset + page, piece.data() + page, take);
       }
       const std::size_t written = offset + piece.size();
-      if (report_progress && written % kProgressBytes == 0 && written < bytes.size()) {
-        ByteWriter progress;
-        progress.put(arena_region->id).put(std::uint64_t{written});
-        // One-way; if it cannot be sent the commit still checks everything.
-        (void)send_message(socket_.get(),
-                           encode_frame(MessageType::kRegionProgress, next_request_++, progress.bytes()));
-      }
+      if (progress && written % kProgressBytes == 0 && written < bytes.size())
+        report_progress(arena_region->id, written);
     }
     checksum = hash.digest();
     return std::move(*arena_region);

@@ -285,6 +285,26 @@ TEST_CASE("shm arena: progress reports let the sidecar check a region while it i
     REQUIRE(client.abort(std::move(aborted).value()).has_value());
     CHECK(wait_until([&] { return client.stats().value().arena_bytes_in_use == 0; }, std::chrono::seconds(5)));
   }
+  SECTION("a region written in place is hashed with progress reports by commit_written") {
+    auto region = client.allocate(bytes.size());
+    REQUIRE(region.has_value());
+    REQUIRE(region.value().in_arena());
+    std::memcpy(region.value().bytes().data(), bytes.data(), bytes.size());
+    REQUIRE(client.commit_written(std::move(region).value(), {9, 4}, KvLayout{}).has_value());
+    auto entry = client.lookup({9, 4});
+    REQUIRE(entry.has_value());
+    CHECK(entry.value().info.checksum == checksum);
+    CHECK(arena_bytes_equal(entry.value().bytes(), bytes));
+    // Its reports were well formed (a bad one is counted here), and a small region needs none.
+    CHECK(client.stats().value().rejected_messages == rejected_before);
+    auto small = client.allocate(4096);
+    REQUIRE(small.has_value());
+    std::memcpy(small.value().bytes().data(), bytes.data(), 4096);
+    REQUIRE(client.commit_written(std::move(small).value(), {9, 5}, KvLayout{}).has_value());
+    auto small_entry = client.lookup({9, 5});
+    REQUIRE(small_entry.has_value());
+    CHECK(small_entry.value().info.checksum == shm::checksum_bytes(std::span(bytes).first(4096)));
+  }
   SECTION("the copying publish reports progress itself") {
     REQUIRE(client.publish({9, 3}, KvLayout{}, bytes).has_value());
     auto entry = client.lookup({9, 3});

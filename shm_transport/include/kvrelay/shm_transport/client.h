@@ -129,6 +129,11 @@ class ShmClient {
   // consumed either way.
   [[nodiscard]] Status commit(WritableRegion region, const EntryKey& key, const KvLayout& layout,
                               std::uint64_t checksum);
+  // commit() for a region the caller has finished writing, with the checksum computed here. In
+  // the arena the hash tells the sidecar every few MiB how far it got, as publish's copy does,
+  // so the sidecar's check runs alongside on its own thread (reading what this pass just
+  // brought into the shared cache) instead of after it.
+  [[nodiscard]] Status commit_written(WritableRegion region, const EntryKey& key, const KvLayout& layout);
   [[nodiscard]] Status abort(WritableRegion region);
   // allocate + copy (hashing while the data is in cache) + commit. The copy goes through the
   // region's fd (pwrite), not a mapping: one kernel copy, no page faults in this process.
@@ -189,6 +194,8 @@ class ShmClient {
   // A region of `size` bytes from the sidecar, not mapped here.
   [[nodiscard]] Result<WritableRegion> allocate_unmapped(std::uint64_t size);
   [[nodiscard]] Result<WritableRegion> copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum);
+  // One-way RegionProgress: the sidecar may check the region's first `written` bytes.
+  void report_progress(std::uint64_t region_id, std::uint64_t written);
 
   UniqueFd socket_;
   std::uint32_t next_request_ = 1;
