@@ -81,30 +81,37 @@ double gbps(std::size_t bytes, double seconds) {
 }
 
 // Each run of `body` right after a memcpy of the same bytes, both in thread CPU time: the pair's
-// two sides see the same moment of the host. On this project's VM a 64 MiB memcpy swings between
-// 16 and 22 GB/s from minute to minute while the codec loops, bound by instructions, barely move,
-// so a ratio of two bests taken minutes apart says more about the minute than the codec.
-// Returns memcpy time / body time per pair (the body's rate as a fraction of memcpy's).
+// two sides see the same moment of the host. On this project's VM a 64 MiB memcpy swings from
+// run to run (back to back: a median near 15 GB/s, bests up to 22) far more than the codec
+// loops, which are bound by instructions, so a best encode over a best memcpy compares the
+// memcpy's rare peak with the codec's usual rate.
+struct Paired {
+  std::vector<double> ratios;       // memcpy time / body time: the body's rate as a fraction of memcpy's
+  std::vector<double> memcpy_gbps;  // each pair's memcpy
+};
+
 template <class Body>
-std::vector<double> paired_vs_memcpy(int pairs, std::vector<std::uint8_t>& scratch,
-                                     const std::vector<std::uint8_t>& from, Body&& body) {
-  std::vector<double> ratios;
+Paired paired_vs_memcpy(int pairs, std::vector<std::uint8_t>& scratch, const std::vector<std::uint8_t>& from,
+                        Body&& body) {
+  Paired paired;
   for (int pair = 0; pair < pairs; ++pair) {
     double start = thread_cpu_seconds();
     std::memcpy(scratch.data(), from.data(), from.size());
     const double copy_seconds = thread_cpu_seconds() - start;
     start = thread_cpu_seconds();
     body();
-    ratios.push_back(copy_seconds / (thread_cpu_seconds() - start));
+    paired.ratios.push_back(copy_seconds / (thread_cpu_seconds() - start));
+    paired.memcpy_gbps.push_back(static_cast<double>(from.size()) / copy_seconds / 1e9);
   }
-  return ratios;
+  return paired;
 }
 
-nlohmann::json spread(const std::vector<double>& values) {
-  return {{"runs", values.size()},
-          {"p25", audit::quantile(values, 0.25)},
-          {"median", audit::median(values)},
-          {"p75", audit::quantile(values, 0.75)}};
+nlohmann::json spread(const Paired& paired) {
+  return {{"runs", paired.ratios.size()},
+          {"p25", audit::quantile(paired.ratios, 0.25)},
+          {"median", audit::median(paired.ratios)},
+          {"p75", audit::quantile(paired.ratios, 0.75)},
+          {"memcpy_median_gbps", audit::median(paired.memcpy_gbps)}};
 }
 
 struct Sample {
