@@ -52,6 +52,8 @@ double gbps(std::size_t bytes, double seconds) {
 bool pin_threads = false;
 // --serial-in-place-commit: hash, then commit (the sidecar checks only after), as before session 20.
 bool serial_in_place_commit = false;
+// --rotate-source: each TCP run (raw and peer alike) sends the next stretch of the 256 MiB payload.
+bool rotate_source = false;
 constexpr int kSenderCpu = 0;
 constexpr int kReceiverCpu = 1;
 
@@ -167,7 +169,8 @@ class RawTcpBaseline {
   ~RawTcpBaseline() { ::close(listener_); }
 
   // One transfer of `size` bytes of `payload`; GB/s until the receiver's one-byte answer.
-  double once(const std::vector<std::byte>& payload) {
+  // `source`: the first `size` bytes are sent.
+  double once(const std::byte* source) {
     std::byte* destination = sink_.data() + runs_++ % slots_ * size_;
     std::thread receiver([&] {
       pin_this_thread(kReceiverCpu);
@@ -187,7 +190,7 @@ class RawTcpBaseline {
     const auto start = Clock::now();
     std::size_t sent = 0;
     while (sent < size_) {
-      const auto n = ::send(sender, payload.data() + sent, std::min(kMiB, size_ - sent), 0);
+      const auto n = ::send(sender, source + sent, std::min(kMiB, size_ - sent), 0);
       if (n <= 0) break;
       sent += static_cast<std::size_t>(n);
     }
@@ -312,10 +315,10 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
 }
 
 // One peer-plane transfer of `size` bytes over `client`'s connection; GB/s until Committed.
-double tcp_transfer_once(proxy::peer::PeerClient& client, const std::vector<std::byte>& payload, std::size_t size,
+double tcp_transfer_once(proxy::peer::PeerClient& client, const std::byte* source, std::size_t size,
                          std::uint64_t& transfer_id) {
   const auto start = Clock::now();
-  auto sent = client.send(++transfer_id, {2, transfer_id}, KvLayout{}, std::span(payload.data(), size));
+  auto sent = client.send(++transfer_id, {2, transfer_id}, KvLayout{}, std::span(source, size));
   const double seconds = seconds_since(start);
   if (!sent) {
     std::fprintf(stderr, "tcp transfer: %s\n", sent.error().to_string().c_str());
@@ -375,6 +378,8 @@ int main(int argc, char** argv) {
                "receive peer transfers into a warmed arena (the daemon's default) or into sealed segments");
   app.add_flag("--serial-in-place-commit", serial_in_place_commit,
                "commit in place with the checksum computed first and the sidecar's check after it");
+  app.add_flag("--rotate-source", rotate_source,
+               "each TCP run (raw and peer) sends the next stretch of the payload instead of its first bytes");
   bool staging = true;
   app.add_flag("--staging,!--no-staging", staging,
                "stage chunks through a reused buffer (the default) or receive straight into the arena");
@@ -420,6 +425,7 @@ int main(int argc, char** argv) {
   peer_options.node_id = "bench";
   result["peer_arena"] = peer_arena;
   result["staging"] = staging;
+  result["rotate_source"] = rotate_source;
   peer_options.stage_arena_chunks = staging;
   if (peer_arena) {
     auto arena = shm::ShmArena::create(3 * largest);
@@ -462,7 +468,8 @@ int main(int argc, char** argv) {
   // One unmeasured pass over every size: whichever size goes first otherwise runs at a third of
   // its later speed on this host (measured: 1 MiB at 0.4-0.5 GB/s first, 2.0-2.6 after 16 MiB).
   for (const std::size_t mib : tcp_sizes_mib)
-    (void)tcp_transfer_once(client.value(), payload, mib * kMiB, transfer_id);
+    (void)tcp_transfer_once(client.value(), payload.data(), mib * kMiB, transfer_id);
+  const std::vector<std::byte> raw_payload = rotate_source ? payload : std::vector<std::byte>{};
   nlohmann::json paired_median;
   nlohmann::json paired_spread;
   nlohmann::json raw_spread;
@@ -481,9 +488,16 @@ int main(int argc, char** argv) {
     // of the ratio rather than on whichever block of runs it happened to hit.
     const int runs = tcp_runs_for(mib * kMiB);
     for (int repeat = 0; repeat < runs; ++repeat) {
-      const double raw_run = fixed_sink.once(payload);
-      best_rotating = std::max(best_rotating, rotating_sink.once(payload));
-      const double tcp_run = tcp_transfer_once(client.value(), payload, mib * kMiB, transfer_id);
+      // With --rotate-source each side sends the run's own stretch of its own copy of the payload,
+      // as a sidecar sends a different entry each time; otherwise both send the first bytes of one
+      // payload every run. Separate copies, because on this VM how one side last touched a page
+      // (kernel or user mode) changes what the other's next kernel copy of it costs.
+      const std::size_t stretches = rotate_source ? payload.size() / (mib * kMiB) : 1;
+      const std::size_t stretch = static_cast<std::size_t>(repeat) % stretches * mib * kMiB;
+      const std::byte* raw_source = (rotate_source ? raw_payload.data() : payload.data()) + stretch;
+      const double raw_run = fixed_sink.once(raw_source);
+      best_rotating = std::max(best_rotating, rotating_sink.once(raw_source));
+      const double tcp_run = tcp_transfer_once(client.value(), payload.data() + stretch, mib * kMiB, transfer_id);
       best_raw = std::max(best_raw, raw_run);
       best_tcp = std::max(best_tcp, tcp_run);
       if (raw_run > 0) paired.push_back(tcp_run / raw_run);
