@@ -23,6 +23,8 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/codec_plugins/tensor_file.h"
 
+#include "common/spread_json.h"
+
 using namespace kvrelay;
 using namespace kvrelay::codec;
 
@@ -107,11 +109,9 @@ Paired paired_vs_memcpy(int pairs, std::vector<std::uint8_t>& scratch, const std
 }
 
 nlohmann::json spread(const Paired& paired) {
-  return {{"runs", paired.ratios.size()},
-          {"p25", audit::quantile(paired.ratios, 0.25)},
-          {"median", audit::median(paired.ratios)},
-          {"p75", audit::quantile(paired.ratios, 0.75)},
-          {"memcpy_median_gbps", audit::median(paired.memcpy_gbps)}};
+  auto out = bench::spread_json(paired.ratios);
+  out["memcpy_median_gbps"] = audit::median(paired.memcpy_gbps);
+  return out;
 }
 
 struct Sample {

@@ -30,6 +30,8 @@
 #include "kvrelay/shm_transport/memfd.h"
 #include "kvrelay/shm_transport/server.h"
 
+#include "common/spread_json.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -327,16 +329,6 @@ double tcp_transfer_once(proxy::peer::PeerClient& client, const std::byte* sourc
   return gbps(size, seconds);
 }
 
-// Median and quartiles of per-run ratios, with the count: a run of a sub-millisecond transfer
-// on a shared host is one noisy sample, so small sizes take many.
-nlohmann::json spread(std::span<const double> values) {
-  if (values.empty()) return {{"runs", 0}};
-  return {{"runs", values.size()},
-          {"p25", audit::quantile(values, 0.25)},
-          {"median", audit::median(values)},
-          {"p75", audit::quantile(values, 0.75)}};
-}
-
 // Runs of one TCP size: --repeats for 64 MiB and up, proportionally more below (1 MiB: 64x),
 // so each size gets about the same measuring time and a 1 MiB median rests on hundreds of pairs.
 int tcp_runs_for(std::size_t bytes) {
@@ -405,8 +397,8 @@ int main(int argc, char** argv) {
     result["shm_first_publish_gbps"] = shm_results.first_publish_gbps;
     result["shm_commit_in_place_gbps"] = shm_results.commit_in_place_gbps;
     result["shm_commit_in_place_vs_memcpy"] = shm_results.commit_in_place_gbps / result["memcpy_gbps"].get<double>();
-    result["shm_publish_vs_memcpy_paired"] = spread(shm_results.publish_vs_memcpy_paired);
-    result["shm_commit_in_place_vs_memcpy_paired"] = spread(shm_results.commit_in_place_vs_memcpy_paired);
+    result["shm_publish_vs_memcpy_paired"] = bench::spread_json(shm_results.publish_vs_memcpy_paired);
+    result["shm_commit_in_place_vs_memcpy_paired"] = bench::spread_json(shm_results.commit_in_place_vs_memcpy_paired);
     result["shm_publish_sealed_segments_gbps"] = sealed_results.publish_gbps;
     result["shm_publish_sealed_segments_vs_memcpy"] = sealed_results.publish_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_sealed_segments_vs_memfd_write"] =
@@ -510,9 +502,9 @@ int main(int argc, char** argv) {
     ratio[key] = best_tcp / best_raw;
     ratio_rotating[key] = best_tcp / best_rotating;
     paired_median[key] = paired.empty() ? 0.0 : audit::median(paired);
-    paired_spread[key] = spread(paired);
-    raw_spread[key] = spread(raw_runs);
-    tcp_spread[key] = spread(tcp_runs);
+    paired_spread[key] = bench::spread_json(paired);
+    raw_spread[key] = bench::spread_json(raw_runs);
+    tcp_spread[key] = bench::spread_json(tcp_runs);
   }
   server.stop();
   work.reset();
