@@ -4,6 +4,9 @@
 #include "bulk_hash_avx2.h"
 #endif
 
+#include <algorithm>
+#include <cstring>
+
 namespace kvrelay {
 namespace {
 
@@ -56,6 +59,19 @@ void BulkHashStream::update(const void* data, std::size_t size) noexcept {
   }
 #endif
   (void)XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+
+void BulkHashStream::update_copy(void* destination, const void* source, std::size_t size) noexcept {
+#if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
+  if (avx2_ && detail::xxh3_avx2_update_copy(state_, destination, source, size)) return;
+#endif
+  // Page by page, so each page is hashed while the copy left it in L1.
+  constexpr std::size_t kPage = 4096;
+  for (std::size_t offset = 0; offset < size; offset += kPage) {
+    const std::size_t take = std::min(kPage, size - offset);
+    std::memcpy(static_cast<char*>(destination) + offset, static_cast<const char*>(source) + offset, take);
+    update(static_cast<const char*>(destination) + offset, take);
+  }
 }
 
 std::uint64_t BulkHashStream::digest() const noexcept {

@@ -14,6 +14,9 @@ namespace kvrelay::detail {
 [[nodiscard]] void* xxh3_avx2_state_new() noexcept;
 void xxh3_avx2_state_free(void* state) noexcept;
 void xxh3_avx2_update(void* state, const void* data, std::size_t size) noexcept;
+// Copies `size` bytes from `source` to `destination` (no overlap) and hashes the copy in one pass;
+// false, having done nothing, where this xxhash version does not allow it.
+[[nodiscard]] bool xxh3_avx2_update_copy(void* state, void* destination, const void* source, std::size_t size) noexcept;
 [[nodiscard]] std::uint64_t xxh3_avx2_digest(const void* state) noexcept;
 
 }  // namespace kvrelay::detail

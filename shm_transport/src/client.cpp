@@ -13,10 +13,6 @@
 #include <cstring>
 #include <memory>
 
-#if defined(__x86_64__)
-#include <xmmintrin.h>
-#endif
-
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
@@ -294,19 +290,6 @@ namespace {
 // Progress reports go out every this many bytes of an arena region, for regions of at least two.
 constexpr std::size_t kProgressBytes = 4U << 20;
 
-// Asks for the page after the one being hashed, so its loads overlap this page's hash and copy
-// (measured: paired publish medians higher in six alternations of six, 0.70-0.87x against
-// 0.69-0.79x memcpy).
-void prefetch_page(const std::byte* page, std::size_t size) {
-#if defined(__x86_64__)
-  for (std::size_t offset = 0; offset < size; offset += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(page + offset), _MM_HINT_T0);
-#else
-  (void)page;
-  (void)size;
-#endif
-}
-
 }  // namespace
 
 void ShmClient::report_progress(std::uint64_t region_id, std::uint64_t written) {
@@ -340,7 +323,6 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
   // Cache-sized pieces: progress reports go out between them, and the sealed-segment path hashes
   // each one while it is hot before the kernel copies it.
   constexpr std::size_t kPiece = 256 * 1024;
-  constexpr std::size_t kPageBytes = 4096;
   if (arena_region) {
     // Every few MiB the sidecar hears how far the copy got and verifies that much on its own
     // thread while this one copies on, so the commit is left with only the tail to check.
@@ -348,19 +330,11 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
     const auto destination = arena_region->bytes();
     for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
       const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
-      // Hash a page, then copy it out of L1 with memcpy's ordinary stores: the next page's loads
-      // overlap this page's stores, and the lines stay in the shared cache for the sidecar's
-      // verifier thread. Measured on the 2-core VM (transport_bench, 256 MiB): 12.2-13.4 GB/s
-      // this way against 9-10 hashing 256 KiB and then streaming it out with non-temporal stores,
-      // and 8-10 with 8-64 KiB pages (where glibc switches to `rep movsb` or we to streaming).
-      for (std::size_t page = 0; page < piece.size(); page += kPageBytes) {
-        const std::size_t take = std::min(kPageBytes, piece.size() - page);
-        const std::size_t at = offset + page;
-        if (at + take < bytes.size())
-          prefetch_page(bytes.data() + at + take, std::min(kPageBytes, bytes.size() - at - take));
-        hash.update(piece.data() + page, take);
-        std::memcpy(destination.data() + at, piece.data() + page, take);
-      }
+      // One pass: each 64-byte stripe is copied with ordinary stores (so the lines stay in the
+      // shared cache for the sidecar's verifier) and hashed right after from L1. Measured on
+      // the 2-core VM: the copy and hash at 0.95-1.04x memcpy, where hashing each 4 KiB page and
+      // then copying it ran at 0.64-0.67x (docs/transports.md "Fused copy and hash").
+      hash.update_copy(destination.data() + offset, piece.data(), piece.size());
       const std::size_t written = offset + piece.size();
       if (progress && written % kProgressBytes == 0 && written < bytes.size())
         report_progress(arena_region->id, written);

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -38,5 +39,43 @@ TEST_CASE("bulk_hash64 and BulkHashStream give the library's XXH3-64 values", "[
       done += take;
     }
     CHECK(stream.digest() == reference_hash(bytes, size));
+  }
+}
+
+TEST_CASE("BulkHashStream::update_copy copies and hashes like a copy followed by update", "[core][hash]") {
+  std::mt19937 random(5);
+  constexpr std::size_t kGuard = 67;  // an odd offset: the destination is unaligned
+  std::vector<std::uint8_t> bytes(300000);
+  for (auto& byte : bytes)
+    byte = static_cast<std::uint8_t>(random());
+  for (std::size_t size : {0UL, 1UL, 63UL, 64UL, 255UL, 256UL, 257UL, 512UL, 768UL, 1000UL, 1023UL, 1024UL, 1025UL,
+                           4096UL, 65537UL, 300000UL}) {
+    // Piece patterns: one call, uneven pieces (so the internal buffer is part full at every
+    // offset), and update_copy interleaved with plain update of already-copied bytes.
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      INFO("size " << size << ", pattern " << pattern);
+      std::vector<std::uint8_t> copy(size + 2 * kGuard, 0xA5);
+      std::uint8_t* destination = copy.data() + kGuard;
+      kvrelay::BulkHashStream stream;
+      REQUIRE(stream.valid());
+      std::size_t done = 0;
+      for (std::size_t piece = pattern == 0 ? size : 1; done < size; piece = piece * 3 + 7) {
+        const std::size_t take = piece < size - done ? piece : size - done;
+        if (pattern == 2 && (piece % 2) == 0) {
+          std::memcpy(destination + done, bytes.data() + done, take);
+          stream.update(destination + done, take);
+        } else {
+          stream.update_copy(destination + done, bytes.data() + done, take);
+        }
+        done += take;
+      }
+      CHECK(stream.digest() == reference_hash(bytes, size));
+      CHECK(std::memcmp(destination, bytes.data(), size) == 0);
+      // Nothing outside the destination is written.
+      for (std::size_t at = 0; at < kGuard; ++at) {
+        CHECK(copy[at] == 0xA5);
+        CHECK(copy[kGuard + size + at] == 0xA5);
+      }
+    }
   }
 }

@@ -92,17 +92,6 @@ namespace {
 
 constexpr std::size_t kHashPieceBytes = 32 * 1024;
 
-// Calls `each` on consecutive L1-sized pieces of `chunk` and copies each piece to `copy_to`
-// (when set) right after, while it is still in cache.
-template <class Each>
-void for_each_piece(std::span<const std::byte> chunk, std::byte* copy_to, Each&& each) {
-  for (std::size_t offset = 0; offset < chunk.size(); offset += kHashPieceBytes) {
-    const auto piece = chunk.subspan(offset, std::min(kHashPieceBytes, chunk.size() - offset));
-    each(piece);
-    if (copy_to != nullptr) std::memcpy(copy_to + offset, piece.data(), piece.size());
-  }
-}
-
 }  // namespace
 
 std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk, std::byte* copy_to) {
@@ -112,15 +101,27 @@ std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::by
     if (copy_to != nullptr) std::memcpy(copy_to, chunk.data(), chunk.size());
     return bulk_hash64(chunk.data(), chunk.size());
   }
-  for_each_piece(chunk, copy_to, [&](std::span<const std::byte> piece) {
-    own.update(piece.data(), piece.size());
-    whole.update(piece.data(), piece.size());
-  });
+  // L1-sized pieces: the second hash reads what the first (and the copy) just brought in.
+  for (std::size_t offset = 0; offset < chunk.size(); offset += kHashPieceBytes) {
+    const std::size_t take = std::min(kHashPieceBytes, chunk.size() - offset);
+    const std::byte* hashed = chunk.data() + offset;
+    if (copy_to != nullptr) {
+      own.update_copy(copy_to + offset, hashed, take);
+      hashed = copy_to + offset;
+    } else {
+      own.update(hashed, take);
+    }
+    whole.update(hashed, take);
+  }
   return own.digest();
 }
 
 std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byte> chunk, std::byte* copy_to) {
-  for_each_piece(chunk, copy_to, [&](std::span<const std::byte> piece) { running.update(piece.data(), piece.size()); });
+  // The copy and the hash in one pass: each 64-byte stripe is hashed as soon as it is stored.
+  if (copy_to != nullptr)
+    running.update_copy(copy_to, chunk.data(), chunk.size());
+  else
+    running.update(chunk.data(), chunk.size());
   return running.digest();
 }
 

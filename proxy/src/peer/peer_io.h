@@ -70,8 +70,8 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
                                    std::chrono::milliseconds timeout);
 
 // The chunk's own XXH3, with the chunk also fed into `whole`: one sweep in L1-sized pieces, each
-// hashed twice while it is in cache, instead of two passes over the chunk. With `copy_to`, each
-// piece is also copied there once hashed (staged chunks, below).
+// hashed twice while it is in cache, instead of two passes over the chunk. With `copy_to`, the
+// chunk is also copied there, in the same pass as its first hash (staged chunks, below).
 [[nodiscard]] std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk,
                                                 std::byte* copy_to = nullptr);
 

@@ -31,6 +31,12 @@ class BulkHashStream {
   // False when the state could not be allocated; then nothing else may be called.
   [[nodiscard]] bool valid() const noexcept { return state_ != nullptr; }
   void update(const void* data, std::size_t size) noexcept;
+  // Copies `size` bytes from `source` to `destination` (which must not overlap) and hashes them
+  // as update(destination, size) would. With AVX2 each 64-byte stripe is hashed as soon as it is
+  // stored, so the copy costs about what memcpy alone does (the hash would
+  // otherwise be a second pass; bench/transport_bench, docs/transports.md). What is hashed is
+  // what was written, even if `source` changes meanwhile.
+  void update_copy(void* destination, const void* source, std::size_t size) noexcept;
   [[nodiscard]] std::uint64_t digest() const noexcept;
 
  private:
