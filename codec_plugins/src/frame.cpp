@@ -102,6 +102,10 @@ void hash_ready(void* context, const std::uint8_t* bytes, std::size_t size) {
   static_cast<BulkHashStream*>(context)->update(bytes, size);
 }
 
+void copy_and_hash(void* context, std::uint8_t* destination, const std::uint8_t* source, std::size_t size) {
+  static_cast<BulkHashStream*>(context)->update_copy(destination, source, size);
+}
+
 }  // namespace
 
 Result<std::uint64_t> max_frame_size(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
@@ -147,7 +151,7 @@ Result<std::size_t> encode_frame_into(const Codec& codec, const KvLayout& layout
     write_header(out, codec, layout, options, params, plan.bound, plan.bound);
     streamed_hash->update(out, prefix);
     const int code = streamed(&c_layout, params.data(), params.size(), kv.data(), kv.size(), out + prefix, plan.bound,
-                              &inner_size, detail::OutputSink{hash_ready, &*streamed_hash});
+                              &inner_size, detail::OutputSink{hash_ready, &*streamed_hash, copy_and_hash});
     if (code != KVRELAY_CODEC_OK) return outcome::failure(codec_error(codec, codec.plugin(), code, "encode"));
     if (inner_size > plan.bound) return fail(ErrorCode::kInternal, "codec wrote past its own bound");
     payload_size = inner_size;

@@ -52,7 +52,7 @@ const kvrelay_codec_plugin* raw_codec() noexcept {
   return &kRaw;
 }
 
-// Copies in pieces that stay in L2, each reported once copied.
+// Copies in pieces that stay in L2, each reported once copied (or copied by the sink itself).
 int detail::raw_encode_streamed(const kvrelay_codec_layout* layout, const void* /*params*/, std::size_t /*params_size*/,
                                 const void* input, std::size_t input_size, void* output, std::size_t output_capacity,
                                 std::size_t* output_size, OutputSink sink) {
@@ -66,6 +66,10 @@ int detail::raw_encode_streamed(const kvrelay_codec_layout* layout, const void* 
   auto* out = static_cast<std::uint8_t*>(output);
   for (std::size_t done = 0; done < shape.total_bytes; done += kPiece) {
     const std::size_t piece = shape.total_bytes - done < kPiece ? shape.total_bytes - done : kPiece;
+    if (sink.copy_ready != nullptr) {
+      sink.copy_ready(sink.context, out + done, in + done, piece);
+      continue;
+    }
     std::memcpy(out + done, in + done, piece);
     if (sink.ready != nullptr) sink.ready(sink.context, out + done, piece);
   }

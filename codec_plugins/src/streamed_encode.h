@@ -16,6 +16,10 @@ namespace kvrelay::codec::detail {
 struct OutputSink {
   void (*ready)(void* context, const std::uint8_t* bytes, std::size_t size) = nullptr;
   void* context = nullptr;
+  // Optional, for stretches an encoder would only copy from its input: copies `size` bytes from
+  // `source` to `destination` and takes them as ready, in one pass (the frame's checksum is
+  // computed as each stripe is stored).
+  void (*copy_ready)(void* context, std::uint8_t* destination, const std::uint8_t* source, std::size_t size) = nullptr;
 };
 
 using StreamedEncodeFn = int (*)(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size,
