@@ -27,17 +27,26 @@ Status validate_entry_info(const EntryInfo& info) {
 
 Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, std::span<const std::byte> bytes,
                                                        ShmArena* arena) {
-  const EntryInfo info{layout, bytes.size(), bulk_hash64(bytes.data(), bytes.size())};
+  EntryInfo info{layout, bytes.size(), 0};
   KVRELAY_TRY(validate_entry_info(info));
   if (arena != nullptr) {
     if (auto block = arena->allocate(bytes.size())) {
-      if (!bytes.empty()) std::memcpy(block.value()->bytes().data(), bytes.data(), bytes.size());
+      // The copy and the checksum in one pass.
+      BulkHashStream hash;
+      if (hash.valid()) {
+        hash.update_copy(block.value()->bytes().data(), bytes.data(), bytes.size());
+        info.checksum = hash.digest();
+      } else {
+        info.checksum = bulk_hash64(bytes.data(), bytes.size());
+        if (!bytes.empty()) std::memcpy(block.value()->bytes().data(), bytes.data(), bytes.size());
+      }
       auto entry = std::make_shared<StoredEntry>();
       entry->info = info;
       entry->block = std::move(block).value();
       return entry;
     }
   }
+  info.checksum = bulk_hash64(bytes.data(), bytes.size());
   // Filled through the kernel, never mapped here: no first-touch page faults, and nothing
   // writable mapped when F_SEAL_WRITE goes on.
   KVRELAY_TRY(auto fd, create_sealed_memfd_to_fill("kvrelay-entry", bytes.size()));

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/core/bulk_hash.h"
+#include "kvrelay/shm_transport/entry.h"
 #include "kvrelay/shm_transport/memfd.h"
 
 namespace kvrelay::test {
@@ -180,6 +182,30 @@ TEST_CASE("an arena refuses a zero size and cannot be sealed against writes by a
   // F_SEAL_SEAL is on: no process given the fd can freeze the arena under the sidecar.
   CHECK((seals.value() & 0x0001U) != 0);
   CHECK((seals.value() & 0x0008U) == 0);
+}
+
+TEST_CASE("entries the sidecar makes hold a copy of the bytes and their checksum, in the arena or not",
+          "[shm][arena]") {
+  auto created = shm::ShmArena::create(64 * kGranule);
+  REQUIRE(created);
+  std::vector<std::byte> bytes((1U << 20) + 3);
+  for (std::size_t at = 0; at < bytes.size(); ++at)
+    bytes[at] = static_cast<std::byte>((at * 131) ^ (at >> 9));
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{300}, bytes.size()}) {
+    const auto source = std::span<const std::byte>(bytes).first(size);
+    for (shm::ShmArena* arena : {created.value().get(), static_cast<shm::ShmArena*>(nullptr)}) {
+      INFO("size " << size << (arena != nullptr ? ", in the arena" : ", in a sealed memfd"));
+      auto entry = shm::make_stored_entry(KvLayout{}, source, arena);
+      REQUIRE(entry);
+      CHECK(entry.value()->in_arena() == (arena != nullptr));
+      CHECK(entry.value()->info.bytes == size);
+      CHECK(entry.value()->info.checksum == bulk_hash64(source.data(), source.size()));
+      auto view = shm::view_entry(*entry.value());
+      REQUIRE(view);
+      REQUIRE(view.value().bytes().size() == size);
+      CHECK(std::equal(source.begin(), source.end(), view.value().bytes().begin()));
+    }
+  }
 }
 
 }  // namespace kvrelay::test
