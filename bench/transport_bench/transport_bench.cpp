@@ -375,6 +375,9 @@ int main(int argc, char** argv) {
   bool staging = true;
   app.add_flag("--staging,!--no-staging", staging,
                "stage chunks through a reused buffer (the default) or receive straight into the arena");
+  bool split_single_chunk = true;
+  app.add_flag("--split-single-chunk,!--no-split-single-chunk", split_single_chunk,
+               "send a transfer that fits one chunk as two halves (the default) or as one chunk");
   CLI11_PARSE(app, argc, argv);
 
   const auto payload = make_payload(256 * kMiB);
@@ -417,6 +420,7 @@ int main(int argc, char** argv) {
   peer_options.node_id = "bench";
   result["peer_arena"] = peer_arena;
   result["staging"] = staging;
+  result["split_single_chunk"] = split_single_chunk;
   result["rotate_source"] = rotate_source;
   peer_options.stage_arena_chunks = staging;
   if (peer_arena) {
@@ -452,6 +456,7 @@ int main(int argc, char** argv) {
   client_options.chunk_bytes = chunk_kib * 1024;
   client_options.window_chunks = std::max<std::uint32_t>(1, 8 * 1024 / chunk_kib);
   client_options.stage_chunks = staging;
+  client_options.split_single_chunk = split_single_chunk;
   auto client = proxy::peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, client_options);
   if (!client) {
     std::fprintf(stderr, "peer connect: %s\n", client.error().to_string().c_str());

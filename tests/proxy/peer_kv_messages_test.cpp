@@ -116,3 +116,44 @@ TEST_CASE("a field that runs past the end fails every field after it (found by f
   push.put(std::uint64_t{9}).put(std::uint64_t{1}).put(std::uint64_t{2}).put(std::uint32_t{64});
   CHECK(decode_push_encoded(push.bytes()).error().code == ErrorCode::kProtocol);
 }
+
+TEST_CASE("a transfer that fits one chunk goes as two page-aligned halves; others keep the chunk size",
+          "[proxy][peer][unit]") {
+  constexpr std::uint32_t kChunk = 1U << 20;
+  CHECK(transfer_chunk_bytes(kChunk, 1U << 20) == 512U << 10);
+  CHECK(transfer_chunk_bytes(kChunk, (700U << 10) + 3) == 352U << 10);  // 350 KiB + 2, up to a page
+  CHECK(transfer_chunk_bytes(kChunk, kSplitTransferMinBytes) == kSplitTransferMinBytes / 2);
+  CHECK(transfer_chunk_bytes(kChunk, kSplitTransferMinBytes - 1) == kChunk);  // too small to pay
+  CHECK(transfer_chunk_bytes(kChunk, (1U << 20) + 1) == kChunk);              // two chunks already
+  CHECK(transfer_chunk_bytes(kChunk, 0) == kChunk);
+  CHECK(transfer_chunk_bytes(64U << 10, 1U << 20) == 64U << 10);
+  // Two halves always cover the transfer, never three.
+  for (std::uint64_t bytes = kSplitTransferMinBytes; bytes <= kChunk; bytes += 4093) {
+    const std::uint32_t chunk = transfer_chunk_bytes(kChunk, bytes);
+    CHECK(chunk % 4096 == 0);
+    CHECK((bytes + chunk - 1) / chunk == 2);
+  }
+}
+
+TEST_CASE("peer stats round-trip, and a reply from a peer without chunks_received reads as 0", "[proxy][peer][unit]") {
+  PeerServerStats stats;
+  stats.sessions = 1;
+  stats.committed_transfers = 3;
+  stats.bytes_received = 1U << 20;
+  stats.chunks_received = 2;
+  const auto payload = payload_of(encode_peer_stats(stats));
+  REQUIRE(payload.size() == 7 * sizeof(std::uint64_t));
+  const auto decoded = decode_peer_stats(payload);
+  REQUIRE(decoded);
+  CHECK(decoded.value().chunks_received == 2);
+  CHECK(decoded.value().bytes_received == 1U << 20);
+  const auto older = decode_peer_stats(std::span(payload).first(6 * sizeof(std::uint64_t)));
+  REQUIRE(older);
+  CHECK(older.value().chunks_received == 0);
+  CHECK(older.value().committed_transfers == 3);
+  CHECK(decode_peer_stats(std::span(payload).first(6 * sizeof(std::uint64_t) + 3)).error().code ==
+        ErrorCode::kTruncated);
+  auto longer = payload;
+  longer.push_back(std::byte{0});
+  CHECK(decode_peer_stats(longer).error().code == ErrorCode::kProtocol);
+}

@@ -44,6 +44,57 @@ TEST_CASE("peer transfers of 0 B, 1 B, 1 MiB + 1 and 256 MiB arrive byte for byt
   CHECK(stats.bytes_received == 1 + (1U << 20) + 1 + (256U << 20));
 }
 
+TEST_CASE("a transfer that fits one chunk goes as two halves and lands byte for byte", "[peer]") {
+  PeerDaemon daemon;
+  auto local = daemon.data_plane();
+  std::uint64_t transfer_id = 300;
+  // (size, split or not) -> the chunks the receiver should count.
+  const auto send = [&](std::size_t size, bool split) {
+    proxy::peer::PeerClientOptions options;
+    options.split_single_chunk = split;
+    auto client = proxy::peer::PeerClient::connect(daemon.peer_address(), options);
+    REQUIRE(client.has_value());
+    const auto before = daemon.peer_stats().chunks_received;
+    const auto bytes = peer_pattern(size, transfer_id);
+    const shm::EntryKey key{8, transfer_id};
+    auto sent = client.value().send(transfer_id++, key, KvLayout{}, bytes);
+    REQUIRE(sent.has_value());
+    CHECK(sent.value() == TransferOutcome::kCommitted);
+    auto entry = local.lookup(key);
+    REQUIRE(entry.has_value());
+    CHECK(same_bytes(entry.value().bytes(), bytes));
+    return daemon.peer_stats().chunks_received - before;
+  };
+  CHECK(send(1U << 20, true) == 2);
+  CHECK(send((700U << 10) + 3, true) == 2);
+  CHECK(send(100U << 10, true) == 1);      // below kSplitTransferMinBytes
+  CHECK(send((1U << 20) + 1, true) == 2);  // two chunks of the configured size anyway
+  CHECK(send((3U << 20) + 5, true) == 4);
+  CHECK(send(1U << 20, false) == 1);
+  // The command line: `peer send` splits unless told not to; `peer probe` reports the count.
+  TempDir dir;
+  const auto file_bytes = peer_pattern(1U << 20, 78);
+  write_file(dir / "payload", std::string(reinterpret_cast<const char*>(file_bytes.data()), file_bytes.size()));
+  const auto chunks_received = [&] {
+    const auto probe = run_command({kvrelay_binary().string(), "peer", "probe", daemon.peer_text()}, dir.path());
+    REQUIRE(probe.exit_status == 0);
+    return nlohmann::json::parse(probe.out)["stats"]["chunks_received"].get<std::uint64_t>();
+  };
+  for (const bool split : {true, false}) {
+    INFO("split " << split);
+    const auto before = chunks_received();
+    std::vector<std::string> command{
+        kvrelay_binary().string(),    "peer", "send", "--to", daemon.peer_text(), "--transfer-id",
+        std::to_string(transfer_id++)};
+    if (!split) command.emplace_back("--no-split");
+    command.push_back((dir / "payload").string());
+    const auto sent = run_command(command, dir.path());
+    REQUIRE(sent.exit_status == 0);
+    CHECK(nlohmann::json::parse(sent.out)["outcome"] == "committed");
+    CHECK(chunks_received() - before == (split ? 2U : 1U));
+  }
+}
+
 // Staging (the default, above) and direct I/O must land the same bytes: with limits.peer_staging
 // off the receiver reads chunks straight into its arena block and the sender writes them straight
 // from the caller's memory.

@@ -35,6 +35,7 @@ struct SendOptions {
   bool same_host = false;
   bool progress = false;
   bool no_staging = false;
+  bool no_split = false;
   std::string node_id = "kvrelay-cli";
   std::string file;
 };
@@ -78,6 +79,7 @@ int run_send(const SendOptions& options) {
   client_options.chunk_bytes = options.chunk_bytes;
   client_options.window_chunks = options.window;
   if (options.no_staging) client_options.stage_chunks = false;
+  if (options.no_split) client_options.split_single_chunk = false;
   client_options.rate_limit_bytes_per_s = static_cast<std::uint64_t>(options.rate_limit_mib_per_s * 1024 * 1024);
   if (options.progress) {
     client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
@@ -132,7 +134,8 @@ int run_probe(const ProbeOptions& options) {
                           {"committed_transfers", stats.value().committed_transfers},
                           {"duplicate_transfers", stats.value().duplicate_transfers},
                           {"failed_transfers", stats.value().failed_transfers},
-                          {"bytes_received", stats.value().bytes_received}}}};
+                          {"bytes_received", stats.value().bytes_received},
+                          {"chunks_received", stats.value().chunks_received}}}};
   std::printf("%s\n", result.dump().c_str());
   return 0;
 }
@@ -159,6 +162,8 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   send_command->add_flag("--progress", send->progress, "Print 'progress DONE TOTAL' after each acknowledged chunk");
   send_command->add_flag("--no-staging", send->no_staging,
                          "Write chunks straight from the file's mapping, not through a reused buffer");
+  send_command->add_flag("--no-split", send->no_split,
+                         "Send a file that fits one chunk as one chunk, not as two halves that pipeline");
   send_command->add_option("--node-id", send->node_id, "Node id announced in the hello");
   send_command->add_option("file", send->file, "File whose bytes are sent")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });

@@ -398,6 +398,7 @@ Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const shm::E
   begin.key = key;
   begin.info = shm::EntryInfo{layout, bytes.size(), 0};
   begin.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
+  if (state_->options.split_single_chunk) begin.chunk_bytes = transfer_chunk_bytes(begin.chunk_bytes, bytes.size());
   KVRELAY_TRY(shm::validate_entry_info(begin.info));
   if (state_->options.allow_shared_memory && (state_->remote.capabilities & kCapSharedMemory) != 0 &&
       !state_->remote.shm_socket.empty()) {

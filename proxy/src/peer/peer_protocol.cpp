@@ -139,10 +139,18 @@ ChunkHeader decode_chunk_header(std::span<const std::byte, kChunkHeaderBytes> by
   return chunk;
 }
 
+std::uint32_t transfer_chunk_bytes(std::uint32_t configured, std::uint64_t bytes) noexcept {
+  if (bytes > configured || bytes < kSplitTransferMinBytes) return configured;
+  constexpr std::uint64_t kPage = 4096;
+  const std::uint64_t half = (bytes + 1) / 2;
+  return static_cast<std::uint32_t>((half + kPage - 1) / kPage * kPage);
+}
+
 std::vector<std::byte> encode_peer_stats(const PeerServerStats& stats) {
   ByteWriter writer;
   writer.put(stats.sessions).put(stats.active_transfers).put(stats.committed_transfers);
   writer.put(stats.duplicate_transfers).put(stats.failed_transfers).put(stats.bytes_received);
+  writer.put(stats.chunks_received);
   return encode_peer_frame(PeerMessage::kStatsReply, writer.bytes());
 }
 
@@ -154,6 +162,12 @@ Result<PeerServerStats> decode_peer_stats(std::span<const std::byte> payload) {
     const auto value = reader.get<std::uint64_t>();
     if (!value) return fail(ErrorCode::kTruncated, "peer stats truncated");
     *field = *value;
+  }
+  // Added later: a reply without it comes from an older peer.
+  if (reader.remaining() != 0) {
+    const auto chunks = reader.get<std::uint64_t>();
+    if (!chunks) return fail(ErrorCode::kTruncated, "peer stats truncated in chunks_received");
+    stats.chunks_received = *chunks;
   }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in peer stats");
   return stats;

@@ -256,6 +256,7 @@ asio::awaitable<Status> receive_transfer(const SharedPtr& shared, PeerConnection
     {
       std::lock_guard lock(shared->mutex);
       shared->counters.bytes_received += expected;
+      ++shared->counters.chunks_received;
     }
     const bool last = index + 1 == chunks;
     if (!last && (index + 1) % ack_every != 0) continue;

@@ -32,6 +32,8 @@ struct PeerClientOptions {
   // reads, rather than written from the caller's memory: see "staged chunks" in
   // docs/transports.md. False writes straight from the caller's memory.
   bool stage_chunks = true;
+  // A transfer that fits one chunk goes as two halves (transfer_chunk_bytes in peer_protocol.h).
+  bool split_single_chunk = true;
   std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
   // May publish through the receiver's Unix socket when it is on this host and offers one.
   bool allow_shared_memory = false;
