@@ -28,6 +28,16 @@ std::uint64_t bulk_hash64(const void* data, std::size_t size) noexcept {
   return XXH3_64bits(data, size);
 }
 
+std::uint64_t bulk_copy_hash64(void* destination, const void* source, std::size_t size) noexcept {
+  BulkHashStream hash;
+  if (!hash.valid()) {
+    if (size != 0) std::memcpy(destination, source, size);
+    return bulk_hash64(destination, size);
+  }
+  hash.update_copy(destination, source, size);
+  return hash.digest();
+}
+
 BulkHashStream::BulkHashStream() noexcept : avx2_(use_avx2()) {
 #if defined(KVRELAY_CORE_HAVE_AVX2_HASH)
   if (avx2_) {

@@ -31,15 +31,7 @@ Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, s
   KVRELAY_TRY(validate_entry_info(info));
   if (arena != nullptr) {
     if (auto block = arena->allocate(bytes.size())) {
-      // The copy and the checksum in one pass.
-      BulkHashStream hash;
-      if (hash.valid()) {
-        hash.update_copy(block.value()->bytes().data(), bytes.data(), bytes.size());
-        info.checksum = hash.digest();
-      } else {
-        info.checksum = bulk_hash64(bytes.data(), bytes.size());
-        if (!bytes.empty()) std::memcpy(block.value()->bytes().data(), bytes.data(), bytes.size());
-      }
+      info.checksum = bulk_copy_hash64(block.value()->bytes().data(), bytes.data(), bytes.size());
       auto entry = std::make_shared<StoredEntry>();
       entry->info = info;
       entry->block = std::move(block).value();
