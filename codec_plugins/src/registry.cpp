@@ -197,4 +197,15 @@ std::string spec_name(const CodecSpec& spec) {
   return name;
 }
 
+Fidelity fidelity_of(const CodecSpec& spec) {
+  if (spec.codec != nullptr && spec.codec->lossless()) return Fidelity::exact();
+  return Fidelity::lossy(spec_name(spec));
+}
+
+Fidelity fidelity_of(const CodecRegistry& registry, std::string_view spec) {
+  auto resolved = resolve_codec(registry, spec);
+  if (!resolved) return Fidelity::lossy(std::string(spec));
+  return fidelity_of(resolved.value());
+}
+
 }  // namespace kvrelay::codec

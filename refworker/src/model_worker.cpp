@@ -94,6 +94,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   stats.queue_ms = ms_between(job.arrival, started);
 
   InferenceSession session(model_, kv_cache_);
+  Fidelity imported_fidelity = Fidelity::exact();
   // A connector failure or an unusable prefix is a miss: the request still gets served.
   auto found = connector_.lookup(prompt, request.kvrelay_params);
   const auto looked_up = Clock::now();
@@ -109,12 +110,16 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
                                            : session.import_kv(prefix.layout, prefix.kv);
                !imported) {
       spdlog::warn("kv prefix rejected, prefilling everything: {}", imported.error().to_string());
-    } else if (session.position() == prompt.size()) {
-      // The whole prompt is cached, but the first token needs the last position's logits:
-      // recompute that one token, as vLLM does on a full prefix hit.
-      KVRELAY_TRY(session.truncate(prompt.size() - 1));
+    } else {
+      imported_fidelity = prefix.fidelity;
+      if (session.position() == prompt.size()) {
+        // The whole prompt is cached, but the first token needs the last position's logits:
+        // recompute that one token, as vLLM does on a full prefix hit.
+        KVRELAY_TRY(session.truncate(prompt.size() - 1));
+      }
     }
   }
+  const Fidelity session_fidelity = computed_fidelity(imported_fidelity, session.position());
   stats.import_ms = ms_between(looked_up, Clock::now());
   stats.cached_tokens = session.position();
   const auto computed = prompt.subspan(session.position());
@@ -154,7 +159,8 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   if (!kv) {
     spdlog::warn("kv export failed: {}", kv.error().to_string());
   } else if (auto published =
-                 connector_.publish(context, session.layout(context.size()), kv.value(), request.kvrelay_params);
+                 connector_.publish(context, session.layout(context.size()), kv.value(), request.kvrelay_params,
+                                    session_fidelity);
              !published) {
     spdlog::warn("kv publish failed: {}", published.error().to_string());
   } else {

@@ -102,6 +102,7 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::
   }
   const std::uint64_t prefix_tokens = std::uint64_t{resolved.value().meta.blocks} * block_tokens_;
   KVRELAY_TRY(auto prefix, segment_prefix(std::move(resolved.value().entry), prefix_tokens));
+  prefix.fidelity = resolved.value().meta.fidelity.prefix(prefix_tokens);
   spdlog::debug("kv lookup: {} tokens via {}", prefix_tokens, resolved.value().meta.medium);
   return std::optional<KvPrefix>(std::move(prefix));
 }
@@ -126,7 +127,8 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup_by_keys(shm::ShmClien
 }
 
 Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
-                                   std::span<const float> kv, const nlohmann::json& params) {
+                                   std::span<const float> kv, const nlohmann::json& params,
+                                   const Fidelity& fidelity) {
   const std::lock_guard lock(mutex_);
   const auto hashes = block_hashes(tokens);
   if (hashes.empty()) return ok();  // shorter than one block: nothing shareable
@@ -136,7 +138,7 @@ Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const K
                                                    : slice_kv_prefix(layout, kv, full_tokens);
   const auto bytes = std::as_bytes(std::span<const float>(prefix));
   auto published = sidecar->publish_with_context({fingerprint_id_, hashes.back()}, layout.with_tokens(full_tokens),
-                                                 bytes, params_text(params));
+                                                 bytes, params_text(params), fidelity.prefix(full_tokens));
   if (!published && published.error().code != ErrorCode::kAlreadyExists) {
     client_.reset();
     return published.error();

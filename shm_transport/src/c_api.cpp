@@ -1,5 +1,6 @@
 // The C ABI over ShmClient. No exception or C++ type crosses this boundary.
 
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -44,6 +45,24 @@ kvrelay::KvLayout to_layout(const kvrelay_layout& layout) {
 
 bool valid_dtype(const kvrelay_layout& layout) {
   return layout.layers == 0 || kvrelay::dtype_from_wire(static_cast<std::uint8_t>(layout.dtype)).has_value();
+}
+
+// NULL is exact. The codec spec must be NUL-terminated inside its array.
+kvrelay::Result<kvrelay::Fidelity> to_fidelity(const kvrelay_fidelity* fidelity) {
+  using kvrelay::ErrorCode;
+  if (fidelity == nullptr) return kvrelay::Fidelity::exact();
+  if (fidelity->struct_size != sizeof(kvrelay_fidelity)) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_fidelity.struct_size is not sizeof(kvrelay_fidelity)");
+  }
+  if (fidelity->lossy == 0) return kvrelay::Fidelity::exact();
+  if (fidelity->lossy != 1) return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_fidelity.lossy is not 0 or 1");
+  const std::string_view codec(fidelity->lossy_codec,
+                               ::strnlen(fidelity->lossy_codec, sizeof(fidelity->lossy_codec)));
+  if (codec.size() == sizeof(fidelity->lossy_codec)) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_fidelity.lossy_codec is not NUL-terminated");
+  }
+  if (codec.empty()) return kvrelay::fail(ErrorCode::kInvalidArgument, "lossy kvrelay_fidelity without lossy_codec");
+  return kvrelay::Fidelity::lossy(std::string(codec), fidelity->exact_tokens);
 }
 
 }  // namespace
@@ -126,6 +145,21 @@ int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrela
   if (!valid_dtype(*layout)) return invalid(client, "unknown dtype");
   const std::span bytes(static_cast<const std::byte*>(data), static_cast<std::size_t>(size));
   auto published = client->client.publish({key->model_id, key->context_hash}, to_layout(*layout), bytes);
+  return published ? KVRELAY_OK : record(client, published.error());
+}
+
+int kvrelay_publish_context(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
+                            const void* data, uint64_t size, const char* params_json,
+                            const kvrelay_fidelity* fidelity) {
+  if (client == nullptr || key == nullptr || layout == nullptr || (data == nullptr && size != 0)) {
+    return invalid(client, "null argument");
+  }
+  if (!valid_dtype(*layout)) return invalid(client, "unknown dtype");
+  auto parsed = to_fidelity(fidelity);
+  if (!parsed) return record(client, parsed.error());
+  const std::span bytes(static_cast<const std::byte*>(data), static_cast<std::size_t>(size));
+  auto published = client->client.publish_with_context({key->model_id, key->context_hash}, to_layout(*layout), bytes,
+                                                       params_json == nullptr ? "" : params_json, parsed.value());
   return published ? KVRELAY_OK : record(client, published.error());
 }
 

@@ -82,6 +82,7 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32
                                                          protocol_version, kClientProtocolVersion));
   }
   client.use_arena_ = protocol_version >= kArenaDataPlaneVersion;
+  client.protocol_version_ = protocol_version;
   client.lease_returns_->connection.reset(::fcntl(client.socket_.get(), F_DUPFD_CLOEXEC, 0));
   if (!client.lease_returns_->connection) {
     return fail(ErrorCode::kResourceExhausted, fmt::format("dup: {}", std::strerror(errno)));
@@ -245,11 +246,36 @@ Result<WritableRegion> ShmClient::attach(UniqueFd memfd) {
 }
 
 Status ShmClient::commit(WritableRegion region, const EntryKey& key, const KvLayout& layout, std::uint64_t checksum) {
-  return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {});
+  return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {}, Fidelity::exact());
+}
+
+Status ShmClient::commit_with_context(WritableRegion region, const EntryKey& key, const KvLayout& layout,
+                                      std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity) {
+  if (server_version_ < 2) {
+    if (!fidelity.is_exact()) {
+      [[maybe_unused]] const auto aborted = abort(std::move(region));
+      return lossy_unsupported();
+    }
+    return commit(std::move(region), key, layout, checksum);
+  }
+  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json, fidelity);
+}
+
+Status ShmClient::lossy_unsupported() const {
+  return fail(ErrorCode::kUnsupported,
+              fmt::format("the sidecar speaks data-plane version {}, which cannot record lossy KV (version {} "
+                          "can); not published, so it is not mistaken for exact KV",
+                          server_version_, kFidelityDataPlaneVersion));
 }
 
 Status ShmClient::commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
-                            std::uint64_t checksum, std::string_view params_json) {
+                            std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity) {
+  const bool with_context = type == MessageType::kCommitContext;
+  // An older sidecar would file lossy KV as exact: refuse rather than poison its store.
+  if (!fidelity.is_exact() && (!with_context || server_version_ < kFidelityDataPlaneVersion)) {
+    [[maybe_unused]] const auto aborted = abort(std::move(region));
+    return lossy_unsupported();
+  }
   const std::uint64_t size = region.size;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
   ByteWriter request;
@@ -257,8 +283,8 @@ Status ShmClient::commit_as(MessageType type, WritableRegion region, const Entry
   encode_key(request, key);
   encode_layout(request, layout);
   request.put(size).put(checksum);
-  const bool with_context = type == MessageType::kCommitContext;
   if (with_context) put_long_string(request, params_json);
+  if (with_context && !fidelity.is_exact()) encode_fidelity(request, fidelity);
   KVRELAY_TRY(call(type, request.bytes(), with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0));
   return ok();
 }
@@ -278,11 +304,12 @@ Status ShmClient::publish(const EntryKey& key, const KvLayout& layout, std::span
 }
 
 Status ShmClient::publish_with_context(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes,
-                                       std::string_view params_json) {
+                                       std::string_view params_json, const Fidelity& fidelity) {
+  if (!fidelity.is_exact() && server_version_ < kFidelityDataPlaneVersion) return lossy_unsupported();
   if (server_version_ < 2) return publish(key, layout, bytes);
   std::uint64_t checksum = 0;
   KVRELAY_TRY(auto region, copy_into_region(bytes, checksum));
-  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json);
+  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json, fidelity);
 }
 
 namespace {
@@ -381,12 +408,19 @@ Result<ResolvedPrefix> ShmClient::resolve_as(const ResolveRequest& request, bool
   KVRELAY_TRY(auto entry, map_entry(reply, reader, map));
   const auto blocks = reader.get<std::uint32_t>();
   auto medium = reader.get_string();
-  if (!blocks || !medium || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolved reply");
+  if (!blocks || !medium) return fail(ErrorCode::kProtocol, "malformed resolved reply");
+  Fidelity fidelity;  // an older sidecar serves exact KV, or cannot tell
+  if (server_version_ >= kFidelityDataPlaneVersion && protocol_version_ >= kFidelityDataPlaneVersion) {
+    auto decoded = decode_fidelity(reader);
+    if (!decoded) return fail(ErrorCode::kProtocol, fmt::format("resolved reply: {}", decoded.error().message));
+    fidelity = std::move(decoded).value();
+  }
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolved reply");
   if (*blocks > request.block_hashes.size()) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("resolved {} blocks of a {}-block prompt", *blocks, request.block_hashes.size()));
   }
-  return ResolvedPrefix{std::move(entry), ResolvedMeta{*blocks, std::move(*medium)}};
+  return ResolvedPrefix{std::move(entry), ResolvedMeta{*blocks, std::move(*medium), std::move(fidelity)}};
 }
 
 Status ShmClient::report_prefill(const PrefillReport& report) {

@@ -108,6 +108,26 @@ std::optional<std::string> get_long_string(ByteReader& reader) {
   return std::string(reinterpret_cast<const char*>(view->data()), view->size());
 }
 
+void encode_fidelity(ByteWriter& writer, const Fidelity& fidelity) {
+  writer.put(fidelity.is_exact() ? std::uint64_t{0} : fidelity.exact_tokens);
+  writer.put_string(fidelity.lossy_codec);
+}
+
+Result<Fidelity> decode_fidelity(ByteReader& reader) {
+  const auto exact_tokens = reader.get<std::uint64_t>();
+  auto codec = reader.get_string();
+  if (!exact_tokens || !codec) return fail(ErrorCode::kTruncated, "fidelity truncated");
+  if (codec->size() > kMaxFidelityCodecBytes) {
+    return fail(ErrorCode::kProtocol, fmt::format("fidelity codec spec of {} bytes (at most {})", codec->size(),
+                                                  kMaxFidelityCodecBytes));
+  }
+  if (codec->empty()) {
+    if (*exact_tokens != 0) return fail(ErrorCode::kProtocol, "exact fidelity with exact_tokens set");
+    return Fidelity::exact();
+  }
+  return Fidelity::lossy(std::move(*codec), *exact_tokens);
+}
+
 std::vector<std::byte> encode_resolve(const ResolveRequest& request) {
   ByteWriter writer;
   writer.put(request.model_id).put(request.block_tokens).put(request.prompt_tokens);

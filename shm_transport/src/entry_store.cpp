@@ -14,7 +14,15 @@ Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const Stored
     return fail(ErrorCode::kResourceExhausted,
                 fmt::format("entry of {} bytes exceeds the store budget {}", size, budget_));
   }
-  if (auto found = entries_.find(key); found != entries_.end()) erase_locked(found);
+  if (auto found = entries_.find(key); found != entries_.end()) {
+    if (!entry->fidelity.at_least_as_exact_as(found->second.entry->fidelity)) {
+      ++refused_downgrades_;
+      return fail(ErrorCode::kAlreadyExists,
+                  fmt::format("more exact KV is already filed under this key; a {} copy does not replace it",
+                              entry->fidelity.lossy_codec));
+    }
+    erase_locked(found);
+  }
   while (bytes_ + size > budget_ && !recency_.empty()) {
     erase_locked(entries_.find(recency_.back()));
     ++evictions_;
@@ -52,7 +60,7 @@ EntryStoreStats InMemoryEntryStore::clear() {
 
 EntryStoreStats InMemoryEntryStore::stats() {
   std::lock_guard lock(mutex_);
-  return {entries_.size(), bytes_, evictions_};
+  return {entries_.size(), bytes_, evictions_, refused_downgrades_};
 }
 
 std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit) {

@@ -92,8 +92,9 @@ Result<ResolvedEntry> resolve_from_store(EntryStore& store, const ResolveRequest
   // Longest prefix first; one covering the whole prompt would leave nothing to prefill.
   for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
     if (blocks * request.block_tokens >= request.prompt_tokens) continue;
-    if (auto entry = store.get({request.model_id, request.block_hashes[blocks - 1]})) {
-      return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(blocks), "kv_raw"}};
+    // Served as kv_raw: only exact KV answers.
+    if (auto entry = store.get_exact({request.model_id, request.block_hashes[blocks - 1]})) {
+      return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(blocks), "kv_raw", {}}};
     }
   }
   return fail(ErrorCode::kNotFound, "no stored prefix of this prompt");
@@ -397,6 +398,7 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
   }
   out.put(resolved.value().meta.blocks);
   out.put_string(resolved.value().meta.medium);
+  if (connection.client_version >= kFidelityDataPlaneVersion) encode_fidelity(out, resolved.value().meta.fidelity);
   reply = encode_frame(type.value(), id, out.bytes());
 }
 
@@ -597,8 +599,9 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     case MessageType::kLookup: {
       const auto key = decode_key(reader);
       if (!key || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed lookup");
-      auto entry = store_->get(*key);
-      if (!entry) return refuse(ErrorCode::kNotFound, "no entry for this key");
+      // A lookup by key asks for the KV as published: lossy entries are not that.
+      auto entry = store_->get_exact(*key);
+      if (!entry) return refuse(ErrorCode::kNotFound, "no exact entry for this key");
       // The kernel duplicates the descriptor into the client; ours stays with the store.
       ByteWriter out;
       auto type = entry_reply(connection, entry, false, out, reply_fds, reply_owned_fd);
@@ -700,9 +703,15 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   const auto checksum = reader.get<std::uint64_t>();
   std::optional<std::string> params;
   if (with_context) params = get_long_string(reader);
-  if (!checksum || (with_context && !params) || reader.remaining() != 0) {
-    return fail(ErrorCode::kProtocol, "malformed commit");
+  if (!checksum || (with_context && !params)) return fail(ErrorCode::kProtocol, "malformed commit");
+  // Version 4: a CommitContext may say how faithful the KV is; without it the KV is exact.
+  Fidelity fidelity;
+  if (with_context && reader.remaining() != 0) {
+    auto decoded = decode_fidelity(reader);
+    if (!decoded) return fail(decoded.error().code, fmt::format("commit: {}", decoded.error().message));
+    fidelity = std::move(decoded).value();
   }
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed commit");
   const auto found = connection.regions.find(*region_id);
   if (found == connection.regions.end()) return fail(ErrorCode::kNotFound, "no such region on this connection");
   // A commit consumes its region whatever the outcome (after F_SEAL_WRITE it could not be
@@ -736,6 +745,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   entry->info = info;
   entry->fd = std::move(region.fd);
   entry->block = std::move(region.block);
+  entry->fidelity = fidelity.prefix(layout.tokens);
   const std::shared_ptr<const StoredEntry> stored = entry;
   KVRELAY_TRY(store_->put(*key, stored));
   ++commits_;

@@ -36,6 +36,10 @@ std::string medium_for_codec(std::string_view codec) {
   return std::string(kPluginPrefix) + std::string(codec);
 }
 
+codec::CodecSpec frame_codec(const codec::CodecRegistry& codecs, const codec::FrameHeader& header) {
+  return {codecs.find(header.codec_id), (header.flags & codec::kFrameFlagZstdStage) != 0};
+}
+
 Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens,
                                                             shm::ShmArena* arena) {
   const KvLayout& layout = entry.info.layout;
@@ -49,11 +53,13 @@ Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEnt
   std::vector<std::byte> bytes(static_cast<std::size_t>(total));
   KVRELAY_TRY(copy_token_range(layout, view.bytes(), 0, tokens, bytes));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(sliced, bytes, arena));
+  stored->fidelity = entry.fidelity.prefix(tokens);
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
 Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head, const KvLayout& tail_layout,
-                                                           std::span<const std::byte> tail, WarmBufferPool& buffers,
+                                                           std::span<const std::byte> tail,
+                                                           const Fidelity& tail_fidelity, WarmBufferPool& buffers,
                                                            shm::ShmArena* arena) {
   if (head.info.layout.layers == 0 || tail_layout.layers == 0) {
     return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
@@ -66,6 +72,7 @@ Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntr
   auto bytes = buffers.take(static_cast<std::size_t>(total));
   KVRELAY_TRY(join_tokens(head.info.layout, head_bytes.bytes(), tail_layout, tail, bytes.bytes()));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(joined, bytes.bytes(), arena));
+  stored->fidelity = head.fidelity.then(tail_fidelity, head.info.layout.tokens);
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 
@@ -84,6 +91,7 @@ Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecR
   KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
   KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw)), arena));
+  stored->fidelity = codec::fidelity_of(frame_codec(codecs, header));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/core/warm_buffers.h"
@@ -24,20 +25,25 @@ namespace kvrelay::proxy::kv {
 [[nodiscard]] std::optional<std::string> codec_for_medium(std::string_view medium);
 // The medium a codec spec carries (the inverse, for byte counters of the peer server).
 [[nodiscard]] std::string medium_for_codec(std::string_view codec);
+// The codec (and zstd stage) a frame header names; a null codec when this sidecar lacks it.
+[[nodiscard]] codec::CodecSpec frame_codec(const codec::CodecRegistry& codecs, const codec::FrameHeader& header);
 
 // New entries below go into `arena` when one is given and has room, else into sealed memfds.
 
-// The first `tokens` tokens of an entry's KV (every layer's K and V), as a new entry.
+// The first `tokens` tokens of an entry's KV (every layer's K and V), as a new entry with the
+// fidelity of those tokens.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry,
                                                                           std::uint64_t tokens,
                                                                           shm::ShmArena* arena = nullptr);
 
 // The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
 // sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
-// read through the kernel and joined in buffers from `buffers`, never in fresh memory.
+// read through the kernel and joined in buffers from `buffers`, never in fresh memory. Its
+// fidelity is exact up to the first lossy token of either part.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head,
                                                                          const KvLayout& tail_layout,
                                                                          std::span<const std::byte> tail,
+                                                                         const Fidelity& tail_fidelity,
                                                                          WarmBufferPool& buffers,
                                                                          shm::ShmArena* arena = nullptr);
 
@@ -47,7 +53,8 @@ namespace kvrelay::proxy::kv {
                                                              const shm::StoredEntry& entry);
 
 // Decodes a KV frame (validated: magic, version, codec, layout, sizes, checksum) into a sealed
-// entry of raw KV; refuses frames whose KV exceeds `max_bytes`.
+// entry of raw KV, lossy unless the frame's codec is lossless; refuses frames whose KV exceeds
+// `max_bytes`.
 [[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
                                                                            std::span<const std::uint8_t> frame,
                                                                            std::uint64_t max_bytes,

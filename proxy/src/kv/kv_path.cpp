@@ -107,6 +107,36 @@ std::int64_t unix_millis() {
       .count();
 }
 
+json fidelity_json(const Fidelity& fidelity) {
+  if (fidelity.is_exact()) return "exact";
+  return {{"lossy_codec", fidelity.lossy_codec}, {"exact_tokens", fidelity.exact_tokens}};
+}
+
+// The longest chain prefixes the store holds: exact, and (when longer) of any fidelity.
+struct HeldPrefixes {
+  std::shared_ptr<const shm::StoredEntry> exact;
+  std::size_t exact_blocks = 0;
+  std::shared_ptr<const shm::StoredEntry> lossy;
+  std::size_t lossy_blocks = 0;
+};
+HeldPrefixes find_held_prefixes(shm::EntryStore& store, const shm::ResolveRequest& request) {
+  HeldPrefixes held;
+  for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
+    auto found = store.get({request.model_id, request.block_hashes[blocks - 1]});
+    if (!found || found->info.layout.tokens != blocks * request.block_tokens) continue;
+    if (found->fidelity.is_exact()) {
+      held.exact = std::move(found);
+      held.exact_blocks = blocks;
+      break;
+    }
+    if (!held.lossy) {
+      held.lossy = std::move(found);
+      held.lossy_blocks = blocks;
+    }
+  }
+  return held;
+}
+
 json treatment_json(const Treatment& treatment) {
   json out{{"name", treatment.name}, {"medium", treatment.medium}, {"span", treatment.span}};
   if (treatment.prompt_tokens) out["prompt_tokens"] = *treatment.prompt_tokens;
@@ -332,8 +362,13 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     // The link's share: request to checked KV, without the local cost of filing it.
     const double seconds = std::chrono::duration<double>(decoded_at - started).count();
     const auto file_entry = [&]() -> Result<std::shared_ptr<const shm::StoredEntry>> {
-      if (held) return join_entry(*held, decoded.value().header.layout, kv, peers_->buffers(), arena_.get());
+      const Fidelity fetched_fidelity = codec::fidelity_of(frame_codec(*codecs_, decoded.value().header));
+      if (held) {
+        return join_entry(*held, decoded.value().header.layout, kv, fetched_fidelity, peers_->buffers(),
+                          arena_.get());
+      }
       KVRELAY_TRY(auto made, shm::make_stored_entry(decoded.value().header.layout, kv, arena_.get()));
+      made->fidelity = fetched_fidelity;
       return std::shared_ptr<const shm::StoredEntry>(std::move(made));
     };
     auto entry = file_entry();
@@ -422,17 +457,11 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   record["available_tokens"] = max_blocks * request.block_tokens;
 
-  // This sidecar's store first: the longest chain prefix it holds (the engine prices only the rest).
-  std::shared_ptr<const shm::StoredEntry> entry;
-  std::size_t entry_blocks = 0;
-  for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
-    auto found = store_->get({request.model_id, request.block_hashes[blocks - 1]});
-    if (found && found->info.layout.tokens == blocks * request.block_tokens) {
-      entry = std::move(found);
-      entry_blocks = blocks;
-      break;
-    }
-  }
+  // This sidecar's store first: the longest exact chain prefix it holds (the engine prices only
+  // the rest), and any longer lossy one, which only a lookup with the same lossy codec may use.
+  const HeldPrefixes held = find_held_prefixes(*store_, request);
+  std::shared_ptr<const shm::StoredEntry> entry = held.exact;
+  std::size_t entry_blocks = held.exact_blocks;
   const Choice choice = choose(*policy, route, context, max_blocks * request.block_tokens,
                                std::min(entry_blocks, max_blocks) * request.block_tokens);
   const double decision_seconds = std::chrono::duration<double>(Clock::now() - started).count();
@@ -455,9 +484,16 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   }
   // The held prefix under a tokens choice is served as stored: exact, no codec.
   const std::string codec = choice.serve_held_prefix ? std::string("raw") : *codec_for_medium(choice.medium);
+  const bool lossless = codec::fidelity_of(*codecs_, codec).is_exact();
 
-  std::string from = entry ? "local" : "";
   bool already_encoded = false;
+  if (!lossless && held.lossy_blocks > entry_blocks && held.lossy->fidelity.lossy_codec == codec) {
+    // KV that already went through this codec (a push, say) is what this medium delivers.
+    entry = held.lossy;
+    entry_blocks = held.lossy_blocks;
+    already_encoded = true;
+  }
+  std::string from = entry ? "local" : "";
   // A delta fetch moves only the k blocks the peer adds, but joining them to the N held blocks
   // writes all N + k into a new entry (fresh memory), and a fetch has fixed costs that weigh more
   // at short lengths: with a local prefix in hand it pays only when the peer adds a good share.
@@ -474,10 +510,8 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
       entry_blocks = fetched->blocks;
       from = (held_prefix ? "local+peer:" : "peer:") + fetched->peer;  // local+: held prefix + delta
       already_encoded = true;
-      // Only bit-exact KV is filed under the chain's key: a lossy copy must not answer later
-      // lookups that chose a lossless medium.
-      const bool lossless = codec == "raw" || codec == "lossless";
-      if (lossless) {
+      // Only exact KV is kept for later lookups (the store would refuse a lossy copy over it).
+      if (entry->fidelity.is_exact()) {
         if (auto put = store_->put({request.model_id, request.block_hashes[entry_blocks - 1]}, entry); !put) {
           spdlog::warn("KV path: fetched entry not stored: {}", put.error().to_string());
         }
@@ -499,7 +533,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
     }
     entry = std::move(sliced).value();
   }
-  if (!already_encoded && codec != "raw" && codec != "lossless") {
+  if (!already_encoded && !lossless) {
     // Same node: the bytes move over shared memory, but B gets exactly what the codec delivers.
     const auto encode_started = Clock::now();
     auto frame = encode_entry(*codecs_, codec, *entry);
@@ -524,10 +558,19 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   if (route != nullptr) {
     outcomes_.served(context.request_id, {route->id, choice.medium, static_cast<double>(entry->info.bytes), started});
   }
+  // Whatever the medium, a lookup that chose a lossless one gets exact KV, or none.
+  if (lossless && !entry->fidelity.is_exact()) {
+    record["error"] = "internal: lossy KV on a lossless lookup";
+    finish("error", 0);
+    return fail(ErrorCode::kInternal, "lossy KV reached a lookup that chose a lossless medium; not served");
+  }
+  record["fidelity"] = fidelity_json(entry->fidelity);
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
-  return shm::ResolvedEntry{std::move(entry),
-                            shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks),
-                                              choice.serve_held_prefix ? std::string("kv_raw") : choice.medium}};
+  Fidelity fidelity = entry->fidelity;
+  return shm::ResolvedEntry{
+      std::move(entry), shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks),
+                                          choice.serve_held_prefix ? std::string("kv_raw") : choice.medium,
+                                          std::move(fidelity)}};
 }
 
 void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm::StoredEntry>& entry,
@@ -556,6 +599,17 @@ void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm
                 {"to_node", to->node},
                 {"tokens", entry->info.layout.tokens}};
     if (!choice.cost.is_null()) record["cost"] = choice.cost;
+    // Lossy KV under a lossless medium would be filed as exact at the destination.
+    const bool lossy_as_exact = choice.medium != "tokens" && !entry->fidelity.is_exact() &&
+                                codec::fidelity_of(*codecs_, *codec_for_medium(choice.medium)).is_exact();
+    if (lossy_as_exact) {
+      record["outcome"] = "not_pushed";
+      record["reason"] = fmt::format("the KV is lossy ({}) and the medium {} is lossless",
+                                     entry->fidelity.lossy_codec, choice.medium);
+      log_.record(std::move(record));
+      metrics_.pushes.with({route.id, "lossy_kv"}).inc();
+      continue;
+    }
     if (choice.medium == "tokens") {
       record["outcome"] = "not_pushed";
       log_.record(std::move(record));

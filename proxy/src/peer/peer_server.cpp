@@ -311,7 +311,8 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   shm::EntryKey key;
   for (const std::uint64_t hash : request.hashes) {
     key = shm::EntryKey{request.model_id, hash};
-    entry = shared->store->get(key);
+    // A lossless fetch is served exact KV only: the asker files it as exact.
+    entry = spec.value().codec->lossless() ? shared->store->get_exact(key) : shared->store->get(key);
     if (entry && entry->info.layout.layers != 0) break;
     entry = nullptr;
   }
@@ -397,12 +398,18 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   auto entry =
       shm::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv), options.arena.get());
   if (!entry) co_return outcome::failure(entry.error());
-  if (auto put = shared->store->put(header.key, std::move(entry).value()); !put) co_return put;
+  const auto& frame_header = decoded.value().header;
+  const codec::CodecSpec pushed_codec{options.codecs->find(frame_header.codec_id),
+                                      (frame_header.flags & codec::kFrameFlagZstdStage) != 0};
+  // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
+  entry.value()->fidelity = codec::fidelity_of(pushed_codec);
+  if (auto put = shared->store->put(header.key, std::move(entry).value());
+      !put && put.error().code != ErrorCode::kAlreadyExists) {
+    co_return put;
+  }
   if (options.on_kv_bytes) {
     // The spec the sender pushed ("int4+zstd"), so both sides count it under the same medium.
-    const auto& frame_header = decoded.value().header;
-    const std::string spec = codec::spec_name(
-        {options.codecs->find(frame_header.codec_id), (frame_header.flags & codec::kFrameFlagZstdStage) != 0});
+    const std::string spec = codec::spec_name(pushed_codec);
     options.on_kv_bytes(
         {"received", spec, header.frame_bytes, decoded.value().kv.size(), frame_header.layout.dtype, decode_seconds});
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvrelay/codec_plugins/codec_abi.h"
+#include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/result.h"
 
 namespace kvrelay::codec {
@@ -83,5 +84,9 @@ struct CodecSpec {
 [[nodiscard]] Result<CodecSpec> resolve_codec(const CodecRegistry& registry, std::string_view spec);
 // The spec text resolve_codec reads back: "int4", "int4+zstd" ("unknown" without a codec).
 [[nodiscard]] std::string spec_name(const CodecSpec& spec);
+// What KV that went through `spec` is: exact for lossless codecs, else lossy from token 0.
+[[nodiscard]] Fidelity fidelity_of(const CodecSpec& spec);
+// The same for a spec by name; an unknown spec counts as lossy (nothing unknown is called exact).
+[[nodiscard]] Fidelity fidelity_of(const CodecRegistry& registry, std::string_view spec);
 
 }  // namespace kvrelay::codec

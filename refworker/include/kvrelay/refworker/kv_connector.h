@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/refworker/session.h"
@@ -20,7 +21,16 @@ struct KvPrefix {
   KvLayout layout;
   std::vector<float> kv;
   KvReader read;
+  Fidelity fidelity;  // how faithful to the source's KV (a lossy medium makes it lossy)
 };
+
+// The fidelity of KV a session computed after importing a prefix of `imported_tokens` tokens
+// with `imported` fidelity: exactness ends where the import's does, since every later position
+// attends over the imported KV.
+[[nodiscard]] inline Fidelity computed_fidelity(const Fidelity& imported, std::uint64_t imported_tokens) {
+  if (imported.exact_through(imported_tokens)) return Fidelity::exact();
+  return Fidelity::lossy(imported.lossy_codec, imported.exact_tokens);
+}
 
 // What the worker does around each request, exactly where a vLLM KV connector hooks in: ask for
 // a KV prefix before prefill, hand over the KV after generation, report what prefill cost. The
@@ -35,9 +45,11 @@ class KvConnector {
   [[nodiscard]] virtual Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t> tokens,
                                                                const nlohmann::json& params) = 0;
 
-  // `kv` holds the KV of exactly `tokens` (layout.tokens == tokens.size()).
+  // `kv` holds the KV of exactly `tokens` (layout.tokens == tokens.size()), as faithful to the
+  // source's KV as `fidelity` says (computed_fidelity of what the request imported).
   [[nodiscard]] virtual Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
-                                       std::span<const float> kv, const nlohmann::json& params) = 0;
+                                       std::span<const float> kv, const nlohmann::json& params,
+                                       const Fidelity& fidelity) = 0;
 
   // One prefill: the tokens actually computed (the prompt minus any imported prefix) and the
   // wall time it took, for the sidecar's prefill cost model; `params` as for lookup.
@@ -54,8 +66,8 @@ class NoKvConnector final : public KvConnector {
   Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t>, const nlohmann::json&) override {
     return std::optional<KvPrefix>{};
   }
-  Status publish(std::span<const std::int32_t>, const KvLayout&, std::span<const float>,
-                 const nlohmann::json&) override {
+  Status publish(std::span<const std::int32_t>, const KvLayout&, std::span<const float>, const nlohmann::json&,
+                 const Fidelity&) override {
     return ok();
   }
   void report_prefill(std::span<const std::int32_t>, std::uint64_t, double, const nlohmann::json&) override {}

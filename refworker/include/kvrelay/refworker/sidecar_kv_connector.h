@@ -27,7 +27,7 @@ class SidecarKvConnector final : public KvConnector {
 
   Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t> tokens, const nlohmann::json& params) override;
   Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout, std::span<const float> kv,
-                 const nlohmann::json& params) override;
+                 const nlohmann::json& params, const Fidelity& fidelity) override;
   void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens, double seconds,
                       const nlohmann::json& params) override;
 

@@ -129,6 +129,12 @@ class ShmClient {
   // consumed either way.
   [[nodiscard]] Status commit(WritableRegion region, const EntryKey& key, const KvLayout& layout,
                               std::uint64_t checksum);
+  // commit() with the request's params (version 2) and how faithful the KV is (version 4): a
+  // worker that imported a lossy prefix says so, and the sidecar never files that KV as exact.
+  // Lossy KV is refused (kUnsupported, the region aborted) by a sidecar older than version 4.
+  [[nodiscard]] Status commit_with_context(WritableRegion region, const EntryKey& key, const KvLayout& layout,
+                                           std::uint64_t checksum, std::string_view params_json,
+                                           const Fidelity& fidelity);
   // commit() for a region the caller has finished writing, with the checksum computed here. In
   // the arena the hash tells the sidecar every few MiB how far it got, as publish's copy does,
   // so the sidecar's check runs alongside on its own thread (reading what this pass just
@@ -148,9 +154,11 @@ class ShmClient {
   // The same, leaving the entry unmapped: a reader that copies it once into memory of its own
   // (pread on entry.fd) skips the mapping's page faults, ~1 ms per MiB on a VM.
   [[nodiscard]] Result<ResolvedPrefix> resolve_unmapped(const ResolveRequest& request);
-  // Version 2: publish with the request's params, so the sidecar can push the KV ahead.
+  // Version 2: publish with the request's params, so the sidecar can push the KV ahead; with
+  // `fidelity` (version 4) as for commit_with_context.
   [[nodiscard]] Status publish_with_context(const EntryKey& key, const KvLayout& layout,
-                                            std::span<const std::byte> bytes, std::string_view params_json);
+                                            std::span<const std::byte> bytes, std::string_view params_json,
+                                            const Fidelity& fidelity = Fidelity::exact());
   [[nodiscard]] Status report_prefill(const PrefillReport& report);
   [[nodiscard]] Result<ServerStats> stats();
   [[nodiscard]] Result<std::vector<std::byte>> ping(std::span<const std::byte> payload);
@@ -190,7 +198,8 @@ class ShmClient {
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader, bool map = true);
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);
   [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
-                                 std::uint64_t checksum, std::string_view params_json);
+                                 std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity);
+  [[nodiscard]] Status lossy_unsupported() const;
   // A region of `size` bytes from the sidecar, not mapped here.
   [[nodiscard]] Result<WritableRegion> allocate_unmapped(std::uint64_t size);
   [[nodiscard]] Result<WritableRegion> copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum);
@@ -200,6 +209,7 @@ class ShmClient {
   UniqueFd socket_;
   std::uint32_t next_request_ = 1;
   std::uint32_t server_version_ = 1;
+  std::uint32_t protocol_version_ = kDataPlaneVersion;  // what this client said in its hello
   // Ring state (unique_ptr keeps the class movable; SpscRing points into ring_memory_).
   Mapping ring_memory_;
   std::optional<SpscRing> requests_;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/shm_transport/byte_io.h"
 
@@ -21,9 +22,12 @@ inline constexpr std::size_t kControlHeaderBytes = 16;
 // Data-plane protocol version exchanged in Hello/HelloOk (the frame header's version stays 1:
 // version 2 only adds message types, which a version-1 sidecar refuses as unknown). Version 3
 // adds the arena: regions and entries that are blocks of one long-lived, sidecar-owned memfd.
-// A sidecar answers lookups with arena replies only to clients that said version 3.
-inline constexpr std::uint32_t kDataPlaneVersion = 3;
+// A sidecar answers lookups with arena replies only to clients that said version 3. Version 4
+// adds fidelity: a CommitContext may end with the KV's Fidelity, and a Resolved reply to a
+// version-4 client ends with the served prefix's.
+inline constexpr std::uint32_t kDataPlaneVersion = 4;
 inline constexpr std::uint32_t kArenaDataPlaneVersion = 3;
+inline constexpr std::uint32_t kFidelityDataPlaneVersion = 4;
 
 enum class MessageType : std::uint16_t {
   kHello = 0x01,
@@ -111,11 +115,20 @@ struct ResolveRequest {
 [[nodiscard]] std::vector<std::byte> encode_resolve(const ResolveRequest& request);
 [[nodiscard]] Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload);
 
-// The prefix a Resolved reply covers: `blocks` leading blocks, moved with `medium`.
+// The prefix a Resolved reply covers: `blocks` leading blocks, moved with `medium`, as faithful
+// to the source's KV as `fidelity` says (what the worker then tells the sidecar when it publishes
+// KV computed over this prefix).
 struct ResolvedMeta {
   std::uint32_t blocks = 0;
   std::string medium;
+  Fidelity fidelity;
 };
+
+// Fidelity on the wire: u64 exact_tokens, u16-length codec spec ("" = exact). Decoding refuses
+// a spec longer than kMaxFidelityCodecBytes and a nonzero exact_tokens without a codec.
+inline constexpr std::size_t kMaxFidelityCodecBytes = 64;
+void encode_fidelity(ByteWriter& writer, const Fidelity& fidelity);
+[[nodiscard]] Result<Fidelity> decode_fidelity(ByteReader& reader);
 
 // One prefill a worker ran: tokens computed, context length, wall time, and the request's params.
 struct PrefillReport {

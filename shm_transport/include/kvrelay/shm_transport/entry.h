@@ -5,6 +5,7 @@
 #include <optional>
 #include <span>
 
+#include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/shm_transport/arena.h"
@@ -40,6 +41,7 @@ struct EntryInfo {
 // (`fd`), or in a block of the sidecar's arena (`block`, and `fd` empty).
 struct StoredEntry {
   EntryInfo info;
+  Fidelity fidelity;  // how faithful these bytes are to the source's KV; the store enforces it
   UniqueFd fd;
   std::shared_ptr<const ArenaBlock> block;
   [[nodiscard]] bool in_arena() const noexcept { return block != nullptr; }

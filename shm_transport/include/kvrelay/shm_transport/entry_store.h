@@ -19,15 +19,23 @@ struct EntryStoreStats {
   std::uint64_t entries = 0;
   std::uint64_t bytes = 0;
   std::uint64_t evictions = 0;
+  std::uint64_t refused_downgrades = 0;  // lossy puts refused because more exact KV was there
 };
 
 class EntryStore {
  public:
   virtual ~EntryStore() = default;
-  // Makes a committed entry visible. A later put under the same key replaces it.
+  // Makes a committed entry visible. A later put under the same key replaces it, unless the
+  // entry there is more exact (Fidelity): then the put fails with kAlreadyExists and the store
+  // keeps what it had, so a lossy copy never displaces exact KV.
   [[nodiscard]] virtual Status put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) = 0;
-  // nullptr when absent.
+  // nullptr when absent. Any fidelity: callers that serve exact KV use get_exact().
   [[nodiscard]] virtual std::shared_ptr<const StoredEntry> get(const EntryKey& key) = 0;
+  // The entry under `key` only when all of its tokens are exact; nullptr otherwise.
+  [[nodiscard]] std::shared_ptr<const StoredEntry> get_exact(const EntryKey& key) {
+    auto entry = get(key);
+    return entry && entry->fidelity.is_exact() ? entry : nullptr;
+  }
   [[nodiscard]] virtual bool erase(const EntryKey& key) = 0;
   [[nodiscard]] virtual EntryStoreStats stats() = 0;
   // Drops every entry and returns what was dropped. Readers that already hold an entry keep
@@ -65,6 +73,7 @@ class InMemoryEntryStore final : public EntryStore {
   std::uint64_t budget_;
   std::uint64_t bytes_ = 0;
   std::uint64_t evictions_ = 0;
+  std::uint64_t refused_downgrades_ = 0;
   std::list<EntryKey> recency_;  // front: most recently used
   std::unordered_map<EntryKey, Slot, EntryKeyHash> entries_;
 };

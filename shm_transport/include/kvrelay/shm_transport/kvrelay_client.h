@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define KVRELAY_CLIENT_ABI_VERSION 1
+#define KVRELAY_CLIENT_ABI_VERSION 2
 
 enum {
   KVRELAY_OK = 0,
@@ -77,6 +77,23 @@ int kvrelay_region_abort(kvrelay_client* client, kvrelay_region* region);
 int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout, const void* data,
                     uint64_t size);
 
+/* How faithful published KV is to what its source worker computed (ABI version 2). A worker that
+ * imported a lossy prefix (a resolve served with kv_int8, kv_int4, ...) publishes the KV it then
+ * computed as lossy from token 0: the sidecar never files it as exact, nor serves it to a request
+ * for exact KV. */
+#define KVRELAY_FIDELITY_CODEC_BYTES 64
+typedef struct kvrelay_fidelity {
+  uint32_t struct_size;  /* sizeof(kvrelay_fidelity): calls refuse sizes they do not know */
+  uint32_t lossy;        /* 0: every token is exact; 1: tokens from exact_tokens on are lossy */
+  uint64_t exact_tokens; /* leading exact tokens when lossy */
+  char lossy_codec[KVRELAY_FIDELITY_CODEC_BYTES]; /* NUL-terminated codec spec when lossy ("int4") */
+} kvrelay_fidelity;
+/* kvrelay_publish with the request's kv_transfer_params.kvrelay JSON (NULL or "" when none, so the
+ * sidecar can push the KV ahead on its route) and the KV's fidelity (NULL: exact).
+ * KVRELAY_E_UNSUPPORTED: lossy KV and a sidecar too old to record it; nothing is published. */
+int kvrelay_publish_context(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
+                            const void* data, uint64_t size, const char* params_json,
+                            const kvrelay_fidelity* fidelity);
 /* KVRELAY_E_NOT_FOUND on a miss. The entry stays valid, and its bytes unchanged, until released:
    a memfd sealed against writes mapped read-only, or a block of the sidecar's arena held under a
    lease (never write through kvrelay_entry_data). */

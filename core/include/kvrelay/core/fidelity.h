@@ -1,0 +1,47 @@
+#pragma once
+
+// How faithful a run of KV is to what its source worker computed. Every writer of the KV store
+// says so (a worker's publish, a peer's push, a fetch, a join), and the store enforces the rule
+// that nothing lossy is filed over, or served for, exact KV (docs/architecture.md, "Fidelity").
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace kvrelay {
+
+struct Fidelity {
+  // Leading tokens whose KV is bit-exact to the source's. Past them the KV went through a lossy
+  // codec, or was computed by attending over KV that did.
+  std::uint64_t exact_tokens = 0;
+  // The lossy codec's spec ("int4", "int8+zstd"); empty when every token is exact.
+  std::string lossy_codec;
+
+  [[nodiscard]] static Fidelity exact() { return {}; }
+  // KV whose tokens from `exact_tokens` on came through (or from) `codec`.
+  [[nodiscard]] static Fidelity lossy(std::string codec, std::uint64_t exact_tokens = 0) {
+    return {exact_tokens, std::move(codec)};
+  }
+  [[nodiscard]] bool is_exact() const { return lossy_codec.empty(); }
+  // Whether the first `tokens` tokens are all exact.
+  [[nodiscard]] bool exact_through(std::uint64_t tokens) const { return is_exact() || tokens <= exact_tokens; }
+  // The fidelity of the first `tokens` tokens alone.
+  [[nodiscard]] Fidelity prefix(std::uint64_t tokens) const {
+    return exact_through(tokens) ? exact() : *this;
+  }
+  // This run followed by one of `tail` fidelity starting at token `offset`: exactness ends at the
+  // first lossy token of either.
+  [[nodiscard]] Fidelity then(const Fidelity& tail, std::uint64_t offset) const {
+    if (!is_exact()) return *this;
+    if (tail.is_exact()) return exact();
+    return lossy(tail.lossy_codec, offset + std::min(tail.exact_tokens, UINT64_MAX - offset));
+  }
+  // Never less faithful than `other`: at least as many exact leading tokens.
+  [[nodiscard]] bool at_least_as_exact_as(const Fidelity& other) const {
+    if (is_exact()) return true;
+    return !other.is_exact() && exact_tokens >= other.exact_tokens;
+  }
+  friend bool operator==(const Fidelity&, const Fidelity&) = default;
+};
+
+}  // namespace kvrelay
