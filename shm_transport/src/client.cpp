@@ -278,14 +278,9 @@ Status ShmClient::commit_as(MessageType type, WritableRegion region, const Entry
   }
   const std::uint64_t size = region.size;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
-  ByteWriter request;
-  request.put(region.id);
-  encode_key(request, key);
-  encode_layout(request, layout);
-  request.put(size).put(checksum);
-  if (with_context) put_long_string(request, params_json);
-  if (with_context && !fidelity.is_exact()) encode_fidelity(request, fidelity);
-  KVRELAY_TRY(call(type, request.bytes(), with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0));
+  const auto request = encode_commit({region.id, key, layout, size, checksum, std::string(params_json), fidelity},
+                                     with_context);
+  KVRELAY_TRY(call(type, request, with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0));
   return ok();
 }
 

@@ -128,6 +128,50 @@ Result<Fidelity> decode_fidelity(ByteReader& reader) {
   return Fidelity::lossy(std::move(*codec), *exact_tokens);
 }
 
+std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context) {
+  ByteWriter writer;
+  writer.put(commit.region_id);
+  encode_key(writer, commit.key);
+  encode_layout(writer, commit.layout);
+  writer.put(commit.bytes).put(commit.checksum);
+  if (with_context) {
+    put_long_string(writer, commit.params_json);
+    if (!commit.fidelity.is_exact()) encode_fidelity(writer, commit.fidelity);
+  }
+  return writer.take();
+}
+
+Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool with_context) {
+  ByteReader reader(payload);
+  CommitRequest commit;
+  const auto region_id = reader.get<std::uint64_t>();
+  const auto key = decode_key(reader);
+  if (!region_id || !key) return fail(ErrorCode::kTruncated, "commit truncated");
+  commit.region_id = *region_id;
+  commit.key = *key;
+  KVRELAY_TRY(commit.layout, decode_layout(reader));
+  const auto bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  if (!bytes || !checksum) return fail(ErrorCode::kProtocol, "malformed commit");
+  commit.bytes = *bytes;
+  commit.checksum = *checksum;
+  if (with_context) {
+    auto params = get_long_string(reader);
+    if (!params) return fail(ErrorCode::kProtocol, "malformed commit params");
+    commit.params_json = std::move(*params);
+    // Version 4: the KV's fidelity may follow; without it the KV is exact.
+    if (reader.remaining() != 0) {
+      auto fidelity = decode_fidelity(reader);
+      if (!fidelity) return fail(fidelity.error().code, fmt::format("commit: {}", fidelity.error().message));
+      // Exact KV is sent without one: one encoding per meaning.
+      if (fidelity.value().is_exact()) return fail(ErrorCode::kProtocol, "commit: an exact fidelity is sent as none");
+      commit.fidelity = std::move(fidelity).value();
+    }
+  }
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed commit: trailing bytes");
+  return commit;
+}
+
 std::vector<std::byte> encode_resolve(const ResolveRequest& request) {
   ByteWriter writer;
   writer.put(request.model_id).put(request.block_tokens).put(request.prompt_tokens);

@@ -694,25 +694,8 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
 
 Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, const ControlFrame& frame,
                                                         bool with_context) {
-  ByteReader reader(frame.payload);
-  const auto region_id = reader.get<std::uint64_t>();
-  const auto key = decode_key(reader);
-  if (!region_id || !key) return fail(ErrorCode::kTruncated, "commit truncated");
-  KVRELAY_TRY(const auto layout, decode_layout(reader));
-  const auto bytes = reader.get<std::uint64_t>();
-  const auto checksum = reader.get<std::uint64_t>();
-  std::optional<std::string> params;
-  if (with_context) params = get_long_string(reader);
-  if (!checksum || (with_context && !params)) return fail(ErrorCode::kProtocol, "malformed commit");
-  // Version 4: a CommitContext may say how faithful the KV is; without it the KV is exact.
-  Fidelity fidelity;
-  if (with_context && reader.remaining() != 0) {
-    auto decoded = decode_fidelity(reader);
-    if (!decoded) return fail(decoded.error().code, fmt::format("commit: {}", decoded.error().message));
-    fidelity = std::move(decoded).value();
-  }
-  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed commit");
-  const auto found = connection.regions.find(*region_id);
+  KVRELAY_TRY(const auto commit, decode_commit(frame.payload, with_context));
+  const auto found = connection.regions.find(commit.region_id);
   if (found == connection.regions.end()) return fail(ErrorCode::kNotFound, "no such region on this connection");
   // A commit consumes its region whatever the outcome (after F_SEAL_WRITE it could not be
   // written again anyway), so a failed commit never strands memory.
@@ -721,7 +704,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   connection.pending_bytes -= region.size;
   pending_bytes_ -= region.size;
   --pending_regions_;
-  const EntryInfo info{layout, *bytes, *checksum};
+  const EntryInfo info{commit.layout, commit.bytes, commit.checksum};
   KVRELAY_TRY(validate_entry_info(info));
   if (info.bytes != region.size) {
     return fail(ErrorCode::kLayoutMismatch,
@@ -745,11 +728,11 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   entry->info = info;
   entry->fd = std::move(region.fd);
   entry->block = std::move(region.block);
-  entry->fidelity = fidelity.prefix(layout.tokens);
+  entry->fidelity = commit.fidelity.prefix(commit.layout.tokens);
   const std::shared_ptr<const StoredEntry> stored = entry;
-  KVRELAY_TRY(store_->put(*key, stored));
+  KVRELAY_TRY(store_->put(commit.key, stored));
   ++commits_;
-  if (with_context && hooks_) hooks_->published(*key, stored, *params);
+  if (with_context && hooks_) hooks_->published(commit.key, stored, commit.params_json);
   return encode_frame(with_context ? MessageType::kContextCommitted : MessageType::kCommitted, frame.request_id, {});
 }
 

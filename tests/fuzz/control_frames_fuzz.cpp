@@ -53,13 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     case MessageType::kCommit:
     case MessageType::kCommitContext: {
-      ByteReader reader(payload);
-      (void)reader.get<std::uint64_t>();
-      (void)decode_key(reader);
-      if (auto layout = decode_layout(reader)) {
-        ByteWriter again;
-        encode_layout(again, layout.value());
-        require(again.bytes().size() == kEncodedLayoutBytes);
+      const bool with_context = frame.value().type == MessageType::kCommitContext;
+      if (auto commit = decode_commit(payload, with_context)) {
+        require(same(encode_commit(commit.value(), with_context), payload));
       }
       break;
     }

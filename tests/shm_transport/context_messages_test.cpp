@@ -60,3 +60,38 @@ TEST_CASE("prefill reports round-trip and reject impossible figures", "[shm][pro
   trailing.push_back(std::byte{0});
   CHECK_FALSE(decode_prefill_report(trailing));
 }
+
+TEST_CASE("commits round-trip with and without fidelity and reject malformed payloads", "[shm][protocol]") {
+  CommitRequest commit{7, {1, 2}, KvLayout{2, 2, 4, DType::kFloat32, 3}, 384, 0xabc, R"({"agent":"a"})", {}};
+  for (const bool with_context : {false, true}) {
+    for (const auto& fidelity : {Fidelity::exact(), Fidelity::lossy("int4", 16)}) {
+      if (!with_context && !fidelity.is_exact()) continue;  // a plain Commit cannot say it
+      commit.fidelity = fidelity;
+      const auto bytes = encode_commit(commit, with_context);
+      const auto decoded = decode_commit(bytes, with_context);
+      REQUIRE(decoded.has_value());
+      CHECK(decoded.value().region_id == 7);
+      CHECK(decoded.value().key == commit.key);
+      CHECK(decoded.value().checksum == 0xabc);
+      CHECK(decoded.value().fidelity == fidelity);
+      CHECK(decoded.value().params_json == (with_context ? commit.params_json : std::string()));
+      for (std::size_t length = 0; length < bytes.size(); ++length) {
+        // A CommitContext cut exactly before its optional fidelity is a valid exact commit.
+        if (with_context && !fidelity.is_exact() && length == encode_commit(commit, false).size() + 4 +
+                                                                     commit.params_json.size()) {
+          continue;
+        }
+        CHECK_FALSE(decode_commit(std::span(bytes.data(), length), with_context).has_value());
+      }
+    }
+  }
+  // An exact fidelity spelled out is refused: exact KV is sent without one.
+  commit.fidelity = Fidelity::exact();
+  auto spelled = encode_commit(commit, true);
+  ByteWriter trailer;
+  encode_fidelity(trailer, Fidelity::exact());
+  spelled.insert(spelled.end(), trailer.bytes().begin(), trailer.bytes().end());
+  const auto refused = decode_commit(spelled, true);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("exact fidelity") != std::string::npos);
+}

@@ -13,6 +13,7 @@
 #include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/shm_transport/entry.h"
 
 namespace kvrelay::shm {
 
@@ -129,6 +130,22 @@ struct ResolvedMeta {
 inline constexpr std::size_t kMaxFidelityCodecBytes = 64;
 void encode_fidelity(ByteWriter& writer, const Fidelity& fidelity);
 [[nodiscard]] Result<Fidelity> decode_fidelity(ByteReader& reader);
+
+// Commit (and CommitContext, which adds the request's params and, from version 4, the KV's
+// fidelity): "region `region_id` holds `bytes` bytes of `layout` with this checksum; file it
+// under `key`".
+struct CommitRequest {
+  std::uint64_t region_id = 0;
+  EntryKey key;
+  KvLayout layout;
+  std::uint64_t bytes = 0;
+  std::uint64_t checksum = 0;
+  std::string params_json;  // CommitContext only
+  Fidelity fidelity;        // CommitContext only; sent only when lossy
+};
+[[nodiscard]] std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context);
+// Structural checks only (sizes against the region and the layout are the server's).
+[[nodiscard]] Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool with_context);
 
 // One prefill a worker ran: tokens computed, context length, wall time, and the request's params.
 struct PrefillReport {
