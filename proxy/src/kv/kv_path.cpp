@@ -600,8 +600,9 @@ void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm
                 {"tokens", entry->info.layout.tokens}};
     if (!choice.cost.is_null()) record["cost"] = choice.cost;
     // Lossy KV under a lossless medium would be filed as exact at the destination.
-    const bool lossy_as_exact = choice.medium != "tokens" && !entry->fidelity.is_exact() &&
-                                codec::fidelity_of(*codecs_, *codec_for_medium(choice.medium)).is_exact();
+    const auto push_codec = codec_for_medium(choice.medium);
+    const bool lossy_as_exact =
+        push_codec && !entry->fidelity.is_exact() && codec::fidelity_of(*codecs_, *push_codec).is_exact();
     if (lossy_as_exact) {
       record["outcome"] = "not_pushed";
       record["reason"] = fmt::format("the KV is lossy ({}) and the medium {} is lossless",
