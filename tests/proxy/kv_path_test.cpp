@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv_path_fixture.h"
-#include "refworker/skip.h"
+#include "support/skip.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
@@ -266,7 +266,7 @@ TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B 
     return on_gpu == 2;
   };
   node_a.start(policy(node_a, a_agents, "node-b", 1));
-  if (!quantizers_on_gpu(node_a)) KVRELAY_SKIP("no CUDA device: the quantizers stay on the CPU");
+  if (!quantizers_on_gpu(node_a)) KVRELAY_SKIP_NO_GPU("no CUDA device: the quantizers stay on the CPU");
   node_b.start(policy(node_b, b_agents, "node-a", node_a.peer_port()));
   REQUIRE(quantizers_on_gpu(node_b));
   node_a.reload(policy(node_a, a_agents, "node-b", node_b.peer_port()));
