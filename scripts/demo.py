@@ -30,6 +30,11 @@ def main():
         print(f"\nmodel: synthetic Llama {args.shape} (fp32, CPU), same weights on every worker")
         print("node-a: agent A and agent B-local behind one sidecar; node-b: agent B behind its own sidecar;")
         print("sidecars peer over TCP. B gets A's prompt + A's 16-token answer + an 8-token follow-up.")
+        # Media are forced through the admin API, which answers only on each sidecar's admin listener.
+        if not all(cluster.admin_only_on_admin_listener(node) for node in ("node-a", "node-b")):
+            sys.exit("demo failed: the admin API must answer on listen.admin only, and 404 on the agent listener")
+        print("admin API (forcing media, flushing KV): on each sidecar's admin listener (listen.admin) only;")
+        print("its agent listener answers 404 there, and a policy without listen.admin has no admin API.")
         print(f"(after one {max(lengths)}-token handoff over TCP and one over shared memory, which warm the sidecars' kept buffers and arena)\n")
         print("B's time to first token (ms), by how A's context reaches B:")
         header = (f"{'context':>7} | " + " ".join(f"{name:>11}" for name in COLUMNS) +

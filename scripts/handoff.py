@@ -10,7 +10,9 @@ For one context length: A answers a prompt; then B gets A's prompt + A's answer 
 the route's medium forced to each of tokens, kv_raw, kv_lossless, kv_int8, kv_int4 in turn, then
 left to the decision engine; B-local gets the same with kv_raw over shared memory. Before each B
 run node-b's KV store is flushed (DELETE /admin/kv) so every medium starts from the same state: A's
-KV on node-a, nothing on node-b.
+KV on node-a, nothing on node-b. Agents talk to each sidecar's agent listener (listen.http); forcing
+media, flushing and reloading go to its admin listener (listen.admin), the only place the admin API
+answers.
 """
 import json
 import pathlib
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 DEMO_SHAPE = "layers=8,dim=512,heads=8,kv_heads=4,ffn=1376,vocab=512,seq_len=4096"
@@ -42,6 +45,16 @@ def http(port, method, path, body=None, timeout=600):
     with urllib.request.urlopen(request, timeout=timeout) as response:
         text = response.read().decode()
     return json.loads(text) if text else {}
+
+
+def status_of(port, method, path):
+    """The HTTP status of one request, error statuses included."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 def wait_ready(path, process, what, timeout=180):
@@ -70,7 +83,8 @@ class Cluster:
         sockets = {"node-a": str(self.work / "node-a.sock"), "node-b": str(self.work / "node-b.sock")}
         # Sidecars first: workers connect to their socket when they start.
         peer_ports = {}
-        self.sidecar_ports = {}
+        self.sidecar_ports = {}  # agent listeners
+        self.admin_ports = {}  # admin listeners
         model = shape_model(self.shape)
         workers = {"agent-a": "node-a", "agent-b-local": "node-a", "agent-b": "node-b"}
         # Worker ports are not known before the workers start, and workers need the sockets: start
@@ -80,7 +94,8 @@ class Cluster:
             policies[node] = {
                 "schema_version": 1,
                 "node": {"id": node},
-                "listen": {"http": "127.0.0.1:0", "peer": "127.0.0.1:0", "unix_socket": sockets[node]},
+                "listen": {"http": "127.0.0.1:0", "admin": "127.0.0.1:0", "peer": "127.0.0.1:0",
+                           "unix_socket": sockets[node]},
                 "peers": [],
                 "agents": [],
                 "routes": [],
@@ -92,6 +107,7 @@ class Cluster:
                                          "--ready-file", str(self.work / f"{node}.ready")])
             ready = wait_ready(self.work / f"{node}.ready", process, f"kvrelay {node}")
             self.sidecar_ports[node] = ready["http"]
+            self.admin_ports[node] = ready["admin"]
             peer_ports[node] = ready["peer"]
         worker_processes = {
             agent: self._spawn(agent, [str(refworker), "serve", "--synthetic", self.shape, "--seed", "1",
@@ -112,7 +128,7 @@ class Cluster:
             policy["routes"] = [{"id": "a-to-b", "from": "agent-a", "to": "agent-b"},
                                 {"id": "a-to-b-local", "from": "agent-a", "to": "agent-b-local"}]
             self._write(node, policy)
-            http(self.sidecar_ports[node], "POST", "/admin/reload")
+            http(self.admin_ports[node], "POST", "/admin/reload")
         return self
 
     def __exit__(self, *exc):
@@ -139,13 +155,18 @@ class Cluster:
         return http(self.sidecar_ports[node], "POST", f"/agents/{agent}/v1/completions", body)
 
     def force(self, node, route, medium):
-        http(self.sidecar_ports[node], "PUT", f"/admin/routes/{route}", {"forced_medium": medium})
+        http(self.admin_ports[node], "PUT", f"/admin/routes/{route}", {"forced_medium": medium})
 
     def flush(self, node):
-        http(self.sidecar_ports[node], "DELETE", "/admin/kv")
+        http(self.admin_ports[node], "DELETE", "/admin/kv")
+
+    def admin_only_on_admin_listener(self, node):
+        """True when node's admin API answers on its admin listener and is a 404 on its agent one."""
+        return (status_of(self.sidecar_ports[node], "GET", "/admin/routes") == 404 and
+                status_of(self.admin_ports[node], "GET", "/admin/routes") == 200)
 
     def last_decision(self, node):
-        decisions = http(self.sidecar_ports[node], "GET", "/admin/decisions?limit=4")["decisions"]
+        decisions = http(self.admin_ports[node], "GET", "/admin/decisions?limit=4")["decisions"]
         return next((d for d in decisions if d.get("kind") == "lookup"), {})  # newest first
 
 

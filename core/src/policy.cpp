@@ -164,6 +164,7 @@ void read_listen(const json& value, const std::string& pointer, ListenPolicy& ou
   read_host_port(reader, "http", http, diag, true);
   if (http) out.http = *http;
   read_host_port(reader, "admin", out.admin, diag, false);
+  reader.read_bool("metrics_on_http", out.metrics_on_http);
   read_host_port(reader, "peer", out.peer, diag, false);
   reader.read_string("unix_socket", out.unix_socket, false);
   reader.read_string("unix_socket_group", out.unix_socket_group, false);

@@ -49,12 +49,42 @@ struct DaemonState {
   std::atomic<bool> draining{false};
 };
 
+// admin_port and peer_port are 0 when the policy has no such listener; the file then omits them.
 Status write_ready_file(const std::string& path, std::uint16_t http_port, std::uint16_t admin_port,
                         std::uint16_t peer_port, const std::string& unix_socket) {
-  nlohmann::json body{{"pid", ::getpid()}, {"http", http_port}, {"admin", admin_port}};
+  nlohmann::json body{{"pid", ::getpid()}, {"http", http_port}};
+  if (admin_port != 0) body["admin"] = admin_port;
   if (peer_port != 0) body["peer"] = peer_port;
   if (!unix_socket.empty()) body["unix_socket"] = unix_socket;
   return write_file_atomically(path, body.dump() + "\n");
+}
+
+// What the agent-facing listener answers besides /agents/{agent}/v1/...: health, and /metrics
+// when the policy asks. Agents must not reach the admin API (routes, reload, KV), so every other
+// path is a 404 that says where the admin API is, or that this policy has none.
+HttpResponse serve_agent_listener_extra(const HttpRequest& request, const AdminRouter& admin_router,
+                                        const RuntimePolicy& runtime_policy) {
+  std::string_view path = request.target();
+  path = path.substr(0, path.find('?'));
+  const auto policy = runtime_policy.current();
+  if (path == "/healthz" || path == "/readyz" || (path == "/metrics" && policy->listen.metrics_on_http)) {
+    return admin_router.handle(request);
+  }
+  std::string message;
+  if (path == "/metrics") {
+    message = "/metrics is not served on the agent listener; set listen.metrics_on_http or use listen.admin";
+  } else if (policy->listen.admin) {
+    message = fmt::format(
+        "no endpoint at {} on the agent listener (it serves /agents/{{agent}}/v1/...); the admin "
+        "API is on the admin listener (listen.admin)",
+        path);
+  } else {
+    message = fmt::format(
+        "no endpoint at {} on the agent listener (it serves /agents/{{agent}}/v1/...); this "
+        "policy has no listen.admin, so there is no admin API",
+        path);
+  }
+  return make_json_error(http::status::not_found, "not_found", message, request.version(), request.keep_alive());
 }
 
 }  // namespace
@@ -136,10 +166,10 @@ int run_daemon(const DaemonOptions& options) {
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
   };
-  // Agent traffic and admin share the main listener unless the policy gives admin its own.
-  const Dispatcher main_dispatcher = [front_proxy, admin_router](HttpRequest&& request) -> Reply {
+  // The agent listener never serves the admin API; only listen.admin does.
+  const Dispatcher main_dispatcher = [front_proxy, admin_router, runtime_policy](HttpRequest&& request) -> Reply {
     if (parse_agent_target(request.target())) return front_proxy->dispatch(std::move(request));
-    return admin_router->handle(request);
+    return serve_agent_listener_extra(request, *admin_router, *runtime_policy);
   };
 
   HttpServer main_server(io, limits, main_dispatcher);
@@ -194,9 +224,13 @@ int run_daemon(const DaemonOptions& options) {
   }
   const std::uint16_t peer_port = peer_server ? peer_server->local_endpoint().port() : 0;
   const auto http_port = main_server.local_endpoint().port();
-  const auto admin_port = admin_server ? admin_server->local_endpoint().port() : http_port;
+  const std::uint16_t admin_port = admin_server ? admin_server->local_endpoint().port() : 0;
   spdlog::info("listening: http {}:{}, admin port {}, peer port {}, unix socket '{}'", policy->listen.http.host,
                http_port, admin_port, peer_port, policy->listen.unix_socket);
+  if (!admin_server) {
+    spdlog::info("no listen.admin in the policy: no admin API (/admin/...); SIGHUP reloads the policy{}",
+                 policy->listen.metrics_on_http ? "" : ", and /metrics is off (listen.metrics_on_http)");
+  }
   if (!options.ready_file.empty()) {
     if (auto written =
             write_ready_file(options.ready_file, http_port, admin_port, peer_port, policy->listen.unix_socket);

@@ -12,6 +12,8 @@
 #include "kvrelay/codec_plugins/builtin_params.h"
 #include "kvrelay/codec_plugins/metrics.h"
 
+#include "support/skip.h"
+
 using namespace kvrelay;
 using namespace kvrelay::codec;
 
@@ -72,10 +74,7 @@ struct PathGuard {
 
 TEST_CASE("the portable, AVX2 and AVX-512 quantizer loops write the same bytes", "[codec][cpu_path]") {
   const std::vector<CpuPath> vector_paths = supported_vector_paths();
-  if (vector_paths.empty()) {
-    WARN("CPU without AVX2+F16C: only the portable path exists here");
-    return;
-  }
+  if (vector_paths.empty()) KVRELAY_SKIP("CPU without AVX2+F16C: only the portable path exists here");
   PathGuard guard;
   // Odd shapes: one token, tokens off the group, head_dim off the lane width and the group,
   // odd rows (int4 pairs), a single head; random bytes bring NaN, infinities and subnormals.
@@ -141,10 +140,7 @@ bool same_or_both_half_nan(const std::vector<std::uint8_t>& a, const std::vector
 
 TEST_CASE("the portable, AVX2 and AVX-512 loops decode any payload bytes alike", "[codec][cpu_path]") {
   const std::vector<CpuPath> vector_paths = supported_vector_paths();
-  if (vector_paths.empty()) {
-    WARN("CPU without AVX2+F16C: only the portable path exists here");
-    return;
-  }
+  if (vector_paths.empty()) KVRELAY_SKIP("CPU without AVX2+F16C: only the portable path exists here");
   PathGuard guard;
   // Random payloads: every code value, scales and zeros that are NaN, infinite or subnormal,
   // so the vector decoders' NaN-free shortcuts and their exact fallbacks both run; shapes with

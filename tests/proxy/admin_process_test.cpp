@@ -38,37 +38,37 @@ bool metric_reaches(std::uint16_t port, const std::string& sample, double expect
 
 TEST_CASE("admin lists routes and changes one live", "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
-  const auto routes = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  const auto routes = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
   REQUIRE(routes["routes"].size() == 1);
   CHECK(routes["routes"][0]["enabled"] == true);
 
-  const auto updated = http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b",
+  const auto updated = http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b",
                                     R"({"enabled": false, "forced_medium": "kv_raw", "audit_fraction": 0.5})");
   REQUIRE(updated.status == 200);
   CHECK(json::parse(updated.body)["forced_medium"] == "kv_raw");
-  const auto after = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  const auto after = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
   CHECK(after["routes"][0]["enabled"] == false);
   CHECK(after["routes"][0]["audit_fraction"] == 0.5);
 
   // Turned back on, live, without a restart.
-  CHECK(http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": true})").status == 200);
-  CHECK(json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body)["routes"][0]["enabled"] == true);
+  CHECK(http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": true})").status == 200);
+  CHECK(json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body)["routes"][0]["enabled"] == true);
 }
 
 TEST_CASE("admin rejects bad route changes with a message naming the problem", "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
-  const auto unknown = http_request(daemon.http_port(), "PUT", "/admin/routes/nope", R"({"enabled": false})");
+  const auto unknown = http_request(daemon.admin_port(), "PUT", "/admin/routes/nope", R"({"enabled": false})");
   CHECK(unknown.status == 404);
-  const auto bad_type = http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": "no"})");
+  const auto bad_type = http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": "no"})");
   CHECK(bad_type.status == 400);
   CHECK_THAT(bad_type.body, Catch::Contains("/enabled: expected boolean"));
   const auto not_allowed =
-      http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", R"({"forced_medium": "kv_int4"})");
+      http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"forced_medium": "kv_int4"})");
   CHECK(not_allowed.status == 400);
   CHECK_THAT(not_allowed.body, Catch::Contains("not in the route's allowed_media"));
-  CHECK(http_request(daemon.http_port(), "PUT", "/admin/routes/a-to-b", "{oops").status == 400);
+  CHECK(http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", "{oops").status == 400);
   // Nothing of the rejected changes was applied.
-  const auto routes = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  const auto routes = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
   CHECK(routes["routes"][0]["enabled"] == true);
   CHECK(routes["routes"][0]["forced_medium"].is_null());
 }
@@ -79,21 +79,21 @@ TEST_CASE("reload applies a valid policy and rejects a bad one, which keeps the 
   auto next = policy_with_routes();
   next["routes"][0]["priority"] = 6;
   write_file(daemon.dir() / "policy.json", next.dump());
-  const auto applied = http_request(daemon.http_port(), "POST", "/admin/reload");
+  const auto applied = http_request(daemon.admin_port(), "POST", "/admin/reload");
   REQUIRE(applied.status == 200);
-  CHECK(json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body)["routes"][0]["priority"] == 6);
+  CHECK(json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body)["routes"][0]["priority"] == 6);
 
   auto bad = next;
   bad["routes"][0]["to"] = "ghost";
   write_file(daemon.dir() / "policy.json", bad.dump());
-  const auto rejected = http_request(daemon.http_port(), "POST", "/admin/reload");
+  const auto rejected = http_request(daemon.admin_port(), "POST", "/admin/reload");
   CHECK(rejected.status == 422);
   CHECK_THAT(rejected.body, Catch::Contains("/routes/0/to: expected an agent id from /agents, got \\\"ghost\\\""));
-  const auto routes = json::parse(http_request(daemon.http_port(), "GET", "/admin/routes").body);
+  const auto routes = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
   CHECK(routes["routes"][0]["to"] == "b");
   CHECK(routes["routes"][0]["priority"] == 6);
 
-  const auto metrics = http_request(daemon.http_port(), "GET", "/metrics").body;
+  const auto metrics = http_request(daemon.admin_port(), "GET", "/metrics").body;
   CHECK(metric_value(metrics, "kvrelay_config_reloads_total{result=\"ok\"}") == 1);
   CHECK(metric_value(metrics, "kvrelay_config_reloads_total{result=\"rejected\"}") == 1);
   CHECK(metric_value(metrics, "kvrelay_config_last_reload_successful") == 0);
@@ -107,7 +107,7 @@ TEST_CASE("SIGHUP reloads the policy file", "[proxy][admin][process]") {
   daemon.process().send_signal(SIGHUP);
   const bool reloaded = wait_until(
       [&] {
-        const auto body = http_request(daemon.http_port(), "GET", "/admin/routes").body;
+        const auto body = http_request(daemon.admin_port(), "GET", "/admin/routes").body;
         return json::parse(body)["routes"][0]["audit_fraction"] == 0.25;
       },
       std::chrono::seconds(5));
@@ -129,7 +129,7 @@ TEST_CASE("front proxy answers unknown agents, unknown endpoints, bad bodies and
   CHECK(dead.status == 502);
   CHECK(json::parse(dead.body)["error"]["type"] == "upstream_error");
 
-  const auto port = daemon.http_port();
+  const auto port = daemon.admin_port();
   CHECK(
       metric_reaches(port, "kvrelay_proxy_requests_total{agent=\"b\",endpoint=\"/v1/completions\",status=\"502\"}", 1));
   CHECK(metric_reaches(port, "kvrelay_proxy_upstream_errors_total{agent=\"b\",kind=\"connect\"}", 1));
@@ -139,7 +139,7 @@ TEST_CASE("front proxy answers unknown agents, unknown endpoints, bad bodies and
 
 TEST_CASE("GET /admin lists the endpoint table", "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
-  const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin").body);
+  const auto listing = json::parse(http_request(daemon.admin_port(), "GET", "/admin").body);
   std::set<std::string> paths;
   for (const auto& endpoint : listing["endpoints"])
     paths.insert(endpoint["path"].get<std::string>());
@@ -154,7 +154,7 @@ TEST_CASE("/admin/codecs lists built-in and plugin codecs and the plugins refuse
   const auto plugins = binary_dir() / "tests" / "codec_plugins" / "plugins";
   policy["codecs"]["plugin_dirs"] = {(plugins / "good").string(), (plugins / "bad").string()};
   DaemonUnderTest daemon(policy);
-  const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin/codecs").body);
+  const auto listing = json::parse(http_request(daemon.admin_port(), "GET", "/admin/codecs").body);
   std::map<std::string, json> codecs;
   for (const auto& codec : listing["codecs"])
     codecs[codec["name"].get<std::string>()] = codec;
@@ -183,7 +183,7 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
   std::string quantizer_device;
   {
     DaemonUnderTest daemon(policy);
-    const auto listing = json::parse(http_request(daemon.http_port(), "GET", "/admin/codecs").body);
+    const auto listing = json::parse(http_request(daemon.admin_port(), "GET", "/admin/codecs").body);
     std::map<std::string, std::string> devices;
     for (const auto& codec : listing["codecs"])
       devices[codec["name"].get<std::string>()] = codec["device"].get<std::string>();
@@ -199,7 +199,7 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
     auto moved = policy;
     moved["codecs"]["device"] = "cpu";
     write_file(daemon.dir() / "policy.json", moved.dump());
-    const auto reloaded = http_request(daemon.http_port(), "POST", "/admin/reload");
+    const auto reloaded = http_request(daemon.admin_port(), "POST", "/admin/reload");
     REQUIRE(reloaded.status == 200);
     CHECK_THAT(reloaded.body, Catch::Contains("codecs (plugin_dirs, device) take effect on restart"));
   }
@@ -214,7 +214,7 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
     CHECK_THAT(result.err, Catch::Contains("/codecs/device") && Catch::Contains("cuda"));
   } else {
     DaemonUnderTest daemon(policy);
-    CHECK(http_request(daemon.http_port(), "GET", "/admin/codecs").body.find("\"cuda\"") != std::string::npos);
+    CHECK(http_request(daemon.admin_port(), "GET", "/admin/codecs").body.find("\"cuda\"") != std::string::npos);
   }
   policy["codecs"]["device"] = "tpu";
   write_file(dir / "tpu.json", policy.dump());
@@ -222,4 +222,106 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
       run_command({kvrelay_binary().string(), "serve", "--config", (dir / "tpu.json").string()}, dir.path());
   CHECK(bad.exit_status == 2);
   CHECK_THAT(bad.err, Catch::Contains("/codecs/device: expected \"cpu\", \"cuda\" or \"auto\""));
+}
+
+namespace {
+
+// Every admin endpoint, with a request each accepts: 200 on the admin listener. The reload comes
+// before the route change, so that the change is still there to see afterwards.
+struct AdminCall {
+  std::string method;
+  std::string target;
+  std::string body;
+};
+const std::vector<AdminCall>& admin_calls() {
+  static const std::vector<AdminCall> calls{{"GET", "/admin", ""},
+                                            {"GET", "/admin/routes", ""},
+                                            {"POST", "/admin/reload", ""},
+                                            {"PUT", "/admin/routes/a-to-b", R"({"enabled": false})"},
+                                            {"DELETE", "/admin/kv", ""},
+                                            {"GET", "/admin/decisions?limit=1", ""},
+                                            {"GET", "/admin/codecs", ""},
+                                            {"GET", "/admin/upstreams", ""},
+                                            {"GET", "/admin/peers", ""},
+                                            {"GET", "/admin/audit/report", ""},
+                                            {"GET", "/admin/audit/calibration", ""},
+                                            {"GET", "/version", ""}};
+  return calls;
+}
+
+// Asserts that the agent listener refuses every admin call with a JSON 404 whose message has `hint`.
+void check_agent_listener_refuses_admin(std::uint16_t agent_port, const std::string& hint) {
+  for (const auto& call : admin_calls()) {
+    INFO(call.method << " " << call.target);
+    const auto reply = http_request(agent_port, call.method, call.target, call.body);
+    CHECK(reply.status == 404);
+    const auto body = json::parse(reply.body, nullptr, false);
+    const bool is_error = body.is_object() && body.contains("error") && body["error"].is_object();
+    CHECK(is_error);
+    if (!is_error) continue;
+    CHECK(body["error"].value("type", "") == "not_found");
+    CHECK_THAT(body["error"].value("message", ""), Catch::Contains(hint));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the admin API answers only on listen.admin: every admin path is a 404 on the agent listener",
+          "[proxy][admin][listener][process]") {
+  DaemonUnderTest daemon(policy_with_routes());
+  REQUIRE(daemon.admin_port() != daemon.http_port());
+  check_agent_listener_refuses_admin(daemon.http_port(), "the admin API is on the admin listener");
+  // The PUT above changed nothing: the route is still enabled, as the admin listener shows.
+  const auto routes = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
+  CHECK(routes["routes"][0]["enabled"] == true);
+  // /metrics is not on the agent listener unless the policy asks for it.
+  const auto metrics = http_request(daemon.http_port(), "GET", "/metrics");
+  CHECK(metrics.status == 404);
+  CHECK_THAT(metrics.body, Catch::Contains("listen.metrics_on_http"));
+  // What the agent listener does serve: health and agents.
+  CHECK(http_request(daemon.http_port(), "GET", "/healthz").status == 200);
+  CHECK(http_request(daemon.http_port(), "GET", "/readyz").status == 200);
+  const auto ghost = http_request(daemon.http_port(), "POST", "/agents/ghost/v1/completions", R"({"prompt": [1]})");
+  CHECK(json::parse(ghost.body)["error"]["type"] == "unknown_agent");
+
+  for (const auto& call : admin_calls()) {
+    INFO(call.method << " " << call.target);
+    CHECK(http_request(daemon.admin_port(), call.method, call.target, call.body).status == 200);
+  }
+  // The admin listener's PUT did take effect.
+  const auto after = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
+  CHECK(after["routes"][0]["enabled"] == false);
+  CHECK(http_request(daemon.admin_port(), "GET", "/metrics").status == 200);
+}
+
+TEST_CASE("a policy without listen.admin has no admin API on any listener", "[proxy][admin][listener][process]") {
+  auto policy = policy_with_routes();
+  policy["listen"].erase("admin");
+  DaemonUnderTest daemon(policy);
+  CHECK_FALSE(daemon.has_admin_listener());  // the ready file names no admin port
+  check_agent_listener_refuses_admin(daemon.http_port(), "this policy has no listen.admin, so there is no admin API");
+  CHECK(http_request(daemon.http_port(), "GET", "/metrics").status == 404);
+  CHECK(http_request(daemon.http_port(), "GET", "/healthz").status == 200);
+  // The operator is told at start-up, not only by 404s.
+  CHECK(wait_until([&] { return daemon.process().stderr_text().find("no admin API") != std::string::npos; },
+                   std::chrono::seconds(5)));
+}
+
+TEST_CASE("listen.metrics_on_http serves /metrics on the agent listener, live across a reload",
+          "[proxy][admin][listener][metrics][process]") {
+  auto policy = policy_with_routes();
+  policy["listen"]["metrics_on_http"] = true;
+  DaemonUnderTest daemon(policy);
+  const auto on_agent = http_request(daemon.http_port(), "GET", "/metrics");
+  REQUIRE(on_agent.status == 200);
+  CHECK_THAT(on_agent.body, Catch::Contains("kvrelay_config_last_reload_successful"));
+  CHECK(http_request(daemon.admin_port(), "GET", "/metrics").status == 200);
+  // Still not the admin API.
+  CHECK(http_request(daemon.http_port(), "GET", "/admin/routes").status == 404);
+
+  policy["listen"]["metrics_on_http"] = false;
+  write_file(daemon.dir() / "policy.json", policy.dump());
+  REQUIRE(http_request(daemon.admin_port(), "POST", "/admin/reload").status == 200);
+  CHECK(http_request(daemon.http_port(), "GET", "/metrics").status == 404);
+  CHECK(http_request(daemon.admin_port(), "GET", "/metrics").status == 200);
 }

@@ -29,11 +29,17 @@ class DaemonUnderTest {
     }
     const auto ports = nlohmann::json::parse(read_file(dir_ / "ready.json"));
     http_port_ = ports["http"].get<std::uint16_t>();
-    admin_port_ = ports["admin"].get<std::uint16_t>();
+    admin_port_ = ports.value("admin", std::uint16_t{0});  // absent without listen.admin
   }
 
+  // The agent-facing listener (listen.http): agents, health, and /metrics with listen.metrics_on_http.
   [[nodiscard]] std::uint16_t http_port() const { return http_port_; }
-  [[nodiscard]] std::uint16_t admin_port() const { return admin_port_; }
+  // The admin API's listener (listen.admin); a test that asks for it without one fails here.
+  [[nodiscard]] std::uint16_t admin_port() const {
+    if (admin_port_ == 0) FAIL("the daemon's policy has no listen.admin, so it has no admin API");
+    return admin_port_;
+  }
+  [[nodiscard]] bool has_admin_listener() const { return admin_port_ != 0; }
   [[nodiscard]] ChildProcess& process() { return *process_; }
   [[nodiscard]] const TempDir& dir() const { return dir_; }
 
@@ -44,11 +50,12 @@ class DaemonUnderTest {
   std::uint16_t admin_port_ = 0;
 };
 
+// The admin API is only on listen.admin, so every test daemon gets one; delete it to test without.
 inline nlohmann::json basic_daemon_policy() {
   return nlohmann::json::parse(R"({
     "schema_version": 1,
     "node": {"id": "test-node"},
-    "listen": {"http": "127.0.0.1:0"},
+    "listen": {"http": "127.0.0.1:0", "admin": "127.0.0.1:0"},
     "limits": {"max_header_bytes": 2048, "max_body_bytes": 4096, "read_timeout_ms": 500}
   })");
 }

@@ -18,7 +18,7 @@ TEST_CASE("daemon answers /healthz and /readyz and exits 0 on SIGTERM", "[proxy]
   REQUIRE(health.status == 200);
   CHECK(json::parse(health.body)["status"] == "ok");
   CHECK(http_request(daemon.http_port(), "GET", "/readyz").status == 200);
-  const auto version = json::parse(http_request(daemon.http_port(), "GET", "/version").body);
+  const auto version = json::parse(http_request(daemon.admin_port(), "GET", "/version").body);
   CHECK(version["node"] == "test-node");
 
   daemon.process().send_signal(SIGTERM);

@@ -6,6 +6,7 @@
 
 #include "daemon_fixture.h"
 #include "support/refworker_process.h"
+#include "support/skip.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
@@ -51,10 +52,7 @@ std::vector<std::string> stable_events(const std::string& body) {
 
 TEST_CASE("streamed completions pass through kvrelay event for event", "[proxy][front][process]") {
   const auto model = stories_model_path();
-  if (!model) {
-    WARN("skipped: stories260K.bin not found");
-    return;
-  }
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
   RefworkerUnderTest worker({"--model", model->string()});
   DaemonUnderTest daemon(proxy_policy(worker.port()));
   const std::string request = R"({"prompt": [1], "max_tokens": 24, "stream": true, "temperature": 0})";
@@ -74,10 +72,7 @@ TEST_CASE("streamed completions pass through kvrelay event for event", "[proxy][
 
 TEST_CASE("non-streamed completions, models and kv_transfer_params reach the upstream", "[proxy][front][process]") {
   const auto model = stories_model_path();
-  if (!model) {
-    WARN("skipped: stories260K.bin not found");
-    return;
-  }
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
   RefworkerUnderTest worker({"--model", model->string()});
   DaemonUnderTest daemon(proxy_policy(worker.port()));
   // The connected agent's body gains kv_transfer_params; the worker must still answer normally

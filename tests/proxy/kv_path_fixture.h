@@ -53,17 +53,24 @@ class Sidecar {
       FAIL("sidecar did not start: " << process_->stderr_text());
     const auto ports = nlohmann::json::parse(read_file(dir_ / "ready.json"));
     http_port_ = ports["http"].get<std::uint16_t>();
+    admin_port_ = ports.value("admin", std::uint16_t{0});  // absent without listen.admin
     peer_port_ = ports.value("peer", std::uint16_t{0});
   }
   void write_policy(const nlohmann::json& policy) { write_file(dir_ / "policy.json", policy.dump(2)); }
   // Rewrites the policy and applies it live (POST /admin/reload).
   void reload(const nlohmann::json& policy) {
     write_policy(policy);
-    const auto reply = http_request(http_port_, "POST", "/admin/reload");
+    const auto reply = http_request(admin_port(), "POST", "/admin/reload");
     REQUIRE(reply.status == 200);
   }
 
+  // The agent-facing listener: /agents/{agent}/v1/... and health only.
   [[nodiscard]] std::uint16_t http_port() const { return http_port_; }
+  // The admin API (/admin/..., /metrics); reload, force_medium, decisions and metric_sum use it.
+  [[nodiscard]] std::uint16_t admin_port() const {
+    if (admin_port_ == 0) FAIL("sidecar " << node_id_ << " has no listen.admin, so it has no admin API");
+    return admin_port_;
+  }
   [[nodiscard]] std::uint16_t peer_port() const { return peer_port_; }
   [[nodiscard]] ChildProcess& process() { return *process_; }
 
@@ -76,18 +83,18 @@ class Sidecar {
   }
   void force_medium(const std::string& route, const nlohmann::json& medium) const {
     const auto reply =
-        http_request(http_port_, "PUT", "/admin/routes/" + route, nlohmann::json{{"forced_medium", medium}}.dump());
+        http_request(admin_port(), "PUT", "/admin/routes/" + route, nlohmann::json{{"forced_medium", medium}}.dump());
     INFO(reply.body);
     REQUIRE(reply.status == 200);
   }
   [[nodiscard]] nlohmann::json decisions(int limit = 1) const {
-    const auto reply = http_request(http_port_, "GET", "/admin/decisions?limit=" + std::to_string(limit));
+    const auto reply = http_request(admin_port(), "GET", "/admin/decisions?limit=" + std::to_string(limit));
     REQUIRE(reply.status == 200);
     return nlohmann::json::parse(reply.body)["decisions"];
   }
   // Sum of every sample of `metric` whose label set contains all of `labels` ("name=\"value\"").
   [[nodiscard]] double metric_sum(const std::string& metric, const std::vector<std::string>& labels = {}) const {
-    const auto reply = http_request(http_port_, "GET", "/metrics");
+    const auto reply = http_request(admin_port(), "GET", "/metrics");
     REQUIRE(reply.status == 200);
     double sum = 0.0;
     std::istringstream lines(reply.body);
@@ -109,6 +116,7 @@ class Sidecar {
   TempDir dir_;
   std::unique_ptr<ChildProcess> process_;
   std::uint16_t http_port_ = 0;
+  std::uint16_t admin_port_ = 0;
   std::uint16_t peer_port_ = 0;
 };
 
@@ -126,7 +134,11 @@ inline nlohmann::json sidecar_policy(const Sidecar& sidecar, nlohmann::json agen
                                      nlohmann::json peers = nlohmann::json::array()) {
   return {{"schema_version", 1},
           {"node", {{"id", sidecar.node_id()}}},
-          {"listen", {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", sidecar.socket_path()}}},
+          {"listen",
+           {{"http", "127.0.0.1:0"},
+            {"admin", "127.0.0.1:0"},
+            {"peer", "127.0.0.1:0"},
+            {"unix_socket", sidecar.socket_path()}}},
           {"peers", std::move(peers)},
           {"agents", std::move(agents)},
           {"routes", std::move(routes)},

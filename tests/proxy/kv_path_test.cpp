@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv_path_fixture.h"
-#include "refworker/skip.h"
+#include "support/skip.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
@@ -258,7 +258,7 @@ TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B 
   };
   // Where a sidecar runs int8 and int4, from its /admin/codecs.
   const auto quantizers_on_gpu = [](const Sidecar& side) {
-    const auto codecs = json::parse(http_request(side.http_port(), "GET", "/admin/codecs").body);
+    const auto codecs = json::parse(http_request(side.admin_port(), "GET", "/admin/codecs").body);
     int on_gpu = 0;
     for (const auto& codec : codecs["codecs"]) {
       if ((codec["name"] == "int8" || codec["name"] == "int4") && codec["device"] == "cuda") ++on_gpu;
@@ -266,7 +266,7 @@ TEST_CASE("cross-node handoff with the quantizers on the GPU (codecs.device): B 
     return on_gpu == 2;
   };
   node_a.start(policy(node_a, a_agents, "node-b", 1));
-  if (!quantizers_on_gpu(node_a)) KVRELAY_SKIP("no CUDA device: the quantizers stay on the CPU");
+  if (!quantizers_on_gpu(node_a)) KVRELAY_SKIP_NO_GPU("no CUDA device: the quantizers stay on the CPU");
   node_b.start(policy(node_b, b_agents, "node-a", node_a.peer_port()));
   REQUIRE(quantizers_on_gpu(node_b));
   node_a.reload(policy(node_a, a_agents, "node-b", node_b.peer_port()));
@@ -332,12 +332,12 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
   {  // DELETE /admin/kv drops what the sidecar stores: the same handoff then finds nothing to import.
     const auto a_prompt = context_prompt(++seed);
     const auto a = node.complete("writer", greedy(a_prompt, 20, true));
-    const auto dropped = json::parse(http_request(node.http_port(), "DELETE", "/admin/kv").body);
+    const auto dropped = json::parse(http_request(node.admin_port(), "DELETE", "/admin/kv").body);
     CHECK(dropped["dropped_entries"].get<int>() >= 1);
     CHECK(dropped["dropped_bytes"].get<double>() > 0);
     const auto b = node.complete("reader", greedy(handoff_prompt(a_prompt, a), 4));
     CHECK(b["kvrelay"]["cached_tokens"] == 0);
-    CHECK(json::parse(http_request(node.http_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >= 1);  // B's own
+    CHECK(json::parse(http_request(node.admin_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >= 1);  // B's own
   }
 }
 
@@ -417,7 +417,7 @@ TEST_CASE("a peer that never answers costs a lookup at most its time bound, then
   CHECK(decision["outcome"] == "miss");
   REQUIRE(decision["fetch"].size() == 1);
   CHECK(decision["fetch"][0]["result"].get<std::string>().find("timeout") != std::string::npos);
-  const auto peers = http_request(node_b.http_port(), "GET", "/admin/peers");
+  const auto peers = http_request(node_b.admin_port(), "GET", "/admin/peers");
   REQUIRE(peers.status == 200);
   CHECK(json::parse(peers.body)["peers"][0]["state"] == "unreachable");
   ::close(silent);

@@ -4,6 +4,7 @@
 
 #include "daemon_fixture.h"
 #include "support/refworker_process.h"
+#include "support/skip.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
@@ -32,10 +33,7 @@ constexpr std::uint16_t kNothingListens = 1;
 
 TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][probe][process]") {
   const auto model = stories_model_path();
-  if (!model) {
-    WARN("skipped: stories260K.bin not found");
-    return;
-  }
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
   RefworkerUnderTest worker({"--model", model->string()});
   DaemonUnderTest daemon(probing_policy(worker.port(), kNothingListens));
 
@@ -72,15 +70,10 @@ TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][pro
 }
 
 TEST_CASE("/metrics passes promtool check metrics", "[proxy][metrics][process]") {
-  if (run_command({"/bin/sh", "-c", "command -v promtool"}, TempDir().path()).exit_status != 0) {
-    WARN("skipped: promtool not installed (Debian package prometheus; scripts/install-deps.sh installs it)");
-    return;
-  }
+  if (run_command({"/bin/sh", "-c", "command -v promtool"}, TempDir().path()).exit_status != 0)
+    KVRELAY_SKIP("promtool not installed (Debian package prometheus; scripts/install-deps.sh installs it)");
   const auto model = stories_model_path();
-  if (!model) {
-    WARN("skipped: stories260K.bin not found");
-    return;
-  }
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
   RefworkerUnderTest worker({"--model", model->string()});
   DaemonUnderTest daemon(probing_policy(worker.port(), kNothingListens));
   // Traffic first, so histograms and labelled series exist in the page.

@@ -103,7 +103,7 @@ TEST_CASE("an upstream silent after the request gets the client a 504 at the ups
   const auto reply = http_request(daemon.http_port(), "POST", "/agents/a/v1/completions", R"({"prompt":[1]})");
   CHECK(reply.status == 504);
   CHECK(json::parse(reply.body)["error"]["type"] == "upstream_error");
-  CHECK(upstream_timeouts_counted(daemon.http_port()));
+  CHECK(upstream_timeouts_counted(daemon.admin_port()));
 }
 
 TEST_CASE("an upstream stalling mid-stream: the events sent so far arrive, then the connection closes",
@@ -120,7 +120,7 @@ TEST_CASE("an upstream stalling mid-stream: the events sent so far arrive, then 
   CHECK(received.find("Transfer-Encoding: chunked\r\n") != std::string::npos);
   CHECK(received.find("\r\n\r\n" + chunk(first_event)) != std::string::npos);
   CHECK(received.find("\r\n0\r\n\r\n") == std::string::npos);  // never claims the stream ended
-  CHECK(upstream_timeouts_counted(daemon.http_port()));
+  CHECK(upstream_timeouts_counted(daemon.admin_port()));
 }
 
 TEST_CASE("a body the upstream ends by closing is relayed whole, chunked", "[proxy][relay][process]") {

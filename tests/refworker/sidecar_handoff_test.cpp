@@ -28,10 +28,11 @@ TEST_CASE("same-node handoff: B imports A's KV from the sidecar and answers iden
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
   TempDir dir;
   const auto socket = (dir / "kvrelay.sock").string();
-  write_file(dir / "policy.json", json{{"schema_version", 1},
-                                       {"node", {{"id", "n"}}},
-                                       {"listen", {{"http", "127.0.0.1:0"}, {"unix_socket", socket}}}}
-                                      .dump());
+  write_file(dir / "policy.json",
+             json{{"schema_version", 1},
+                  {"node", {{"id", "n"}}},
+                  {"listen", {{"http", "127.0.0.1:0"}, {"admin", "127.0.0.1:0"}, {"unix_socket", socket}}}}
+                 .dump());
   ChildProcess sidecar({kvrelay_binary().string(), "serve", "--config", (dir / "policy.json").string(), "--ready-file",
                         (dir / "ready.json").string()},
                        dir.path());
@@ -72,7 +73,7 @@ TEST_CASE("same-node handoff: B imports A's KV from the sidecar and answers iden
   // The sidecar's /metrics shows its shared-memory data plane: both workers connected, A's
   // KV stored in the (default, 256 MiB) arena.
   const auto ready = json::parse(read_file(dir / "ready.json"));
-  const auto metrics = http_request(ready["http"].get<std::uint16_t>(), "GET", "/metrics").body;
+  const auto metrics = http_request(ready["admin"].get<std::uint16_t>(), "GET", "/metrics").body;
   const auto sample = [&](const std::string& name) {
     const auto at = metrics.find("\n" + name + " ");
     REQUIRE(at != std::string::npos);

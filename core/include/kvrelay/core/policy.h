@@ -35,7 +35,8 @@ struct HttpUrl {
 
 struct ListenPolicy {
   HostPort http{"127.0.0.1", 8080};
-  std::optional<HostPort> admin;            // admin endpoints on the main listener when absent
+  std::optional<HostPort> admin;            // the admin API; none when absent
+  bool metrics_on_http = false;             // also serve GET /metrics on the agent listener (read live)
   std::optional<HostPort> peer;             // TCP peer plane; disabled when absent
   std::string unix_socket;                  // worker data plane; disabled when empty
   std::string unix_socket_group;            // group that may connect; "" keeps the daemon's group
