@@ -17,7 +17,7 @@
 #include "kv_path_fixture.h"
 #include "kvrelay/core/block_hash.h"
 #include "kvrelay/shm_transport/client.h"
-#include "refworker/skip.h"
+#include "support/skip.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
