@@ -283,9 +283,8 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
                                                         const std::shared_ptr<const shm::StoredEntry>& held,
                                                         std::size_t held_blocks, const std::string& codec,
                                                         const std::string& medium, const std::string& route,
-                                                        json& record) {
+                                                        peer::Deadline deadline, json& record) {
   if (policy.peers.empty() || request.block_hashes.size() <= held_blocks) return std::nullopt;
-  const auto deadline = Clock::now() + policy.limits.kv_lookup_timeout;
   peer::FetchRequest fetch;
   fetch.request_id = std::random_device{}();
   fetch.model_id = request.model_id;
@@ -298,13 +297,12 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
   }
   json attempts = json::array();
   for (const auto& peer_id : peers_->candidates(request.model_id, fetch.hashes)) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      attempts.push_back({{"peer", peer_id}, {"result", "skipped: lookup time bound reached"}});
+    if (Clock::now() >= deadline) {
+      attempts.push_back({{"peer", peer_id}, {"result", "skipped: lookup deadline reached"}});
       break;
     }
     const auto started = Clock::now();
-    auto fetched = peers_->fetch(peer_id, fetch, left, policy.limits.kv_store_bytes);
+    auto fetched = peers_->fetch(peer_id, fetch, deadline, policy.limits.kv_store_bytes);
     if (!fetched) {
       attempts.push_back({{"peer", peer_id}, {"result", fetched.error().to_string()}});
       continue;
@@ -314,6 +312,11 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       continue;
     }
     const auto received = Clock::now();
+    if (received >= deadline) {  // the worker prefills rather than wait for the decode too
+      attempts.push_back(
+          {{"peer", peer_id}, {"result", "timeout: decode: deadline exceeded before the frame could be decoded"}});
+      break;
+    }
     const auto frame = fetched.value()->frame();
     const auto position =
         std::find(request.block_hashes.begin(), request.block_hashes.end(), fetched.value()->key.context_hash);
@@ -468,8 +471,8 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it &&
       !choice.serve_held_prefix) {
     const bool held_prefix = entry != nullptr;
-    if (auto fetched =
-            fetch_from_peers(*policy, request, entry, entry_blocks, codec, choice.medium, route->id, record)) {
+    if (auto fetched = fetch_from_peers(*policy, request, entry, entry_blocks, codec, choice.medium, route->id,
+                                        started + policy->limits.kv_lookup_timeout, record)) {
       entry = std::move(fetched->entry);
       entry_blocks = fetched->blocks;
       from = (held_prefix ? "local+peer:" : "peer:") + fetched->peer;  // local+: held prefix + delta

@@ -57,8 +57,8 @@ void PeerLinks::note_result(const std::string& peer_id, const Error* error) {
 }
 
 template <class Call>
-auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout, Call call)
-    -> decltype(call(std::declval<peer::PeerClient&>())) {
+auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
+                            peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>())) {
   const auto policy = policy_->current();
   const PeerPolicy* peer_policy = policy->find_peer(peer_id);
   if (peer_policy == nullptr) return fail(ErrorCode::kNotFound, fmt::format("no peer '{}' in the policy", peer_id));
@@ -72,7 +72,7 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     options.read_timeout = timeout;
     options.link_estimator = estimator_;
     options.frame_buffers = buffers_;
-    auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options));
+    auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options), deadline);
     if (!connected) {
       note_result(peer_id, &connected.error());
       return connected.error();
@@ -120,10 +120,12 @@ std::vector<std::string> PeerLinks::candidates(std::uint64_t model_id, std::span
 
 Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std::string& peer_id,
                                                                        const peer::FetchRequest& request,
-                                                                       std::chrono::milliseconds timeout,
+                                                                       peer::Deadline deadline,
                                                                        std::uint64_t max_frame_bytes) {
-  auto fetched = with_client(peer_id, kFetch, timeout,
-                             [&](peer::PeerClient& client) { return client.fetch(request, max_frame_bytes); });
+  const auto timeout = policy_->current()->limits.read_timeout;
+  auto fetched = with_client(peer_id, kFetch, timeout, deadline, [&](peer::PeerClient& client) {
+    return client.fetch(request, max_frame_bytes, deadline);
+  });
   if (fetched) {
     std::lock_guard lock(mutex_);
     ++peers_[peer_id]->fetches;
@@ -133,10 +135,11 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std
 
 Status PeerLinks::push(const std::string& peer_id, std::uint64_t transfer_id, const shm::EntryKey& key,
                        std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
-  auto pushed = with_client(peer_id, kPush, timeout, [&](peer::PeerClient& client) -> Result<bool> {
-    KVRELAY_TRY(client.push_encoded(transfer_id, key, frame));
-    return true;
-  });
+  auto pushed =
+      with_client(peer_id, kPush, timeout, peer::Deadline::max(), [&](peer::PeerClient& client) -> Result<bool> {
+        KVRELAY_TRY(client.push_encoded(transfer_id, key, frame));
+        return true;
+      });
   if (!pushed) return pushed.error();
   std::lock_guard lock(mutex_);
   ++peers_[peer_id]->pushes;
@@ -147,12 +150,14 @@ void PeerLinks::probe_all() {
   const auto policy = policy_->current();
   for (const auto& peer_policy : policy->peers) {
     const std::string& id = peer_policy.id;
-    auto rtt = with_client(id, kProbe, kProbeTimeout, [](peer::PeerClient& client) { return client.ping(); });
+    auto rtt = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                           [](peer::PeerClient& client) { return client.ping(); });
     if (!rtt) continue;
     const double seconds = std::chrono::duration<double>(rtt.value()).count();
     if (on_rtt_) on_rtt_(id, seconds);
     if (const auto link = estimate(id)) rtt_.with({id}).set(std::chrono::duration<double>(link->rtt).count());
-    auto keys = with_client(id, kProbe, kProbeTimeout, [](peer::PeerClient& client) { return client.summary(); });
+    auto keys = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                            [](peer::PeerClient& client) { return client.summary(); });
     if (!keys) continue;
     std::lock_guard lock(mutex_);
     auto& state = *peers_[id];

@@ -44,9 +44,12 @@ class PeerLinks {
 
   // Peer ids to ask for a chain, those whose last summary lists one of `hashes` first.
   [[nodiscard]] std::vector<std::string> candidates(std::uint64_t model_id, std::span<const std::uint64_t> hashes);
+  // The longest prefix of the chain `request` names that the peer holds, as a frame of
+  // request.codec (nullopt: none), all of it (connect, hello, every read) by `deadline`; past
+  // it a kTimeout names the stage. Each wait is also bounded by limits.read_timeout.
   [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch(const std::string& peer_id,
                                                                             const peer::FetchRequest& request,
-                                                                            std::chrono::milliseconds timeout,
+                                                                            peer::Deadline deadline,
                                                                             std::uint64_t max_frame_bytes);
   [[nodiscard]] Status push(const std::string& peer_id, std::uint64_t transfer_id, const shm::EntryKey& key,
                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
@@ -80,11 +83,12 @@ class PeerLinks {
   };
 
   PeerState& state_of(const std::string& peer_id);
-  // Runs `call` on the peer's client for `purpose`, connecting first when needed; a failure
-  // drops the client (its stream position is unknown) and is recorded.
+  // Runs `call` on the peer's client for `purpose`, connecting first when needed (each wait up to
+  // `timeout`, all of the connect by `deadline`); a failure drops the client (its stream
+  // position is unknown) and is recorded.
   template <class Call>
-  auto with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout, Call call)
-      -> decltype(call(std::declval<peer::PeerClient&>()));
+  auto with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
+                   peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>()));
   void note_result(const std::string& peer_id, const Error* error);
   void run_prober();
 
