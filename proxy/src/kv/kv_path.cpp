@@ -302,7 +302,7 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       break;
     }
     const auto started = Clock::now();
-    auto fetched = peers_->fetch(peer_id, fetch, deadline, policy.limits.kv_store_bytes);
+    auto fetched = peers_->fetch(peer_id, fetch, deadline, policy.limits.kv_store_bytes, *codecs_);
     if (!fetched) {
       attempts.push_back({{"peer", peer_id}, {"result", fetched.error().to_string()}});
       continue;
@@ -312,9 +312,11 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       continue;
     }
     const auto received = Clock::now();
+    const std::string& transport = fetched.value()->transport;
     if (received >= deadline) {  // the worker prefills rather than wait for the decode too
-      attempts.push_back(
-          {{"peer", peer_id}, {"result", "timeout: decode: deadline exceeded before the frame could be decoded"}});
+      attempts.push_back({{"peer", peer_id},
+                          {"transport", transport},
+                          {"result", "timeout: decode: deadline exceeded before the frame could be decoded"}});
       break;
     }
     const auto frame = fetched.value()->frame();
@@ -355,8 +357,10 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
         {"decode_ms", milliseconds(decoded_at - received)},
         {"entry_ms", held ? 0.0 : filing_ms},
         {"join_ms", held ? filing_ms : 0.0}};
-    metrics_.wire_bytes.with({"fetched", medium, codec}).inc(static_cast<double>(frame.size()));
-    metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(fetched_raw_bytes));
+    // Shared memory from a same-host peer is counted apart from what crossed TCP.
+    const char* direction = transport == "shm" ? "fetched_shm" : "fetched";
+    metrics_.wire_bytes.with({direction, medium, codec}).inc(static_cast<double>(frame.size()));
+    metrics_.raw_bytes.with({direction, medium}).inc(static_cast<double>(fetched_raw_bytes));
     metrics_.fetch_seconds.with({route}).observe(seconds);
     {
       std::lock_guard lock(engine_mutex_);
@@ -368,14 +372,17 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     }
     observe_codec(codec, decoded.value().header.layout.dtype, fetched_raw_bytes, frame.size(), std::nullopt,
                   std::chrono::duration<double>(decoded_at - received).count());
-    attempts.push_back({{"peer", peer_id},
-                        {"result", "fetched"},
-                        {"held_tokens", held_tokens},
-                        {"fetched_tokens", blocks * request.block_tokens - held_tokens},
-                        {"frame_bytes", frame.size()},
-                        {"raw_bytes", fetched_raw_bytes},
-                        {"seconds", seconds},
-                        {"steps", steps}});
+    json attempt{{"peer", peer_id},
+                 {"result", "fetched"},
+                 {"transport", transport},
+                 {"held_tokens", held_tokens},
+                 {"fetched_tokens", blocks * request.block_tokens - held_tokens},
+                 {"frame_bytes", frame.size()},
+                 {"raw_bytes", fetched_raw_bytes},
+                 {"seconds", seconds},
+                 {"steps", steps}};
+    if (!fetched.value()->transport_note.empty()) attempt["transport_note"] = fetched.value()->transport_note;
+    attempts.push_back(std::move(attempt));
     record["fetch"] = std::move(attempts);
     return Fetched{std::move(entry).value(), blocks, peer_id};
   }

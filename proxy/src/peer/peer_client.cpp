@@ -335,7 +335,8 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   fetched.key = found.key;
   const auto started = std::chrono::steady_clock::now();
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
-  fetched.buffer = state->frame_buffers->take(static_cast<std::size_t>(found.frame_bytes));
+  fetched.frame_bytes = static_cast<std::size_t>(found.frame_bytes);
+  fetched.buffer = state->frame_buffers->take(fetched.frame_bytes);
   const auto destination = fetched.buffer.u8();
   if (auto got = co_await read_encoded_chunks(connection, found, destination, timeout); !got) {
     co_return outcome::failure(at_stage("fetch transfer", got.error()));

@@ -78,12 +78,17 @@ class PeerClient {
   // mid-frame) is broken, never reused.
   struct FetchedFrame {
     shm::EntryKey key;
-    WarmBufferPool::Lease buffer;  // holds the frame; back to frame_buffers when dropped
-    [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8(); }
+    WarmBufferPool::Lease buffer;  // holds the frame (its first frame_bytes); back to frame_buffers when dropped
+    std::size_t frame_bytes = 0;
+    [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8().first(frame_bytes); }
     // From sending the request to the reply's header: the peer's lookup, read and encode, plus
     // one round trip. Then the chunks themselves, checksums included.
     std::chrono::microseconds reply_wait{};
     std::chrono::microseconds transfer{};
+    // How the KV came: "tcp" (this client), or "shm" where a same-host peer's data plane
+    // handed it over (kv::PeerLinks); `transport_note` says why a same-host fetch used TCP.
+    std::string transport = "tcp";
+    std::string transport_note;
   };
   [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes,
                                                           Deadline deadline = Deadline::max());
