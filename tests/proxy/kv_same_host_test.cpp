@@ -127,7 +127,7 @@ TEST_CASE("a same-host peer's KV arrives over shared memory, counted apart from 
   {  // A same-host peer whose hello offers no shared memory: TCP, and the record says why.
     const double served_before = node_a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"served\""});
     StallingRelay no_offer(node_a.peer_port(), std::chrono::milliseconds(0));
-    no_offer.hide_shared_memory(true);
+    no_offer.offer_shared_memory("");
     node_b.reload(sidecar_policy(node_b, b_agents, routes, peer_entry(no_offer.port())));
     const auto fetch = handoff("kv_raw", true).fetch;
     CHECK(fetch.value("transport", "") == "tcp");

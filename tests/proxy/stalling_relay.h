@@ -6,7 +6,7 @@
 // header byte, the rest of the header, then the payload. Each piece meets its own read in time,
 // so only a deadline over the whole exchange ends the wait; once let out, everything flows, so
 // a client without one gets the KV late instead of missing. Every other byte passes through,
-// except that it can also take the shared-memory offer out of the sidecar's hello.
+// except that it can also change the shared-memory offer in the sidecar's hello.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,8 +18,10 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -65,9 +67,12 @@ class StallingRelay {
     std::lock_guard lock(stall_mutex_);
     stall_ = stall;
   }
-  // The sidecar's hello answer reaches clients without its shared-memory socket (a peer that
-  // offers none); applies to connections accepted from now on.
-  void hide_shared_memory(bool hide) { hide_shared_memory_ = hide; }
+  // The sidecar's hello answer reaches clients offering `socket_path` as its data plane instead
+  // of its own, or no shared memory at all for ""; applies to connections accepted from now on.
+  void offer_shared_memory(std::string socket_path) {
+    std::lock_guard lock(mutex_);
+    offered_socket_ = std::move(socket_path);
+  }
   // TCP connections accepted so far.
   [[nodiscard]] int connections() const { return connections_; }
 
@@ -116,11 +121,10 @@ class StallingRelay {
         continue;
       }
       ++connections_;
-      const bool hide = hide_shared_memory_;
       std::lock_guard lock(mutex_);
       sockets_.insert(sockets_.end(), {client, upstream});
       pumps_.emplace_back([client, upstream] { pass_through(client, upstream); });
-      pumps_.emplace_back([this, client, upstream, hide] { answer(upstream, client, hide); });
+      pumps_.emplace_back([this, client, upstream, offer = offered_socket_] { answer(upstream, client, offer); });
     }
   }
   // What the client sends goes to the sidecar as it comes.
@@ -141,7 +145,7 @@ class StallingRelay {
     return true;
   }
   // The sidecar's frames go to the client whole, except one that stall() asked for.
-  void answer(int from, int to, bool hide_shared_memory) {
+  void answer(int from, int to, const std::optional<std::string>& offered_socket) {
     std::vector<std::byte> frame;
     while (true) {
       frame.resize(proxy::peer::kPeerHeaderBytes);
@@ -151,11 +155,12 @@ class StallingRelay {
       if (!header) break;
       frame.resize(proxy::peer::kPeerHeaderBytes + header.value().length);
       if (!read_exact(from, std::span(frame).subspan(proxy::peer::kPeerHeaderBytes))) break;
-      if (hide_shared_memory && header.value().type == proxy::peer::PeerMessage::kHelloOk) {
+      if (offered_socket && header.value().type == proxy::peer::PeerMessage::kHelloOk) {
         auto hello = proxy::peer::decode_hello(std::span(frame).subspan(proxy::peer::kPeerHeaderBytes));
         if (!hello) break;
         hello.value().capabilities &= ~proxy::peer::kCapSharedMemory;
-        hello.value().shm_socket.clear();
+        if (!offered_socket->empty()) hello.value().capabilities |= proxy::peer::kCapSharedMemory;
+        hello.value().shm_socket = *offered_socket;
         frame = proxy::peer::encode_hello(proxy::peer::PeerMessage::kHelloOk, hello.value());
       }
       bool sent = true;
@@ -182,7 +187,7 @@ class StallingRelay {
   std::atomic<bool> stopping_{false};
   std::mutex stall_mutex_;
   Stall stall_ = Stall::kNothing;
-  std::atomic<bool> hide_shared_memory_{false};
+  std::optional<std::string> offered_socket_;  // guarded by mutex_; nullopt: the sidecar's own offer
   std::atomic<int> connections_{0};
   std::mutex mutex_;
   std::vector<int> sockets_;
