@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -62,7 +63,8 @@ Status ReadOnlyEntry::read(std::uint64_t offset, std::span<std::byte> out) const
 
 ShmClient::~ShmClient() = default;
 
-Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32_t protocol_version) {
+Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32_t protocol_version,
+                                     std::chrono::milliseconds reply_timeout) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(address.sun_path)) {
@@ -75,7 +77,8 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32
   if (::connect(client.socket_.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
     return fail(ErrorCode::kIo, fmt::format("connect {}: {}", socket_path, std::strerror(errno)));
   }
-  timeval timeout{kReplyTimeoutSeconds, 0};
+  const auto wait_us = std::max<std::int64_t>(1, std::chrono::microseconds(reply_timeout).count());
+  timeval timeout{static_cast<time_t>(wait_us / 1'000'000), static_cast<suseconds_t>(wait_us % 1'000'000)};
   ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   if (protocol_version == 0 || protocol_version > kClientProtocolVersion) {
     return fail(ErrorCode::kInvalidArgument, fmt::format("data-plane version {} (this client speaks 1..{})",

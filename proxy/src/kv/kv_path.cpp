@@ -313,9 +313,8 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
                                                         const std::shared_ptr<const shm::StoredEntry>& held,
                                                         std::size_t held_blocks, const std::string& codec,
                                                         const std::string& medium, const std::string& route,
-                                                        json& record) {
+                                                        peer::Deadline deadline, json& record) {
   if (policy.peers.empty() || request.block_hashes.size() <= held_blocks) return std::nullopt;
-  const auto deadline = Clock::now() + policy.limits.kv_lookup_timeout;
   peer::FetchRequest fetch;
   fetch.request_id = std::random_device{}();
   fetch.model_id = request.model_id;
@@ -328,13 +327,12 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
   }
   json attempts = json::array();
   for (const auto& peer_id : peers_->candidates(request.model_id, fetch.hashes)) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      attempts.push_back({{"peer", peer_id}, {"result", "skipped: lookup time bound reached"}});
+    if (Clock::now() >= deadline) {
+      attempts.push_back({{"peer", peer_id}, {"result", "skipped: lookup deadline reached"}});
       break;
     }
     const auto started = Clock::now();
-    auto fetched = peers_->fetch(peer_id, fetch, left, policy.limits.kv_store_bytes);
+    auto fetched = peers_->fetch(peer_id, fetch, deadline, policy.limits.kv_store_bytes, *codecs_);
     if (!fetched) {
       attempts.push_back({{"peer", peer_id}, {"result", fetched.error().to_string()}});
       continue;
@@ -344,6 +342,13 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
       continue;
     }
     const auto received = Clock::now();
+    const std::string& transport = fetched.value()->transport;
+    if (received >= deadline) {  // the worker prefills rather than wait for the decode too
+      attempts.push_back({{"peer", peer_id},
+                          {"transport", transport},
+                          {"result", "timeout: decode: deadline exceeded before the frame could be decoded"}});
+      break;
+    }
     const auto frame = fetched.value()->frame();
     const auto position =
         std::find(request.block_hashes.begin(), request.block_hashes.end(), fetched.value()->key.context_hash);
@@ -387,8 +392,10 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
         {"decode_ms", milliseconds(decoded_at - received)},
         {"entry_ms", held ? 0.0 : filing_ms},
         {"join_ms", held ? filing_ms : 0.0}};
-    metrics_.wire_bytes.with({"fetched", medium, codec}).inc(static_cast<double>(frame.size()));
-    metrics_.raw_bytes.with({"fetched", medium}).inc(static_cast<double>(fetched_raw_bytes));
+    // Shared memory from a same-host peer is counted apart from what crossed TCP.
+    const char* direction = transport == "shm" ? "fetched_shm" : "fetched";
+    metrics_.wire_bytes.with({direction, medium, codec}).inc(static_cast<double>(frame.size()));
+    metrics_.raw_bytes.with({direction, medium}).inc(static_cast<double>(fetched_raw_bytes));
     metrics_.fetch_seconds.with({route}).observe(seconds);
     {
       std::lock_guard lock(engine_mutex_);
@@ -400,14 +407,17 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     }
     observe_codec(codec, decoded.value().header.layout.dtype, fetched_raw_bytes, frame.size(), std::nullopt,
                   std::chrono::duration<double>(decoded_at - received).count());
-    attempts.push_back({{"peer", peer_id},
-                        {"result", "fetched"},
-                        {"held_tokens", held_tokens},
-                        {"fetched_tokens", blocks * request.block_tokens - held_tokens},
-                        {"frame_bytes", frame.size()},
-                        {"raw_bytes", fetched_raw_bytes},
-                        {"seconds", seconds},
-                        {"steps", steps}});
+    json attempt{{"peer", peer_id},
+                 {"result", "fetched"},
+                 {"transport", transport},
+                 {"held_tokens", held_tokens},
+                 {"fetched_tokens", blocks * request.block_tokens - held_tokens},
+                 {"frame_bytes", frame.size()},
+                 {"raw_bytes", fetched_raw_bytes},
+                 {"seconds", seconds},
+                 {"steps", steps}};
+    if (!fetched.value()->transport_note.empty()) attempt["transport_note"] = fetched.value()->transport_note;
+    attempts.push_back(std::move(attempt));
     record["fetch"] = std::move(attempts);
     return Fetched{std::move(entry).value(), blocks, peer_id};
   }
@@ -504,8 +514,8 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   if (std::min(entry_blocks, max_blocks) < max_blocks && route != nullptr && peer_gain_worth_it &&
       !choice.serve_held_prefix) {
     const bool held_prefix = entry != nullptr;
-    if (auto fetched =
-            fetch_from_peers(*policy, request, entry, entry_blocks, codec, choice.medium, route->id, record)) {
+    if (auto fetched = fetch_from_peers(*policy, request, entry, entry_blocks, codec, choice.medium, route->id,
+                                        started + policy->limits.kv_lookup_timeout, record)) {
       entry = std::move(fetched->entry);
       entry_blocks = fetched->blocks;
       from = (held_prefix ? "local+peer:" : "peer:") + fetched->peer;  // local+: held prefix + delta

@@ -142,11 +142,12 @@ class KvPath final : public shm::DataPlaneHooks {
   };
   // Fetches the blocks after the `held_blocks` this sidecar holds (`held`, may be null) and returns
   // the whole prefix: a delta fetch joined to what was held, or a full fetch without a held prefix.
+  // Everything, from connecting to decoding, by `deadline` (the lookup's); past it, nullopt.
   [[nodiscard]] std::optional<Fetched> fetch_from_peers(const Policy& policy, const shm::ResolveRequest& request,
                                                         const std::shared_ptr<const shm::StoredEntry>& held,
                                                         std::size_t held_blocks, const std::string& codec,
                                                         const std::string& medium, const std::string& route,
-                                                        nlohmann::json& record);
+                                                        peer::Deadline deadline, nlohmann::json& record);
   void run_pusher();
 
   std::shared_ptr<RuntimePolicy> policy_;

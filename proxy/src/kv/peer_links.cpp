@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "shm_fetch.h"
+
 namespace kvrelay::proxy::kv {
 
 namespace {
@@ -57,14 +59,16 @@ void PeerLinks::note_result(const std::string& peer_id, const Error* error) {
 }
 
 template <class Call>
-auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout, Call call)
-    -> decltype(call(std::declval<peer::PeerClient&>())) {
+auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
+                            peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>())) {
   const auto policy = policy_->current();
   const PeerPolicy* peer_policy = policy->find_peer(peer_id);
   if (peer_policy == nullptr) return fail(ErrorCode::kNotFound, fmt::format("no peer '{}' in the policy", peer_id));
   PeerState& state = state_of(peer_id);
   Slot& slot = state.slots[purpose];
   std::lock_guard lock(slot.mutex);
+  const std::string address = peer_policy->address.to_string();
+  if (slot.client && slot.address != address) slot.client.reset();  // a reload moved the peer
   if (!slot.client) {
     peer::PeerClientOptions options;
     options.node_id = policy->node_id;
@@ -72,12 +76,13 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     options.read_timeout = timeout;
     options.link_estimator = estimator_;
     options.frame_buffers = buffers_;
-    auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options));
+    auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options), deadline);
     if (!connected) {
       note_result(peer_id, &connected.error());
       return connected.error();
     }
     slot.client.emplace(std::move(connected).value());
+    slot.address = address;
     std::lock_guard state_lock(mutex_);
     state.remote_node = slot.client->remote().node_id;
   }
@@ -120,10 +125,18 @@ std::vector<std::string> PeerLinks::candidates(std::uint64_t model_id, std::span
 
 Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std::string& peer_id,
                                                                        const peer::FetchRequest& request,
-                                                                       std::chrono::milliseconds timeout,
-                                                                       std::uint64_t max_frame_bytes) {
-  auto fetched = with_client(peer_id, kFetch, timeout,
-                             [&](peer::PeerClient& client) { return client.fetch(request, max_frame_bytes); });
+                                                                       peer::Deadline deadline,
+                                                                       std::uint64_t max_frame_bytes,
+                                                                       const codec::CodecRegistry& codecs) {
+  const auto policy = policy_->current();
+  const PeerPolicy* peer_policy = policy->find_peer(peer_id);
+  const bool same_host = peer_policy != nullptr && peer_policy->same_host;
+  const auto timeout = policy->limits.read_timeout;
+  PeerState& state = state_of(peer_id);
+  auto fetched = with_client(peer_id, kFetch, timeout, deadline, [&](peer::PeerClient& client) {
+    return same_host ? fetch_same_host(state, client, request, deadline, max_frame_bytes, codecs, timeout)
+                     : client.fetch(request, max_frame_bytes, deadline);
+  });
   if (fetched) {
     std::lock_guard lock(mutex_);
     ++peers_[peer_id]->fetches;
@@ -131,12 +144,33 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std
   return fetched;
 }
 
+Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch_same_host(
+    PeerState& state, peer::PeerClient& client, const peer::FetchRequest& request, peer::Deadline deadline,
+    std::uint64_t max_frame_bytes, const codec::CodecRegistry& codecs, std::chrono::milliseconds timeout) {
+  const auto& remote = client.remote();
+  std::string note = "peer offers no shared-memory socket: fetched over TCP";
+  if ((remote.capabilities & peer::kCapSharedMemory) != 0 && !remote.shm_socket.empty()) {
+    if (state.data_plane_socket != remote.shm_socket) state.data_plane.reset();
+    state.data_plane_socket = remote.shm_socket;
+    auto via_shm = fetch_over_shm({state.data_plane, remote.shm_socket, codecs, *buffers_, timeout}, request, deadline,
+                                  max_frame_bytes);
+    if (via_shm) return via_shm;
+    state.data_plane.reset();  // its position in the exchange is unknown
+    if (std::chrono::steady_clock::now() >= deadline) return via_shm;
+    note = fmt::format("shared memory failed ({}): fetched over TCP", via_shm.error().to_string());
+  }
+  auto over_tcp = client.fetch(request, max_frame_bytes, deadline);
+  if (over_tcp && over_tcp.value()) over_tcp.value()->transport_note = std::move(note);
+  return over_tcp;
+}
+
 Status PeerLinks::push(const std::string& peer_id, std::uint64_t transfer_id, const shm::EntryKey& key,
                        std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
-  auto pushed = with_client(peer_id, kPush, timeout, [&](peer::PeerClient& client) -> Result<bool> {
-    KVRELAY_TRY(client.push_encoded(transfer_id, key, frame));
-    return true;
-  });
+  auto pushed =
+      with_client(peer_id, kPush, timeout, peer::Deadline::max(), [&](peer::PeerClient& client) -> Result<bool> {
+        KVRELAY_TRY(client.push_encoded(transfer_id, key, frame));
+        return true;
+      });
   if (!pushed) return pushed.error();
   std::lock_guard lock(mutex_);
   ++peers_[peer_id]->pushes;
@@ -147,12 +181,14 @@ void PeerLinks::probe_all() {
   const auto policy = policy_->current();
   for (const auto& peer_policy : policy->peers) {
     const std::string& id = peer_policy.id;
-    auto rtt = with_client(id, kProbe, kProbeTimeout, [](peer::PeerClient& client) { return client.ping(); });
+    auto rtt = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                           [](peer::PeerClient& client) { return client.ping(); });
     if (!rtt) continue;
     const double seconds = std::chrono::duration<double>(rtt.value()).count();
     if (on_rtt_) on_rtt_(id, seconds);
     if (const auto link = estimate(id)) rtt_.with({id}).set(std::chrono::duration<double>(link->rtt).count());
-    auto keys = with_client(id, kProbe, kProbeTimeout, [](peer::PeerClient& client) { return client.summary(); });
+    auto keys = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                            [](peer::PeerClient& client) { return client.summary(); });
     if (!keys) continue;
     std::lock_guard lock(mutex_);
     auto& state = *peers_[id];

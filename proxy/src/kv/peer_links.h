@@ -3,6 +3,8 @@
 // The daemon's connections to its peers for the KV path: one client per peer and purpose (fetch,
 // push, probe) so a long push never delays a lookup's fetch; a background prober that pings
 // each peer (RTT) and asks which KV chains it holds (summaries); and the view /admin/peers shows.
+// A same_host peer's KV comes over shared memory, through its sidecar's data plane, when its
+// hello offers one; over TCP (and the fetch says why) when not.
 
 #include <nlohmann/json.hpp>
 
@@ -21,11 +23,13 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/proxy/peer/link_estimator.h"
 #include "kvrelay/proxy/peer/peer_client.h"
 #include "kvrelay/proxy/runtime_policy.h"
+#include "kvrelay/shm_transport/client.h"
 
 namespace kvrelay::proxy::kv {
 
@@ -44,10 +48,15 @@ class PeerLinks {
 
   // Peer ids to ask for a chain, those whose last summary lists one of `hashes` first.
   [[nodiscard]] std::vector<std::string> candidates(std::uint64_t model_id, std::span<const std::uint64_t> hashes);
+  // The longest prefix of the chain `request` names that the peer holds, as a frame of
+  // request.codec (nullopt: none), all of it (connect, hello, every read, the encode of a
+  // shared-memory fetch) by `deadline`; past it a kTimeout names the stage. Each wait is also
+  // bounded by limits.read_timeout. `codecs` encode what a same-host peer hands over.
   [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch(const std::string& peer_id,
                                                                             const peer::FetchRequest& request,
-                                                                            std::chrono::milliseconds timeout,
-                                                                            std::uint64_t max_frame_bytes);
+                                                                            peer::Deadline deadline,
+                                                                            std::uint64_t max_frame_bytes,
+                                                                            const codec::CodecRegistry& codecs);
   [[nodiscard]] Status push(const std::string& peer_id, std::uint64_t transfer_id, const shm::EntryKey& key,
                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
   // Asks every peer now (what the prober does each interval).
@@ -65,9 +74,13 @@ class PeerLinks {
   struct Slot {
     std::mutex mutex;
     std::optional<peer::PeerClient> client;
+    std::string address;  // where `client` is connected: a reload that moves the peer drops it
   };
   struct PeerState {
     std::array<Slot, kPurposes> slots;
+    // A same-host peer's data plane, for fetches, and its socket: guarded by slots[kFetch].mutex.
+    std::optional<shm::ShmClient> data_plane;
+    std::string data_plane_socket;
     // Guarded by PeerLinks::mutex_.
     bool reachable = false;
     std::string last_error;
@@ -80,11 +93,18 @@ class PeerLinks {
   };
 
   PeerState& state_of(const std::string& peer_id);
-  // Runs `call` on the peer's client for `purpose`, connecting first when needed; a failure
-  // drops the client (its stream position is unknown) and is recorded.
+  // Runs `call` on the peer's client for `purpose`, connecting first when needed (each wait up to
+  // `timeout`, all of the connect by `deadline`); a failure drops the client (its stream
+  // position is unknown) and is recorded.
   template <class Call>
-  auto with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout, Call call)
-      -> decltype(call(std::declval<peer::PeerClient&>()));
+  auto with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
+                   peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>()));
+  // A same_host peer's fetch on its connected `client`: over the data plane its hello names,
+  // else (none offered, or it failed in time) over TCP with a note saying why. Under the fetch
+  // slot's lock.
+  [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch_same_host(
+      PeerState& state, peer::PeerClient& client, const peer::FetchRequest& request, peer::Deadline deadline,
+      std::uint64_t max_frame_bytes, const codec::CodecRegistry& codecs, std::chrono::milliseconds timeout);
   void note_result(const std::string& peer_id, const Error* error);
   void run_prober();
 

@@ -72,6 +72,31 @@ struct PeerClient::State {
 
 namespace {
 
+// `error` with the stage of the exchange it happened in, so a record says where a lookup stalled.
+Error at_stage(std::string_view stage, const Error& error) {
+  return Error{error.code, fmt::format("{}: {}", stage, error.message)};
+}
+
+// Holds `connection.limit` at `deadline` for one exchange; put back to none when it ends.
+class ExchangeDeadline {
+ public:
+  ExchangeDeadline(PeerConnection& connection, Deadline deadline) : connection_(connection) {
+    connection_.limit = deadline;
+  }
+  ~ExchangeDeadline() { connection_.limit = Deadline::max(); }
+  ExchangeDeadline(const ExchangeDeadline&) = delete;
+  ExchangeDeadline& operator=(const ExchangeDeadline&) = delete;
+
+ private:
+  PeerConnection& connection_;
+};
+
+// Between calls: no exchange's deadline applies, and the server decides when to drop us.
+void arm_idle(PeerConnection& connection) {
+  connection.limit = Deadline::max();
+  connection.arm(std::chrono::hours(24 * 365));
+}
+
 asio::awaitable<Result<PeerFrame>> expect(PeerConnection& connection, PeerMessage type,
                                           std::chrono::milliseconds timeout) {
   auto frame = co_await read_frame(connection, timeout, timeout);
@@ -86,7 +111,7 @@ asio::awaitable<Result<PeerFrame>> expect(PeerConnection& connection, PeerMessag
   co_return frame;
 }
 
-asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address) {
+asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address, Deadline deadline) {
   auto executor = co_await asio::this_coro::executor;
   tcp::resolver resolver(executor);
   auto [resolve_ec, endpoints] = co_await resolver.async_resolve(address.host, std::to_string(address.port), kNoThrow);
@@ -95,24 +120,27 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
   state->connection = std::make_shared<PeerConnection>(tcp::socket(executor));
   auto& connection = *state->connection;
   asio::co_spawn(executor, watchdog(state->connection), asio::detached);
-  connection.arm(state->options.connect_timeout);
-  auto [connect_ec, endpoint] = co_await asio::async_connect(connection.socket, endpoints, kNoThrow);
-  if (connect_ec) co_return outcome::failure(io_error(connection, connect_ec, "connect"));
-  tune_socket(connection.socket);
-  Hello mine;
-  mine.node_id = state->options.node_id;
-  mine.capabilities |= kCapCumulativeAcks;
-  const auto hello = encode_hello(PeerMessage::kHello, mine);
-  if (auto sent =
-          co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout);
-      !sent) {
-    co_return outcome::failure(sent.error());
+  {
+    const ExchangeDeadline bounded(connection, deadline);
+    connection.arm(state->options.connect_timeout);
+    auto [connect_ec, endpoint] = co_await asio::async_connect(connection.socket, endpoints, kNoThrow);
+    if (connect_ec) co_return outcome::failure(at_stage("peer connect", io_error(connection, connect_ec, "connect")));
+    tune_socket(connection.socket);
+    Hello mine;
+    mine.node_id = state->options.node_id;
+    mine.capabilities |= kCapCumulativeAcks;
+    const auto hello = encode_hello(PeerMessage::kHello, mine);
+    if (auto sent =
+            co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout);
+        !sent) {
+      co_return outcome::failure(at_stage("peer hello", sent.error()));
+    }
+    auto reply = co_await expect(connection, PeerMessage::kHelloOk, state->options.read_timeout);
+    if (!reply) co_return outcome::failure(at_stage("peer hello", reply.error()));
+    auto remote = decode_hello(reply.value().payload);
+    if (!remote) co_return outcome::failure(at_stage("peer hello", remote.error()));
+    state->remote = std::move(remote).value();
   }
-  auto reply = co_await expect(connection, PeerMessage::kHelloOk, state->options.read_timeout);
-  if (!reply) co_return outcome::failure(reply.error());
-  auto remote = decode_hello(reply.value().payload);
-  if (!remote) co_return outcome::failure(remote.error());
-  state->remote = std::move(remote).value();
   connection.arm(std::chrono::hours(24 * 365));  // idle between calls; the server decides when to drop us
   co_return true;
 }
@@ -274,20 +302,22 @@ asio::awaitable<Result<PeerServerStats>> stats_once(PeerClient::State* state) {
 
 asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(PeerClient::State* state,
                                                                             FetchRequest request,
-                                                                            std::uint64_t max_frame_bytes) {
+                                                                            std::uint64_t max_frame_bytes,
+                                                                            Deadline deadline) {
   auto& connection = *state->connection;
   const auto timeout = state->options.read_timeout;
+  const ExchangeDeadline bounded(connection, deadline);
   const auto requested_at = std::chrono::steady_clock::now();
   const auto frame = encode_fetch(request);
   if (auto sent = co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout); !sent) {
-    co_return outcome::failure(sent.error());
+    co_return outcome::failure(at_stage("fetch request", sent.error()));
   }
   auto reply = co_await expect(connection, PeerMessage::kFetchReply, timeout);
-  if (!reply) co_return outcome::failure(reply.error());
+  if (!reply) co_return outcome::failure(at_stage("fetch reply", reply.error()));
   auto header = decode_fetch_reply(reply.value().payload, request.request_id);
-  if (!header) co_return outcome::failure(header.error());
+  if (!header) co_return outcome::failure(at_stage("fetch reply", header.error()));
   if (!header.value()) {
-    connection.arm(std::chrono::hours(24 * 365));
+    arm_idle(connection);
     co_return std::optional<PeerClient::FetchedFrame>{};
   }
   const auto& found = *header.value();
@@ -305,12 +335,13 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   fetched.key = found.key;
   const auto started = std::chrono::steady_clock::now();
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
-  fetched.buffer = state->frame_buffers->take(static_cast<std::size_t>(found.frame_bytes));
+  fetched.frame_bytes = static_cast<std::size_t>(found.frame_bytes);
+  fetched.buffer = state->frame_buffers->take(fetched.frame_bytes);
   const auto destination = fetched.buffer.u8();
   if (auto got = co_await read_encoded_chunks(connection, found, destination, timeout); !got) {
-    co_return outcome::failure(got.error());
+    co_return outcome::failure(at_stage("fetch transfer", got.error()));
   }
-  connection.arm(std::chrono::hours(24 * 365));
+  arm_idle(connection);
   fetched.transfer = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
   if (state->options.link_estimator) {
     state->options.link_estimator->add_transfer(
@@ -374,7 +405,7 @@ PeerClient::~PeerClient() = default;  // State's destructor closes the connectio
 PeerClient::PeerClient(PeerClient&&) noexcept = default;
 PeerClient& PeerClient::operator=(PeerClient&&) noexcept = default;
 
-Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOptions options) {
+Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOptions options, Deadline deadline) {
   if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
     return fail(ErrorCode::kInvalidArgument, "chunk size out of range");
   }
@@ -383,7 +414,10 @@ Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOption
   state->options = std::move(options);
   state->frame_buffers =
       state->options.frame_buffers ? state->options.frame_buffers : std::make_shared<WarmBufferPool>(0, 0);
-  KVRELAY_TRY(state->run(connect_and_hello(state.get(), address)));
+  if (deadline <= std::chrono::steady_clock::now()) {
+    return fail(ErrorCode::kTimeout, "peer connect: deadline exceeded before connecting");
+  }
+  KVRELAY_TRY(state->run(connect_and_hello(state.get(), address, deadline)));
   return PeerClient(std::move(state));
 }
 
@@ -430,8 +464,12 @@ Result<PeerServerStats> PeerClient::stats() {
 }
 
 Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request,
-                                                                  std::uint64_t max_frame_bytes) {
-  return state_->run(fetch_once(state_.get(), request, max_frame_bytes));
+                                                                  std::uint64_t max_frame_bytes, Deadline deadline) {
+  // Nothing sent yet: the stream stays in step and the connection usable.
+  if (deadline <= std::chrono::steady_clock::now()) {
+    return fail(ErrorCode::kTimeout, "fetch request: deadline exceeded before it was sent");
+  }
+  return state_->run(fetch_once(state_.get(), request, max_frame_bytes, deadline));
 }
 
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,

@@ -50,6 +50,9 @@ void tune_socket(tcp::socket& socket) {
 }
 
 Error io_error(const PeerConnection& connection, const boost::system::error_code& ec, const char* what) {
+  if (connection.timed_out && connection.deadline_is_limit) {
+    return Error{ErrorCode::kTimeout, fmt::format("{}: deadline exceeded", what)};
+  }
   if (connection.timed_out) return Error{ErrorCode::kTimeout, fmt::format("{}: peer timed out", what)};
   if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe) {
     return Error{ErrorCode::kIo, fmt::format("{}: peer closed the connection ({})", what, ec.message())};

@@ -41,8 +41,16 @@ struct PeerConnection {
   // system calls).
   std::chrono::steady_clock::time_point wake_at = std::chrono::steady_clock::time_point::max();
 
+  // An absolute bound over a whole exchange (a lookup's deadline): every wait armed while it is
+  // set ends at the sooner of its own timeout and this. max(): none.
+  std::chrono::steady_clock::time_point limit = std::chrono::steady_clock::time_point::max();
+  // The armed deadline is `limit`: a timeout then means the exchange ran out of time.
+  bool deadline_is_limit = false;
+
   void arm(std::chrono::milliseconds timeout) {
     deadline = std::chrono::steady_clock::now() + timeout;
+    deadline_is_limit = limit < deadline;
+    if (deadline_is_limit) deadline = limit;
     if (deadline < wake_at) timer.cancel();  // sooner than planned: the watchdog re-arms
   }
   void close() {

@@ -8,6 +8,7 @@
 // unmapped before the commit is sent so the sidecar can seal it against writes.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -119,8 +120,11 @@ class ShmClient {
 
   // `protocol_version` below kDataPlaneVersion makes this client behave as an older one (tests
   // of compatibility; a strictly isolated client can also say 2 to keep out of the arena).
+  // `reply_timeout`: how long any reply, the hello's included, is waited for (SO_RCVTIMEO on
+  // socket_fd(), which a caller may later set per call).
   [[nodiscard]] static Result<ShmClient> connect(const std::string& socket_path,
-                                                 std::uint32_t protocol_version = kDataPlaneVersion);
+                                                 std::uint32_t protocol_version = kDataPlaneVersion,
+                                                 std::chrono::milliseconds reply_timeout = std::chrono::seconds(60));
 
   [[nodiscard]] Result<WritableRegion> allocate(std::uint64_t size);
   // Hands over a memfd the client created itself (must carry F_SEAL_SHRINK | F_SEAL_GROW).

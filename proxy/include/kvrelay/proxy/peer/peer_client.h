@@ -20,6 +20,10 @@
 
 namespace kvrelay::proxy::peer {
 
+// When a whole exchange (a lookup: connect, hello, request, every read) must be over. Each wait
+// in it ends at the sooner of its own timeout and this; max(): no bound beyond the timeouts.
+using Deadline = std::chrono::steady_clock::time_point;
+
 struct PeerClientOptions {
   std::string node_id = "kvrelay-client";
   std::chrono::milliseconds connect_timeout{3'000};
@@ -58,8 +62,9 @@ class PeerClient {
   PeerClient(PeerClient&&) noexcept;
   PeerClient& operator=(PeerClient&&) noexcept;
 
-  // Connects and exchanges hellos.
-  [[nodiscard]] static Result<PeerClient> connect(const HostPort& address, PeerClientOptions options);
+  // Connects and exchanges hellos, all of it by `deadline` (a kTimeout naming the stage if not).
+  [[nodiscard]] static Result<PeerClient> connect(const HostPort& address, PeerClientOptions options,
+                                                  Deadline deadline = Deadline::max());
 
   [[nodiscard]] const Hello& remote() const;
   [[nodiscard]] Result<TransferOutcome> send(std::uint64_t transfer_id, const shm::EntryKey& key,
@@ -68,17 +73,25 @@ class PeerClient {
 
   // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
   // `key` (nullopt: the peer holds none). A frame announced larger than `max_frame_bytes` is
-  // refused before anything is allocated for it.
+  // refused before anything is allocated for it. Request, reply and every chunk by `deadline`:
+  // past it the fetch fails with kTimeout naming its stage, and the connection (left
+  // mid-frame) is broken, never reused.
   struct FetchedFrame {
     shm::EntryKey key;
-    WarmBufferPool::Lease buffer;  // holds the frame; back to frame_buffers when dropped
-    [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8(); }
+    WarmBufferPool::Lease buffer;  // holds the frame (its first frame_bytes); back to frame_buffers when dropped
+    std::size_t frame_bytes = 0;
+    [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8().first(frame_bytes); }
     // From sending the request to the reply's header: the peer's lookup, read and encode, plus
     // one round trip. Then the chunks themselves, checksums included.
     std::chrono::microseconds reply_wait{};
     std::chrono::microseconds transfer{};
+    // How the KV came: "tcp" (this client), or "shm" where a same-host peer's data plane
+    // handed it over (kv::PeerLinks); `transport_note` says why a same-host fetch used TCP.
+    std::string transport = "tcp";
+    std::string transport_note;
   };
-  [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes);
+  [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes,
+                                                          Deadline deadline = Deadline::max());
   // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.
   [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const shm::EntryKey& key,
                                     std::span<const std::uint8_t> frame);
