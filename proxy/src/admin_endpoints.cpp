@@ -154,7 +154,7 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
            return make_json_error(http::status::unprocessable_entity, "policy_rejected", reloaded.error().message,
                                   request.version(), request.keep_alive());
          }
-         return make_json_response(http::status::ok, nlohmann::json{{"status", reloaded.value()}}.dump(), request);
+         return make_json_response(http::status::ok, reloaded.value().to_json().dump(), request);
        }},
   };
   endpoints.insert(endpoints.end(), context.extra_endpoints.begin(), context.extra_endpoints.end());

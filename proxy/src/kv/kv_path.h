@@ -23,6 +23,7 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/decision/decision_engine.h"
+#include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/proxy/peer/peer_server.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/shm_transport/server.h"
@@ -135,6 +136,9 @@ class KvPath final : public shm::DataPlaneHooks {
                                                        decision::TransferShape shape, bool commit,
                                                        nlohmann::json& cost);
   void ensure_engine_locked(const Policy& policy);
+  // Brings the engine up to `policy`: its live settings applied, or a new engine when the
+  // topology changed or the settings did not apply (true: learned estimates were reset).
+  [[nodiscard]] bool refresh_engine_locked(const Policy& policy);
   struct Fetched {
     std::shared_ptr<const shm::StoredEntry> entry;
     std::size_t blocks = 0;
@@ -162,6 +166,8 @@ class KvPath final : public shm::DataPlaneHooks {
   std::mutex engine_mutex_;
   std::optional<decision::DecisionEngine> engine_;
   std::string engine_signature_;
+  // The snapshot the engine's settings were last applied from (held, so its address stays its own).
+  std::shared_ptr<const Policy> engine_policy_;
 
   std::mutex push_mutex_;
   std::condition_variable push_wake_;
