@@ -85,6 +85,13 @@ std::string engine_signature(const Policy& policy) {
   return decision::engine_topology(policy);
 }
 
+std::vector<decision::PluginCodec> loaded_codecs(const codec::CodecRegistry& codecs) {
+  std::vector<decision::PluginCodec> loaded;
+  for (const auto& codec : codecs.codecs())
+    loaded.push_back({std::string(codec->name()), codec->lossless()});
+  return loaded;
+}
+
 // Held entries are exact KV: serving one is what kv_raw over shared memory would deliver.
 bool allows_exact_kv(const RoutePolicy& route) {
   const auto& allowed = route.allowed_media;
@@ -164,7 +171,8 @@ KvPath::KvPath(std::shared_ptr<RuntimePolicy> policy, std::shared_ptr<shm::Entry
       codecs_(std::move(codecs)),
       peers_(std::move(peers)),
       metrics_(registry),
-      copy_bytes_per_s_(decision::measure_copy_bandwidth(16ULL << 20)) {
+      copy_bytes_per_s_(decision::measure_copy_bandwidth(16ULL << 20)),
+      loaded_codecs_(loaded_codecs(*codecs_)) {
   {
     std::lock_guard lock(engine_mutex_);
     ensure_engine_locked(*policy_->current());
@@ -206,7 +214,7 @@ bool KvPath::refresh_engine_locked(const Policy& policy) {
   }
   decision::LinkPriors priors;
   priors.shm_bytes_per_s = copy_bytes_per_s_;
-  auto built = decision::engine_from_policy(view, priors);
+  auto built = decision::engine_from_policy(view, priors, {}, loaded_codecs_);
   if (!built) {
     spdlog::error("KV path: no decision engine for this policy ({}); routes without a forced medium use kv_raw",
                   built.error().to_string());
@@ -279,6 +287,10 @@ KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, co
       choice.medium = "tokens";
     } else if (!codec_for_medium(choice.medium)) {
       choice.reason = fmt::format("{} cannot fill a prefix cache; tokens instead", choice.medium);
+      choice.medium = "tokens";
+    } else if (!codec::resolve_codec(*codecs_, *codec_for_medium(choice.medium))) {
+      // A treatment or a forced plugin medium whose codec this sidecar has not loaded.
+      choice.reason = fmt::format("codec of {} is not loaded here (GET /admin/codecs); tokens instead", choice.medium);
       choice.medium = "tokens";
     }
   }

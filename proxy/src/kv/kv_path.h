@@ -168,6 +168,7 @@ class KvPath final : public shm::DataPlaneHooks {
   std::string engine_signature_;
   // The snapshot the engine's settings were last applied from (held, so its address stays its own).
   std::shared_ptr<const Policy> engine_policy_;
+  const std::vector<decision::PluginCodec> loaded_codecs_;  // what "codec:<name>" media can use
 
   std::mutex push_mutex_;
   std::condition_variable push_wake_;
