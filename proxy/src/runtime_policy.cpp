@@ -68,7 +68,11 @@ std::string ReloadReport::summary() const {
   if (!overrides_replaced.empty()) {
     text += fmt::format("; live changes of route {} replaced by the file", fmt::join(overrides_replaced, ", "));
   }
-  if (engine_rebuilt) text += "; decision engine rebuilt (learned estimates reset)";
+  if (!engine.error.empty()) {
+    text += "; no decision engine: " + engine.error;
+  } else if (engine.rebuilt) {
+    text += "; decision engine rebuilt (learned estimates reset)";
+  }
   return text;
 }
 
@@ -78,8 +82,10 @@ nlohmann::json ReloadReport::to_json() const {
                       {"live", live},
                       {"restart_required", restart_required},
                       {"live_route_overrides", {{"kept", overrides_kept}, {"replaced", overrides_replaced}}},
-                      {"engine", engine_rebuilt ? "rebuilt" : "kept"}};
-  if (engine_rebuilt) {
+                      {"engine", !engine.error.empty() ? "unavailable" : (engine.rebuilt ? "rebuilt" : "kept")}};
+  if (!engine.error.empty()) {
+    body["engine_error"] = engine.error;
+  } else if (engine.rebuilt) {
     body["engine_note"] =
         "agents, routes, peers or plugin media changed: learned estimates (link throughput, "
         "prefill fit, codec ratios, loads, measured handoffs) were reset";
@@ -137,7 +143,7 @@ Result<ReloadReport> RuntimePolicy::reload() {
   file_policy_ = std::make_shared<const Policy>(std::move(file));
   const std::shared_ptr<const Policy> serving = std::move(next);
   current_.store(serving);
-  report.engine_rebuilt = engine_observer_ ? engine_observer_(*serving) : topology_changed;
+  report.engine = engine_observer_ ? engine_observer_(*serving) : EngineUpdate{topology_changed, {}};
   reloads_.with({"ok"}).inc();
   last_reload_success_.set(1);
   spdlog::info("policy reloaded from {}: {}", path_, report.summary());

@@ -135,9 +135,9 @@ TEST_CASE("a restart-only field keeps its running value in the served snapshot; 
   CHECK(serving->limits.kv_store_bytes == LimitsPolicy{}.kv_store_bytes);
   CHECK(serving->limits.kv_lookup_timeout == std::chrono::milliseconds(100));
   // The engine's topology moved only when agents, routes, peers or plugin media did.
-  CHECK_FALSE(report.engine_rebuilt);
+  CHECK_FALSE(report.engine.rebuilt);
   next["agents"][1].erase("node");  // b moves to this node: another link
-  CHECK(reloader.reload(next).engine_rebuilt);
+  CHECK(reloader.reload(next).engine.rebuilt);
 }
 
 TEST_CASE("live route changes are applied again over an unchanged route and dropped for a changed one",

@@ -32,7 +32,7 @@ json reload_reply(Sidecar& sidecar, const json& policy) {
 // ADMIN-PORT: GET an admin path, parsed.
 json admin_get(const Sidecar& sidecar, const std::string& path) {
   const auto reply = http_request(sidecar.http_port(), "GET", path);
-  INFO(reply.body);
+  INFO(reply.error << reply.body);
   REQUIRE(reply.status == 200);
   return json::parse(reply.body);
 }
@@ -214,8 +214,14 @@ TEST_CASE("live route changes survive a reload of an unchanged route; the reply 
   node.write_policy(edited);
   change_route(node, "reader-to-writer", {{"forced_medium", "kv_raw"}});
   node.process().send_signal(SIGHUP);
-  REQUIRE(wait_until([&] { return route_named(node, "writer-to-reader")["quality_floor"] == 0.5; },
-                     std::chrono::seconds(10)));
+  const bool reloaded = wait_until(
+      [&] {
+        const auto listing = http_request(node.http_port(), "GET", "/admin/routes");  // ADMIN-PORT
+        return listing.status == 200 && listing.body.find("\"quality_floor\":0.5") != std::string::npos;
+      },
+      std::chrono::seconds(10));
+  INFO(node.process().stderr_text());
+  REQUIRE(reloaded);
   CHECK(route_named(node, "writer-to-reader")["forced_medium"].is_null());    // its route changed in the file
   CHECK(route_named(node, "reader-to-writer")["forced_medium"] == "kv_raw");  // unchanged route: kept
 }

@@ -200,7 +200,7 @@ void KvPath::ensure_engine_locked(const Policy& policy) {
   (void)refresh_engine_locked(policy);
 }
 
-bool KvPath::refresh_engine_locked(const Policy& policy) {
+EngineUpdate KvPath::refresh_engine_locked(const Policy& policy) {
   // Held only when it is the serving snapshot: then its address cannot be reused by another.
   auto current = policy_->current();
   engine_policy_ = current.get() == &policy ? std::move(current) : nullptr;
@@ -208,22 +208,22 @@ bool KvPath::refresh_engine_locked(const Policy& policy) {
   auto signature = engine_signature(view);
   if (engine_ && signature == engine_signature_) {
     auto applied = decision::apply_policy_settings(*engine_, view);
-    if (applied) return false;
+    if (applied) return {};
     spdlog::error("KV path: policy settings not applied to the decision engine ({}); rebuilding it",
                   applied.error().to_string());
   }
   decision::LinkPriors priors;
   priors.shm_bytes_per_s = copy_bytes_per_s_;
   auto built = decision::engine_from_policy(view, priors, {}, loaded_codecs_);
+  engine_signature_ = std::move(signature);
   if (!built) {
     spdlog::error("KV path: no decision engine for this policy ({}); routes without a forced medium use kv_raw",
                   built.error().to_string());
     engine_.reset();
-  } else {
-    engine_.emplace(std::move(built).value());
+    return {true, built.error().to_string()};
   }
-  engine_signature_ = std::move(signature);
-  return true;
+  engine_.emplace(std::move(built).value());
+  return {true, {}};
 }
 
 std::optional<KvPath::EngineChoice> KvPath::run_engine(const Policy& policy, const RoutePolicy& route,

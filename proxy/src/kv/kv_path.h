@@ -137,8 +137,8 @@ class KvPath final : public shm::DataPlaneHooks {
                                                        nlohmann::json& cost);
   void ensure_engine_locked(const Policy& policy);
   // Brings the engine up to `policy`: its live settings applied, or a new engine when the
-  // topology changed or the settings did not apply (true: learned estimates were reset).
-  [[nodiscard]] bool refresh_engine_locked(const Policy& policy);
+  // topology changed or the settings did not apply (learned estimates reset).
+  [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
   struct Fetched {
     std::shared_ptr<const shm::StoredEntry> entry;
     std::size_t blocks = 0;

@@ -20,13 +20,19 @@
 
 namespace kvrelay::proxy {
 
+// What a reload did to the decision engine.
+struct EngineUpdate {
+  bool rebuilt = false;  // a new engine: its learned estimates start afresh
+  std::string error;     // not empty: no engine for this policy (routes use forced media or kv_raw)
+};
+
 // What a reload did, field by field (docs/operations.md, "Reloading the policy").
 struct ReloadReport {
   std::vector<std::string> live;                // JSON pointers into the new file, in effect now
   std::vector<std::string> restart_required;    // pointers whose running value stays until a restart
   std::vector<std::string> overrides_kept;      // routes whose live changes were applied again
   std::vector<std::string> overrides_replaced;  // routes whose live changes the file replaced
-  bool engine_rebuilt = false;                  // the decision engine starts afresh: its learned estimates are reset
+  EngineUpdate engine;
 
   // One line for the log: "applied; restart needed for /listen/http".
   [[nodiscard]] std::string summary() const;
@@ -51,10 +57,10 @@ class RuntimePolicy {
 
   [[nodiscard]] const std::string& path() const { return path_; }
 
-  // Told of each reloaded snapshot once it serves, under the writers' lock; answers whether the
-  // decision engine was rebuilt (learned estimates reset). The KV path registers itself here;
-  // without an observer the report compares the engines' topologies. {} unregisters.
-  using EngineObserver = std::function<bool(const Policy&)>;
+  // Told of each reloaded snapshot once it serves, under the writers' lock; answers what the
+  // decision engine did with it. The KV path registers itself here; without an observer the
+  // report compares the engines' topologies. {} unregisters.
+  using EngineObserver = std::function<EngineUpdate(const Policy&)>;
   void set_engine_observer(EngineObserver observer);
 
  private:
