@@ -25,6 +25,8 @@ std::string_view exclusion_name(Exclusion exclusion) noexcept {
       return "below_quality_floor";
     case Exclusion::kPrecisionRefresh:
       return "precision_refresh";
+    case Exclusion::kCodecUnavailable:
+      return "codec_unavailable";
   }
   return "unknown";
 }
@@ -58,9 +60,9 @@ const CandidateCost& Decision::cost_of(MediumId medium) const noexcept {
 
 DecisionEngine::DecisionEngine(EngineConfig config) : config_(config) {
   if (config_.load_builtin_media) {
-    for (const std::string_view name : kBuiltinMedia) {
+    for (const BuiltinMedium& builtin : builtin_media()) {
       // Built-in names are distinct and fewer than kMaxMedia, so this cannot fail.
-      (void)add_medium(builtin_medium(name));
+      (void)add_medium(builtin_medium(builtin.name));
     }
   } else {
     (void)add_medium(builtin_medium("tokens"));
@@ -146,6 +148,29 @@ Result<LinkId> DecisionEngine::add_link(LinkParams params) {
   return id;
 }
 
+Status DecisionEngine::fill_route_settings(const RoutePolicy& policy, RouteState& state) const {
+  state.enabled = policy.enabled;
+  state.threshold = std::max(0.0, policy.hysteresis_threshold);
+  state.quality_floor = std::clamp(policy.quality_floor, 0.0, 1.0);
+  state.deadline_s = policy.deadline ? static_cast<double>(policy.deadline->count()) / 1000.0 : 0.0;
+  std::uint32_t allowed = 0;
+  if (policy.allowed_media.empty()) {
+    allowed = ~0U;
+  } else {
+    for (const std::string& name : policy.allowed_media) {
+      KVRELAY_TRY(const MediumId id, find_medium(name));
+      allowed |= 1U << id;
+    }
+  }
+  state.forced = kNoMedium;
+  if (policy.forced_medium) {
+    KVRELAY_TRY(const MediumId forced, find_medium(*policy.forced_medium));
+    state.forced = forced;
+  }
+  state.allowed_mask = allowed;
+  return ok();
+}
+
 Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link) {
   if (route_ids_.contains(policy.id)) {
     return fail(ErrorCode::kAlreadyExists, "route '" + policy.id + "' already registered");
@@ -159,22 +184,7 @@ Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link
   state.from = from;
   state.to = to;
   state.link = link;
-  state.enabled = policy.enabled;
-  state.threshold = std::max(0.0, policy.hysteresis_threshold);
-  state.quality_floor = std::clamp(policy.quality_floor, 0.0, 1.0);
-  state.deadline_s = policy.deadline ? static_cast<double>(policy.deadline->count()) / 1000.0 : 0.0;
-  if (policy.allowed_media.empty()) {
-    state.allowed_mask = ~0U;
-  } else {
-    for (const std::string& name : policy.allowed_media) {
-      KVRELAY_TRY(const MediumId id, find_medium(name));
-      state.allowed_mask |= 1U << id;
-    }
-  }
-  if (policy.forced_medium) {
-    KVRELAY_TRY(const MediumId id, find_medium(*policy.forced_medium));
-    state.forced = id;
-  }
+  KVRELAY_TRY(fill_route_settings(policy, state));
   state.current.fill(kNoMedium);
   state.since.fill(0.0);
   const auto id = static_cast<RouteId>(routes_.size());
@@ -182,6 +192,51 @@ Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link
   routes_.push_back(state);
   route_names_.push_back(policy.id);
   return id;
+}
+
+Status DecisionEngine::update_route(const RoutePolicy& policy) {
+  KVRELAY_TRY(const RouteId id, find_route(policy.id));
+  KVRELAY_TRY(const AgentId from, find_agent(policy.from_agent));
+  KVRELAY_TRY(const AgentId to, find_agent(policy.to_agent));
+  RouteState& state = routes_[id];
+  if (state.from != from || state.to != to) {
+    return fail(ErrorCode::kUnsupported, "route '" + policy.id + "' connects other agents: rebuild the engine");
+  }
+  // Filled into a copy first so a bad medium name leaves the route as it was.
+  RouteState updated = state;
+  KVRELAY_TRY(fill_route_settings(policy, updated));
+  state = updated;
+  return ok();
+}
+
+Status DecisionEngine::update_agent(const AgentParams& params) {
+  KVRELAY_TRY(const AgentId id, find_agent(params.id));
+  AgentState& state = agents_[id];
+  if (state.params.fingerprint_id != params.fingerprint_id ||
+      state.params.kv_bytes_per_token != params.kv_bytes_per_token || state.params.dtype != params.dtype) {
+    return fail(ErrorCode::kUnsupported, "agent '" + params.id + "' runs another model: rebuild the engine");
+  }
+  if (!(params.decode_s_per_token >= 0.0)) {
+    return fail(ErrorCode::kInvalidArgument, "agent '" + params.id + "' has invalid parameters");
+  }
+  const PrefillCoefficients& prior = state.params.prefill_prior;
+  if (prior.a != params.prefill_prior.a || prior.b != params.prefill_prior.b || prior.c != params.prefill_prior.c) {
+    state.prefill.set_prior(params.prefill_prior);  // refits over the kept window
+  }
+  state.decode_tokens.set_prior(params.decode_s_per_token > 0.0 ? 1.0 / params.decode_s_per_token : 0.0);
+  state.params = params;
+  refresh_hot(id);
+  return ok();
+}
+
+Status DecisionEngine::update_medium_quality(MediumId medium, double fidelity, double extra_decode_fraction) {
+  if (medium >= media_.size()) return fail(ErrorCode::kNotFound, "unknown medium id");
+  if (!(fidelity > 0.0 && fidelity <= 1.0) || !(extra_decode_fraction >= 0.0)) {
+    return fail(ErrorCode::kInvalidArgument, "medium '" + media_[medium].spec.name + "': invalid quality");
+  }
+  media_[medium].spec.profile.fidelity = fidelity;
+  media_[medium].spec.profile.extra_decode_fraction = extra_decode_fraction;
+  return ok();
 }
 
 namespace {
@@ -272,6 +327,8 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.excluded = Exclusion::kNotForced;
     } else if ((route.allowed_mask & (1U << i)) == 0 && route.forced != i) {
       c.excluded = Exclusion::kNotAllowed;
+    } else if (!m.spec.available) {
+      c.excluded = Exclusion::kCodecUnavailable;
     } else if (m.spec.needs_kv() && !kv_compatible) {
       c.excluded = Exclusion::kFingerprintMismatch;
     } else if (m.spec.kind == MediumKind::kKvSparse && !receiver.accepts_sparse) {

@@ -33,46 +33,124 @@ const AgentCostModel* agent_cost_model(const Policy& policy, const std::string& 
   return nullptr;
 }
 
-// Built-in media with the policy's calibrated quality (cost_model.media) applied.
-Status add_builtin_media(DecisionEngine& engine, const Policy& policy) {
-  for (const std::string_view name : kBuiltinMedia) {
-    if (name == "tokens") continue;  // the engine always registers tokens first
-    MediumSpec spec = builtin_medium(name);
-    for (const auto& [medium, model] : policy.cost_model.media) {
-      if (medium != name) continue;
-      if (model.fidelity) spec.profile.fidelity = *model.fidelity;
-      if (model.extra_decode_fraction) spec.profile.extra_decode_fraction = *model.extra_decode_fraction;
+const MediumCostModel* medium_cost_model(const Policy& policy, std::string_view medium) {
+  for (const auto& [name, model] : policy.cost_model.media) {
+    if (name == medium) return &model;
+  }
+  return nullptr;
+}
+
+// The agent as the engine sees it: the model's KV shape, and the cost model's priors over the
+// engine's defaults.
+Result<AgentParams> agent_params(const Policy& policy, const AgentPolicy& agent) {
+  KVRELAY_TRY(const std::uint64_t bytes_per_token, agent.model.layout(1).bytes_per_token());
+  AgentParams params;
+  params.id = agent.id;
+  params.fingerprint_id = agent.model.id();
+  params.kv_bytes_per_token = static_cast<double>(bytes_per_token);
+  params.dtype = agent.model.dtype;
+  params.accepts_sparse = agent.accepts_sparse_kv;
+  params.role_priority = agent.role_priority;
+  if (const AgentCostModel* model = agent_cost_model(policy, agent.id)) {
+    if (model->prefill_a_s) params.prefill_prior.a = *model->prefill_a_s;
+    if (model->prefill_b_s) params.prefill_prior.b = *model->prefill_b_s;
+    if (model->prefill_c_s) params.prefill_prior.c = *model->prefill_c_s;
+    if (model->decode_s_per_token) params.decode_s_per_token = *model->decode_s_per_token;
+  }
+  return params;
+}
+
+// Every registered medium's quality: the policy's calibration (cost_model.media) over the
+// catalogue's default for that medium.
+Status apply_media_quality(DecisionEngine& engine, const Policy& policy) {
+  for (std::size_t index = 0; index < engine.media_count(); ++index) {
+    const auto id = static_cast<MediumId>(index);
+    const MediumSpec& spec = engine.medium(id);
+    const BuiltinMedium* builtin = find_builtin_medium(spec.name);
+    const CodecProfile defaults =
+        builtin != nullptr ? builtin->profile
+                           : plugin_medium(plugin_codec_of(spec.name).value_or(spec.name), spec.lossless()).profile;
+    double fidelity = defaults.fidelity;
+    double extra_decode = defaults.extra_decode_fraction;
+    if (const MediumCostModel* model = medium_cost_model(policy, spec.name)) {
+      fidelity = model->fidelity.value_or(fidelity);
+      extra_decode = model->extra_decode_fraction.value_or(extra_decode);
     }
-    KVRELAY_TRY(engine.add_medium(std::move(spec)));
+    if (fidelity != spec.profile.fidelity || extra_decode != spec.profile.extra_decode_fraction) {
+      KVRELAY_TRY(engine.update_medium_quality(id, fidelity, extra_decode));
+    }
+  }
+  return ok();
+}
+
+Status add_plugin_media(DecisionEngine& engine, const Policy& policy, std::span<const PluginCodec> plugins) {
+  for (const std::string& name : plugin_media_named(policy)) {
+    const std::string_view codec = *plugin_codec_of(name);
+    const auto loaded =
+        std::find_if(plugins.begin(), plugins.end(), [&](const PluginCodec& plugin) { return plugin.name == codec; });
+    MediumSpec spec = plugin_medium(codec, loaded != plugins.end() && loaded->lossless);
+    spec.available = loaded != plugins.end();
+    if (auto added = engine.add_medium(std::move(spec)); !added) {
+      return fail(added.error().code, "plugin medium '" + name + "': " + added.error().message);
+    }
   }
   return ok();
 }
 
 }  // namespace
 
-Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors& priors, EngineConfig config) {
-  const bool calibrated_media = config.load_builtin_media && !policy.cost_model.media.empty();
-  if (calibrated_media) config.load_builtin_media = false;
-  DecisionEngine engine(config);
-  if (calibrated_media) {
-    KVRELAY_TRY(add_builtin_media(engine, policy));
+std::vector<std::string> plugin_media_named(const Policy& policy) {
+  std::vector<std::string> named;
+  const auto note = [&](std::string_view medium) {
+    if (plugin_codec_of(medium) && std::find(named.begin(), named.end(), medium) == named.end()) {
+      named.emplace_back(medium);
+    }
+  };
+  for (const RoutePolicy& route : policy.routes) {
+    for (const std::string& medium : route.allowed_media)
+      note(medium);
+    if (route.forced_medium) note(*route.forced_medium);
+    for (const AuditTreatment& treatment : route.audit.treatments)
+      note(treatment.medium);
   }
+  for (const auto& [medium, model] : policy.cost_model.media)
+    note(medium);
+  return named;
+}
+
+Policy engine_view(const Policy& policy) {
+  Policy view = policy;
+  for (RoutePolicy& route : view.routes) {
+    route.forced_medium.reset();
+    route.enabled = true;
+  }
+  return view;
+}
+
+std::string engine_topology(const Policy& policy) {
+  std::string topology = "node:" + policy.node_id;
+  for (const AgentPolicy& agent : policy.agents) {
+    topology += "|a:" + agent.id + ":" + std::to_string(agent.model.id()) + ":" + agent.node;
+  }
+  for (const RoutePolicy& route : policy.routes) {
+    topology += "|r:" + route.id + ":" + route.from_agent + ":" + route.to_agent;
+  }
+  for (const PeerPolicy& peer : policy.peers) {
+    topology += "|p:" + peer.id + (peer.same_host ? ":same_host" : "");
+  }
+  for (const std::string& medium : plugin_media_named(policy)) {
+    topology += "|m:" + medium;
+  }
+  return topology;
+}
+
+Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors& priors, EngineConfig config,
+                                          std::span<const PluginCodec> plugins) {
+  DecisionEngine engine(config);
+  KVRELAY_TRY(add_plugin_media(engine, policy, plugins));
   KVRELAY_TRY(engine.add_link(LinkParams{"local", true, priors.shm_bytes_per_s, priors.shm_rtt_s}));
   for (const AgentPolicy& agent : policy.agents) {
-    KVRELAY_TRY(const std::uint64_t bytes_per_token, agent.model.layout(1).bytes_per_token());
-    AgentParams params;
-    params.id = agent.id;
-    params.fingerprint_id = agent.model.id();
-    params.kv_bytes_per_token = static_cast<double>(bytes_per_token);
-    params.dtype = agent.model.dtype;
-    params.accepts_sparse = agent.accepts_sparse_kv;
-    params.role_priority = agent.role_priority;
-    if (const AgentCostModel* model = agent_cost_model(policy, agent.id)) {
-      if (model->prefill_a_s) params.prefill_prior.a = *model->prefill_a_s;
-      if (model->prefill_b_s) params.prefill_prior.b = *model->prefill_b_s;
-      if (model->prefill_c_s) params.prefill_prior.c = *model->prefill_c_s;
-      if (model->decode_s_per_token) params.decode_s_per_token = *model->decode_s_per_token;
-    }
+    KVRELAY_TRY(const AgentParams params, agent_params(policy, agent));
     KVRELAY_TRY(engine.add_agent(params));
     const std::string link = link_id_for(policy, agent);
     if (link != "local" && !engine.find_link(link)) {
@@ -90,7 +168,19 @@ Result<DecisionEngine> engine_from_policy(const Policy& policy, const LinkPriors
     KVRELAY_TRY(const LinkId link, engine.find_link(route_link_id(policy, route)));
     KVRELAY_TRY(engine.add_route(route, link));
   }
+  KVRELAY_TRY(apply_media_quality(engine, policy));
   return engine;
+}
+
+Status apply_policy_settings(DecisionEngine& engine, const Policy& policy) {
+  for (const AgentPolicy& agent : policy.agents) {
+    KVRELAY_TRY(const AgentParams params, agent_params(policy, agent));
+    KVRELAY_TRY(engine.update_agent(params));
+  }
+  for (const RoutePolicy& route : policy.routes) {
+    KVRELAY_TRY(engine.update_route(route));
+  }
+  return apply_media_quality(engine, policy);
 }
 
 double measure_copy_bandwidth(std::size_t bytes) {

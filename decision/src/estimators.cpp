@@ -98,6 +98,15 @@ void PrefillFit::observe(std::uint64_t new_tokens, std::uint64_t cached_tokens, 
   }
 }
 
+void PrefillFit::set_prior(PrefillCoefficients prior) noexcept {
+  prior_ = prior;
+  if (count_ >= min_samples_) {
+    refit();
+  } else {
+    current_ = prior;
+  }
+}
+
 double PrefillFit::predict(std::uint64_t new_tokens, std::uint64_t cached_tokens) const noexcept {
   return current_.predict(static_cast<double>(new_tokens), static_cast<double>(cached_tokens));
 }

@@ -1,6 +1,24 @@
 #include "kvrelay/decision/media.h"
 
+#include <algorithm>
+
 namespace kvrelay::decision {
+
+namespace {
+
+// Ratios: quantised size over raw size for fp32 / fp16 / bf16 inputs (scales add ~3%).
+// Throughputs: single-core CPU codec speeds; fidelity and extra decode from calibration runs.
+constexpr BuiltinMedium kCatalogue[] = {
+    {"tokens", MediumKind::kTokens, "", CodecProfile{}},
+    {"kv_raw", MediumKind::kKvLossless, "raw", CodecProfile{}},
+    {"kv_lossless", MediumKind::kKvLossless, "lossless", CodecProfile{{0.80, 0.85, 0.85}, 600e6, 1.2e9, 1.0, 0.0}},
+    {"kv_fp8", MediumKind::kKvLossy, "fp8", CodecProfile{{0.26, 0.52, 0.52}, 2.0e9, 3.0e9, 0.995, 0.005}},
+    {"kv_int8", MediumKind::kKvLossy, "int8", CodecProfile{{0.26, 0.52, 0.52}, 1.5e9, 2.5e9, 0.99, 0.01}},
+    {"kv_int4", MediumKind::kKvLossy, "int4", CodecProfile{{0.14, 0.27, 0.27}, 1.2e9, 2.0e9, 0.95, 0.06}},
+    {"kv_sparse", MediumKind::kKvSparse, "", CodecProfile{{0.30, 0.30, 0.30}, 3.0e9, 3.0e9, 0.97, 0.04}},
+};
+
+}  // namespace
 
 double CodecProfile::ratio_for(DType dtype) const noexcept {
   switch (dtype) {
@@ -14,36 +32,58 @@ double CodecProfile::ratio_for(DType dtype) const noexcept {
   return ratio[0];
 }
 
-MediumSpec builtin_medium(std::string_view name) {
+std::span<const BuiltinMedium> builtin_media() noexcept {
+  return kCatalogue;
+}
+
+const BuiltinMedium* find_builtin_medium(std::string_view name) noexcept {
+  const auto* found = std::find_if(std::begin(kCatalogue), std::end(kCatalogue),
+                                   [&](const BuiltinMedium& medium) { return medium.name == name; });
+  return found == std::end(kCatalogue) ? nullptr : found;
+}
+
+std::optional<std::string_view> plugin_codec_of(std::string_view medium) noexcept {
+  if (!medium.starts_with(kPluginMediumPrefix) || medium.size() == kPluginMediumPrefix.size()) return std::nullopt;
+  return medium.substr(kPluginMediumPrefix.size());
+}
+
+std::string plugin_medium_name(std::string_view codec) {
+  return std::string(kPluginMediumPrefix) + std::string(codec);
+}
+
+MediumSpec plugin_medium(std::string_view codec, bool lossless) {
   MediumSpec spec;
-  spec.name = std::string(name);
-  // Ratios: quantised size over raw size for fp32 / fp16 / bf16 inputs (scales add ~3%).
-  // Throughputs: single-core CPU codec speeds; fidelity and extra decode from calibration runs.
-  if (name == "tokens") {
-    spec.kind = MediumKind::kTokens;
-  } else if (name == "kv_raw") {
-    spec.kind = MediumKind::kKvLossless;
-  } else if (name == "kv_lossless") {
-    spec.kind = MediumKind::kKvLossless;
-    spec.profile = CodecProfile{{0.80, 0.85, 0.85}, 600e6, 1.2e9, 1.0, 0.0};
-  } else if (name == "kv_fp8") {
-    spec.kind = MediumKind::kKvLossy;
-    spec.profile = CodecProfile{{0.26, 0.52, 0.52}, 2.0e9, 3.0e9, 0.995, 0.005};
-  } else if (name == "kv_int8") {
-    spec.kind = MediumKind::kKvLossy;
-    spec.profile = CodecProfile{{0.26, 0.52, 0.52}, 1.5e9, 2.5e9, 0.99, 0.01};
-  } else if (name == "kv_int4") {
-    spec.kind = MediumKind::kKvLossy;
-    spec.profile = CodecProfile{{0.14, 0.27, 0.27}, 1.2e9, 2.0e9, 0.95, 0.06};
-  } else if (name == "kv_sparse") {
-    spec.kind = MediumKind::kKvSparse;
-    spec.profile = CodecProfile{{0.30, 0.30, 0.30}, 3.0e9, 3.0e9, 0.97, 0.04};
-  } else {
-    // Plugin codecs start pessimistic (no compression, lossy) until measured.
-    spec.kind = MediumKind::kKvLossy;
-    spec.profile = CodecProfile{{1.0, 1.0, 1.0}, 1.0e9, 1.0e9, 0.99, 0.01};
-  }
+  spec.name = plugin_medium_name(codec);
+  spec.kind = lossless ? MediumKind::kKvLossless : MediumKind::kKvLossy;
+  spec.profile = CodecProfile{{1.0, 1.0, 1.0}, 1.0e9, 1.0e9, lossless ? 1.0 : 0.99, lossless ? 0.0 : 0.01};
   return spec;
+}
+
+std::optional<std::string> prefix_codec_for(std::string_view medium) {
+  if (const BuiltinMedium* builtin = find_builtin_medium(medium)) {
+    if (builtin->prefix_codec.empty()) return std::nullopt;
+    return std::string(builtin->prefix_codec);
+  }
+  if (const auto codec = plugin_codec_of(medium)) return std::string(*codec);
+  return std::nullopt;
+}
+
+std::string medium_for_codec_spec(std::string_view codec) {
+  for (const BuiltinMedium& medium : kCatalogue) {
+    if (!medium.prefix_codec.empty() && medium.prefix_codec == codec) return std::string(medium.name);
+  }
+  return plugin_medium_name(codec);
+}
+
+MediumSpec builtin_medium(std::string_view name) {
+  const BuiltinMedium* builtin = find_builtin_medium(name);
+  if (builtin == nullptr) {
+    // Plugin codecs start pessimistic (no compression, lossy) until measured.
+    MediumSpec spec = plugin_medium(plugin_codec_of(name).value_or(name), false);
+    spec.name = std::string(name);
+    return spec;
+  }
+  return MediumSpec{std::string(builtin->name), builtin->kind, builtin->profile};
 }
 
 }  // namespace kvrelay::decision

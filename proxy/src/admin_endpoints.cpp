@@ -5,6 +5,7 @@
 
 #include "kvrelay/audit/calibrate.h"
 #include "kvrelay/audit/render.h"
+#include "kvrelay/decision/media.h"
 #include "kvrelay/proxy/version.h"
 
 namespace kvrelay::proxy {
@@ -55,6 +56,17 @@ HttpResponse error_for(const Error& error, const HttpRequest& request) {
   const auto status = error.code == ErrorCode::kNotFound ? http::status::not_found : http::status::bad_request;
   return make_json_error(status, std::string(error_code_name(error.code)), error.message, request.version(),
                          request.keep_alive());
+}
+
+// A forced plugin medium must name a codec this daemon loaded: otherwise every lookup on the
+// route would fall back to tokens while the route claims the plugin.
+Status check_plugin_loaded(const codec::CodecRegistry* codecs, const nlohmann::json& changes) {
+  const auto forced = changes.is_object() ? changes.find("forced_medium") : changes.end();
+  if (!changes.is_object() || forced == changes.end() || !forced->is_string()) return ok();
+  const auto codec = decision::plugin_codec_of(forced->get_ref<const std::string&>());
+  if (!codec || (codecs != nullptr && codec::resolve_codec(*codecs, *codec))) return ok();
+  return fail(ErrorCode::kInvalidArgument,
+              fmt::format("/forced_medium: codec \"{}\" is not loaded here (GET /admin/codecs)", *codec));
 }
 
 nlohmann::json codecs_to_json(const codec::CodecRegistry& registry,
@@ -115,13 +127,15 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
        }},
       {http::verb::put, "/admin/routes/*",
        "Change a route live: {\"enabled\": bool, \"forced_medium\": medium|null, \"audit_fraction\": 0..1}",
-       [policy](const HttpRequest& request) {
+       [policy, codecs](const HttpRequest& request) {
          const auto route_id = std::string(request.target().substr(kRoutesPrefix.size()));
          const auto changes = nlohmann::json::parse(request.body(), nullptr, false);
          if (changes.is_discarded()) {
            return make_json_error(http::status::bad_request, "invalid_argument", "body is not valid JSON",
                                   request.version(), request.keep_alive());
          }
+         if (auto loaded = check_plugin_loaded(codecs.get(), changes); !loaded)
+           return error_for(loaded.error(), request);
          auto updated = policy->update_route(route_id.substr(0, route_id.find('?')), changes);
          if (!updated) return error_for(updated.error(), request);
          return make_json_response(http::status::ok, route_to_json(updated.value()).dump(), request);
@@ -154,7 +168,7 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
            return make_json_error(http::status::unprocessable_entity, "policy_rejected", reloaded.error().message,
                                   request.version(), request.keep_alive());
          }
-         return make_json_response(http::status::ok, nlohmann::json{{"status", reloaded.value()}}.dump(), request);
+         return make_json_response(http::status::ok, reloaded.value().to_json().dump(), request);
        }},
   };
   endpoints.insert(endpoints.end(), context.extra_endpoints.begin(), context.extra_endpoints.end());

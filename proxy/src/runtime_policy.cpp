@@ -5,62 +5,20 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/decision/engine_from_policy.h"
+
+#include "reload_diff.h"
+
 namespace kvrelay::proxy {
 
-RuntimePolicy::RuntimePolicy(std::string path, std::shared_ptr<const Policy> initial, metrics::Registry& registry)
-    : path_(std::move(path)),
-      current_(std::move(initial)),
-      reloads_(registry.counter("kvrelay_config_reloads_total", "Policy reloads by result (ok, rejected)", {"result"})),
-      route_updates_(
-          registry.counter("kvrelay_admin_route_updates_total", "Live route changes through the admin API", {"route"})),
-      last_reload_success_(
-          registry
-              .gauge("kvrelay_config_last_reload_successful", "1 if the last reload was applied, 0 if it was rejected")
-              .get()) {
-  last_reload_success_.set(1);
-}
+namespace {
 
-Result<std::string> RuntimePolicy::reload() {
-  const std::lock_guard lock(write_mutex_);
-  auto loaded = load_policy_file(path_);
-  if (!loaded) {
-    reloads_.with({"rejected"}).inc();
-    last_reload_success_.set(0);
-    spdlog::error("policy reload rejected; still serving the previous policy:\n{}", loaded.error().message);
-    return loaded.error();
-  }
-  const auto previous = current_.load();
-  auto next = std::make_shared<const Policy>(std::move(loaded).value());
-  // Settings read at start: say so instead of claiming them applied.
-  std::vector<std::string_view> on_restart;
-  if (!(next->listen.http == previous->listen.http) || next->listen.admin != previous->listen.admin ||
-      next->listen.peer != previous->listen.peer || next->listen.unix_socket != previous->listen.unix_socket) {
-    on_restart.emplace_back("listen addresses");
-  }
-  if (next->node_id != previous->node_id) on_restart.emplace_back("node id");
-  if (next->codecs.device != previous->codecs.device || next->codecs.plugin_dirs != previous->codecs.plugin_dirs) {
-    on_restart.emplace_back("codecs (plugin_dirs, device)");
-  }
-  const std::string note = on_restart.empty()
-                               ? std::string("applied")
-                               : fmt::format("applied; {} take effect on restart", fmt::join(on_restart, " and "));
-  current_.store(std::move(next));
-  reloads_.with({"ok"}).inc();
-  last_reload_success_.set(1);
-  spdlog::info("policy reloaded from {}: {}", path_, note);
-  return note;
-}
-
-Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, const nlohmann::json& changes) {
-  if (!changes.is_object()) return fail(ErrorCode::kInvalidArgument, "body must be a JSON object");
-  const std::lock_guard lock(write_mutex_);
-  auto next = std::make_shared<Policy>(*current_.load());
-  auto found = std::find_if(next->routes.begin(), next->routes.end(), [&](const auto& r) { return r.id == route_id; });
-  if (found == next->routes.end()) return fail(ErrorCode::kNotFound, fmt::format("no route '{}'", route_id));
-  RoutePolicy& route = *found;
+// Applies {"enabled", "forced_medium", "audit_fraction"} to `route`; errors name the key's pointer.
+Status apply_route_changes(RoutePolicy& route, const nlohmann::json& changes) {
   for (const auto& [key, value] : changes.items()) {
     if (key == "enabled") {
       if (!value.is_boolean())
@@ -94,7 +52,120 @@ Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, con
                   fmt::format("/{}: unknown key (allowed here: enabled, forced_medium, audit_fraction)", key));
     }
   }
-  RoutePolicy updated = route;
+  return ok();
+}
+
+bool engine_rebuilt_by(const Policy& before, const Policy& after) {
+  return decision::engine_topology(decision::engine_view(before)) !=
+         decision::engine_topology(decision::engine_view(after));
+}
+
+}  // namespace
+
+std::string ReloadReport::summary() const {
+  std::string text = "applied";
+  if (!restart_required.empty()) text += fmt::format("; restart needed for {}", fmt::join(restart_required, ", "));
+  if (!overrides_replaced.empty()) {
+    text += fmt::format("; live changes of route {} replaced by the file", fmt::join(overrides_replaced, ", "));
+  }
+  if (!engine.error.empty()) {
+    text += "; no decision engine: " + engine.error;
+  } else if (engine.rebuilt) {
+    text += "; decision engine rebuilt (learned estimates reset)";
+  }
+  return text;
+}
+
+nlohmann::json ReloadReport::to_json() const {
+  nlohmann::json body{{"applied", true},
+                      {"status", summary()},
+                      {"live", live},
+                      {"restart_required", restart_required},
+                      {"live_route_overrides", {{"kept", overrides_kept}, {"replaced", overrides_replaced}}},
+                      {"engine", !engine.error.empty() ? "unavailable" : (engine.rebuilt ? "rebuilt" : "kept")}};
+  if (!engine.error.empty()) {
+    body["engine_error"] = engine.error;
+  } else if (engine.rebuilt) {
+    body["engine_note"] =
+        "agents, routes, peers or plugin media changed: learned estimates (link throughput, "
+        "prefill fit, codec ratios, loads, measured handoffs) were reset";
+  }
+  return body;
+}
+
+RuntimePolicy::RuntimePolicy(std::string path, std::shared_ptr<const Policy> initial, metrics::Registry& registry)
+    : path_(std::move(path)),
+      current_(initial),
+      file_policy_(std::move(initial)),
+      reloads_(registry.counter("kvrelay_config_reloads_total", "Policy reloads by result (ok, rejected)", {"result"})),
+      route_updates_(
+          registry.counter("kvrelay_admin_route_updates_total", "Live route changes through the admin API", {"route"})),
+      last_reload_success_(
+          registry
+              .gauge("kvrelay_config_last_reload_successful", "1 if the last reload was applied, 0 if it was rejected")
+              .get()) {
+  last_reload_success_.set(1);
+}
+
+Result<ReloadReport> RuntimePolicy::reload() {
+  const std::lock_guard lock(write_mutex_);
+  auto loaded = load_policy_file(path_);
+  if (!loaded) {
+    reloads_.with({"rejected"}).inc();
+    last_reload_success_.set(0);
+    spdlog::error("policy reload rejected; still serving the previous policy:\n{}", loaded.error().message);
+    return loaded.error();
+  }
+  Policy file = std::move(loaded).value();
+  ReloadReport report;
+  {
+    PolicyChanges changes = diff_policies(*file_policy_, file);
+    report.live = std::move(changes.live);
+    report.restart_required = std::move(changes.restart_required);
+  }
+  keep_restart_fields(*file_policy_, file);
+  auto next = std::make_shared<Policy>(file);
+  // Live route changes outlast a reload that leaves their route as it was in the file.
+  for (auto it = route_overrides_.begin(); it != route_overrides_.end();) {
+    const RoutePolicy* before = file_policy_->find_route(it->first);
+    const auto after = std::find_if(next->routes.begin(), next->routes.end(),
+                                    [&](const RoutePolicy& route) { return route.id == it->first; });
+    if (before != nullptr && after != next->routes.end() && same_route(*before, *after) &&
+        apply_route_changes(*after, it->second)) {
+      report.overrides_kept.push_back(it->first);
+      ++it;
+    } else {
+      report.overrides_replaced.push_back(it->first);
+      it = route_overrides_.erase(it);
+    }
+  }
+  const bool topology_changed = engine_rebuilt_by(*current_.load(), *next);
+  file_policy_ = std::make_shared<const Policy>(std::move(file));
+  const std::shared_ptr<const Policy> serving = std::move(next);
+  current_.store(serving);
+  report.engine = engine_observer_ ? engine_observer_(*serving) : EngineUpdate{topology_changed, {}};
+  reloads_.with({"ok"}).inc();
+  last_reload_success_.set(1);
+  spdlog::info("policy reloaded from {}: {}", path_, report.summary());
+  return report;
+}
+
+void RuntimePolicy::set_engine_observer(EngineObserver observer) {
+  const std::lock_guard lock(write_mutex_);
+  engine_observer_ = std::move(observer);
+}
+
+Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, const nlohmann::json& changes) {
+  if (!changes.is_object()) return fail(ErrorCode::kInvalidArgument, "body must be a JSON object");
+  const std::lock_guard lock(write_mutex_);
+  auto next = std::make_shared<Policy>(*current_.load());
+  auto found = std::find_if(next->routes.begin(), next->routes.end(), [&](const auto& r) { return r.id == route_id; });
+  if (found == next->routes.end()) return fail(ErrorCode::kNotFound, fmt::format("no route '{}'", route_id));
+  KVRELAY_TRY(apply_route_changes(*found, changes));
+  RoutePolicy updated = *found;
+  auto& merged = route_overrides_[route_id];
+  for (const auto& [key, value] : changes.items())
+    merged[key] = value;
   current_.store(std::move(next));
   route_updates_.with({route_id}).inc();
   spdlog::info("route {} changed live: {}", route_id, changes.dump());

@@ -201,7 +201,7 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
     write_file(daemon.dir() / "policy.json", moved.dump());
     const auto reloaded = http_request(daemon.admin_port(), "POST", "/admin/reload");
     REQUIRE(reloaded.status == 200);
-    CHECK_THAT(reloaded.body, Catch::Contains("codecs (plugin_dirs, device) take effect on restart"));
+    CHECK(json::parse(reloaded.body)["restart_required"] == json::array({"/codecs/device"}));
   }
   TempDir dir;
   policy["codecs"]["device"] = "cuda";

@@ -4,13 +4,13 @@
 
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/core/kv_tokens.h"
+#include "kvrelay/decision/media.h"
 #include "kvrelay/shm_transport/memfd.h"
 
 namespace kvrelay::proxy::kv {
 
 namespace {
 
-constexpr std::string_view kPluginPrefix = "codec:";
 std::span<const std::uint8_t> as_u8(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()};
 }
@@ -18,22 +18,11 @@ std::span<const std::uint8_t> as_u8(std::span<const std::byte> bytes) {
 }  // namespace
 
 std::optional<std::string> codec_for_medium(std::string_view medium) {
-  if (medium == "kv_raw") return "raw";
-  if (medium == "kv_lossless") return "lossless";
-  if (medium == "kv_int8") return "int8";
-  if (medium == "kv_int4") return "int4";
-  if (medium == "kv_fp8") return "fp8";
-  if (medium.starts_with(kPluginPrefix) && medium.size() > kPluginPrefix.size()) {
-    return std::string(medium.substr(kPluginPrefix.size()));
-  }
-  return std::nullopt;
+  return decision::prefix_codec_for(medium);
 }
 
 std::string medium_for_codec(std::string_view codec) {
-  if (codec == "raw") return "kv_raw";
-  if (codec == "lossless") return "kv_lossless";
-  if (codec == "int8" || codec == "int4" || codec == "fp8") return "kv_" + std::string(codec);
-  return std::string(kPluginPrefix) + std::string(codec);
+  return decision::medium_for_codec_spec(codec);
 }
 
 codec::CodecSpec frame_codec(const codec::CodecRegistry& codecs, const codec::FrameHeader& header) {

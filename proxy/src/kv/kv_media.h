@@ -19,9 +19,10 @@
 
 namespace kvrelay::proxy::kv {
 
-// Codec spec of a KV medium: kv_raw -> raw, kv_lossless -> lossless, kv_int8 -> int8, kv_int4 ->
-// int4, kv_fp8 -> fp8, codec:<name> -> <name>. nullopt for tokens and for media the KV path
-// cannot serve to a prefix cache (kv_sparse drops positions).
+// Codec spec of a KV medium, from the media catalogue (decision/media.h): kv_raw -> raw,
+// kv_lossless -> lossless, kv_int8 -> int8, kv_int4 -> int4, kv_fp8 -> fp8, codec:<name> ->
+// <name>. nullopt for tokens and for media the KV path cannot serve to a prefix cache
+// (kv_sparse drops positions).
 [[nodiscard]] std::optional<std::string> codec_for_medium(std::string_view medium);
 // The medium a codec spec carries (the inverse, for byte counters of the peer server).
 [[nodiscard]] std::string medium_for_codec(std::string_view codec);

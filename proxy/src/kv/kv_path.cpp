@@ -77,22 +77,19 @@ bool same_fingerprint(const Policy& policy, const RoutePolicy& route) {
   return from != nullptr && to != nullptr && from->model.id() == to->model.id();
 }
 
-// Identity of what the engine was built from: agents, fingerprints, routes (with their live
-// settings) and peers. A change rebuilds the engine, which starts its estimates afresh.
-// What the engine is built from. A route's forced medium and enabled flag are left out on purpose:
-// choose() applies them itself, so switching them live (PUT /admin/routes) keeps everything the
-// engine has learned — link throughput, prefill fit, codec ratios, load.
+// What the engine is built from (decision::engine_topology). A route's forced medium and enabled
+// flag are left out of the engine on purpose: choose() applies them itself. Everything else the
+// policy sets reaches a kept engine through decision::apply_policy_settings, so a reload or a live
+// route change keeps what the engine has learned: link throughput, prefill fit, codec ratios, load.
 std::string engine_signature(const Policy& policy) {
-  std::string signature = policy.node_id;
-  for (const auto& agent : policy.agents)
-    signature += fmt::format("|a:{}:{:x}:{}", agent.id, agent.model.id(), agent.node);
-  for (const auto& route : policy.routes) {
-    signature +=
-        fmt::format("|r:{}:{}:{}:{}", route.id, route.from_agent, route.to_agent, fmt::join(route.allowed_media, ","));
-  }
-  for (const auto& peer : policy.peers)
-    signature += fmt::format("|p:{}:{}", peer.id, peer.same_host);
-  return signature;
+  return decision::engine_topology(policy);
+}
+
+std::vector<decision::PluginCodec> loaded_codecs(const codec::CodecRegistry& codecs) {
+  std::vector<decision::PluginCodec> loaded;
+  for (const auto& codec : codecs.codecs())
+    loaded.push_back({std::string(codec->name()), codec->lossless()});
+  return loaded;
 }
 
 // Held entries are exact KV: serving one is what kv_raw over shared memory would deliver.
@@ -204,15 +201,22 @@ KvPath::KvPath(std::shared_ptr<RuntimePolicy> policy, std::shared_ptr<shm::Entry
       codecs_(std::move(codecs)),
       peers_(std::move(peers)),
       metrics_(registry),
-      copy_bytes_per_s_(decision::measure_copy_bandwidth(16ULL << 20)) {
+      copy_bytes_per_s_(decision::measure_copy_bandwidth(16ULL << 20)),
+      loaded_codecs_(loaded_codecs(*codecs_)) {
   {
     std::lock_guard lock(engine_mutex_);
     ensure_engine_locked(*policy_->current());
   }
+  // A reload updates the engine at once, so its reply can say what the engine did.
+  policy_->set_engine_observer([this](const Policy& reloaded) {
+    std::lock_guard lock(engine_mutex_);
+    return refresh_engine_locked(reloaded);
+  });
   pusher_ = std::thread([this] { run_pusher(); });
 }
 
 KvPath::~KvPath() {
+  policy_->set_engine_observer({});
   {
     std::lock_guard lock(push_mutex_);
     stopping_ = true;
@@ -222,24 +226,34 @@ KvPath::~KvPath() {
 }
 
 void KvPath::ensure_engine_locked(const Policy& policy) {
-  auto signature = engine_signature(policy);
-  if (engine_ && signature == engine_signature_) return;
+  if (engine_ && engine_policy_.get() == &policy) return;
+  (void)refresh_engine_locked(policy);
+}
+
+EngineUpdate KvPath::refresh_engine_locked(const Policy& policy) {
+  // Held only when it is the serving snapshot: then its address cannot be reused by another.
+  auto current = policy_->current();
+  engine_policy_ = current.get() == &policy ? std::move(current) : nullptr;
+  const Policy view = decision::engine_view(policy);
+  auto signature = engine_signature(view);
+  if (engine_ && signature == engine_signature_) {
+    auto applied = decision::apply_policy_settings(*engine_, view);
+    if (applied) return {};
+    spdlog::error("KV path: policy settings not applied to the decision engine ({}); rebuilding it",
+                  applied.error().to_string());
+  }
   decision::LinkPriors priors;
   priors.shm_bytes_per_s = copy_bytes_per_s_;
-  Policy unforced = policy;
-  for (auto& route : unforced.routes) {
-    route.forced_medium.reset();
-    route.enabled = true;
-  }
-  auto built = decision::engine_from_policy(unforced, priors);
+  auto built = decision::engine_from_policy(view, priors, {}, loaded_codecs_);
+  engine_signature_ = std::move(signature);
   if (!built) {
     spdlog::error("KV path: no decision engine for this policy ({}); routes without a forced medium use kv_raw",
                   built.error().to_string());
     engine_.reset();
-  } else {
-    engine_.emplace(std::move(built).value());
+    return {true, built.error().to_string()};
   }
-  engine_signature_ = std::move(signature);
+  engine_.emplace(std::move(built).value());
+  return {true, {}};
 }
 
 std::optional<KvPath::EngineChoice> KvPath::run_engine(const Policy& policy, const RoutePolicy& route,
@@ -303,6 +317,10 @@ KvPath::Choice KvPath::choose(const Policy& policy, const RoutePolicy* route, co
       choice.medium = "tokens";
     } else if (!codec_for_medium(choice.medium)) {
       choice.reason = fmt::format("{} cannot fill a prefix cache; tokens instead", choice.medium);
+      choice.medium = "tokens";
+    } else if (!codec::resolve_codec(*codecs_, *codec_for_medium(choice.medium))) {
+      // A treatment or a forced plugin medium whose codec this sidecar has not loaded.
+      choice.reason = fmt::format("codec of {} is not loaded here (GET /admin/codecs); tokens instead", choice.medium);
       choice.medium = "tokens";
     }
   }

@@ -23,6 +23,7 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/decision/decision_engine.h"
+#include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/proxy/peer/peer_server.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/shm_transport/server.h"
@@ -135,6 +136,9 @@ class KvPath final : public shm::DataPlaneHooks {
                                                        decision::TransferShape shape, bool commit,
                                                        nlohmann::json& cost);
   void ensure_engine_locked(const Policy& policy);
+  // Brings the engine up to `policy`: its live settings applied, or a new engine when the
+  // topology changed or the settings did not apply (learned estimates reset).
+  [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
   struct Fetched {
     std::shared_ptr<const shm::StoredEntry> entry;
     std::size_t blocks = 0;
@@ -163,6 +167,9 @@ class KvPath final : public shm::DataPlaneHooks {
   std::mutex engine_mutex_;
   std::optional<decision::DecisionEngine> engine_;
   std::string engine_signature_;
+  // The snapshot the engine's settings were last applied from (held, so its address stays its own).
+  std::shared_ptr<const Policy> engine_policy_;
+  const std::vector<decision::PluginCodec> loaded_codecs_;  // what "codec:<name>" media can use
 
   std::mutex push_mutex_;
   std::condition_variable push_wake_;

@@ -41,6 +41,7 @@ enum class Exclusion : std::uint8_t {
   kSparseUnsupported,    // receiver did not declare position-sparse KV support
   kBelowQualityFloor,    // codec fidelity (times the chain so far) below the route's floor
   kPrecisionRefresh,     // chain fidelity already below the floor: lossless only
+  kCodecUnavailable,     // a plugin medium whose codec this process has not loaded
 };
 [[nodiscard]] std::string_view exclusion_name(Exclusion exclusion) noexcept;
 
@@ -133,6 +134,19 @@ class DecisionEngine {
   // The route's from/to agents must exist. Route fields are copied (allowed media interned).
   [[nodiscard]] Result<RouteId> add_route(const RoutePolicy& policy, LinkId link);
 
+  // Live settings: what a policy reload may change without a rebuild. Everything learned (link
+  // throughput and RTT, prefill fits, decode rates, loads, codec ratios and speeds, measured
+  // handoffs, the hysteresis state) is kept.
+  // The route's allowed media, forced medium, enabled flag, hysteresis, quality floor, deadline;
+  // refused (kUnsupported) when its from/to agents differ from the registered route's.
+  [[nodiscard]] Status update_route(const RoutePolicy& policy);
+  // The agent's sparse support, role priority and priors (prefill, decode); refused when its
+  // fingerprint, KV size or dtype differ, as those change what every estimate means.
+  [[nodiscard]] Status update_agent(const AgentParams& params);
+  // A medium's calibrated quality (cost_model.media).
+  [[nodiscard]] Status update_medium_quality(MediumId medium, double fidelity, double extra_decode_fraction);
+  [[nodiscard]] const AgentParams& agent(AgentId id) const { return agents_[id].params; }
+
   [[nodiscard]] Result<MediumId> find_medium(std::string_view name) const;
   [[nodiscard]] Result<AgentId> find_agent(std::string_view id) const;
   [[nodiscard]] Result<LinkId> find_link(std::string_view id) const;
@@ -223,6 +237,7 @@ class DecisionEngine {
     std::array<LinearCostFit, kMaxMedia> handoff{};  // per medium, seconds over raw KV bytes
   };
 
+  [[nodiscard]] Status fill_route_settings(const RoutePolicy& policy, RouteState& state) const;
   void evaluate(const RouteState& route, const TransferShape& shape, Decision& out) const noexcept;
   void refresh_hot(AgentId agent) noexcept;
   [[nodiscard]] static std::size_t regime_of(std::uint64_t tokens) noexcept;

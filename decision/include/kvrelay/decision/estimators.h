@@ -18,6 +18,8 @@ class WindowedRate {
 
   void observe(double amount, double seconds) noexcept;
   [[nodiscard]] double per_second() const noexcept;
+  // What per_second() answers before any sample; the samples are kept.
+  void set_prior(double prior_per_s) noexcept { prior_ = prior_per_s; }
   [[nodiscard]] std::size_t samples() const noexcept { return count_; }
 
  private:
@@ -93,6 +95,10 @@ class PrefillFit {
   [[nodiscard]] const PrefillCoefficients& coefficients() const noexcept { return current_; }
   [[nodiscard]] bool fitted() const noexcept { return count_ >= min_samples_; }
   [[nodiscard]] std::size_t samples() const noexcept { return count_; }
+  // A new prior (a calibrated cost model): answered as is until min_samples, then the pull of
+  // the refit. The observations are kept.
+  void set_prior(PrefillCoefficients prior) noexcept;
+  [[nodiscard]] const PrefillCoefficients& prior() const noexcept { return prior_; }
 
  private:
   struct Sample {
