@@ -125,7 +125,7 @@ TEST_CASE("hysteresis set by a reload holds a kept route's previous choice", "[d
   CHECK(held.reason == DecisionReason::kHysteresisHeld);
 }
 
-TEST_CASE("agents, routes, peers and plugin media make the topology; settings and forced media do not",
+TEST_CASE("agents, routes, peers and plugin media make the topology, settings and forced media do not",
           "[decision][reload]") {
   const json document = base_document();
   const std::string base = engine_topology(parsed(document));

@@ -85,7 +85,7 @@ TEST_CASE("a plugin medium in allowed_media builds an engine, and the engine cho
   CHECK(refresh.argmin == xor_medium);
 }
 
-TEST_CASE("a plugin medium whose codec is not loaded is listed and never chosen; the rest still works",
+TEST_CASE("a plugin medium whose codec is not loaded is listed and never chosen, the rest still works",
           "[decision][media]") {
   auto built = engine_from_policy(plugin_policy(), LinkPriors{});
   REQUIRE(built);

@@ -228,7 +228,7 @@ TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, ret
   }
 }
 
-TEST_CASE("peer chunk with a flipped bit is detected and never committed; a clean retry lands", "[peer][hostile]") {
+TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clean retry lands", "[peer][hostile]") {
   PeerDaemon daemon;
   const auto bytes = peer_pattern(2 * kChunkBytes, 77);
   peer::Begin begin;

@@ -19,7 +19,7 @@ std::vector<std::byte> payload_of(const std::vector<std::byte>& frame) {
 
 }  // namespace
 
-TEST_CASE("fetch requests round-trip; truncated or lying ones are refused", "[proxy][peer][unit]") {
+TEST_CASE("fetch requests round-trip, truncated or lying ones are refused", "[proxy][peer][unit]") {
   const FetchRequest request{42, 7, "int4+zstd", {9, 8, 7}};
   const auto payload = payload_of(encode_fetch(request));
   const auto decoded = decode_fetch(payload);
@@ -117,7 +117,7 @@ TEST_CASE("a field that runs past the end fails every field after it (found by f
   CHECK(decode_push_encoded(push.bytes()).error().code == ErrorCode::kProtocol);
 }
 
-TEST_CASE("a transfer that fits one chunk goes as two page-aligned halves; others keep the chunk size",
+TEST_CASE("a transfer that fits one chunk goes as two page-aligned halves, others keep the chunk size",
           "[proxy][peer][unit]") {
   constexpr std::uint32_t kChunk = 1U << 20;
   CHECK(transfer_chunk_bytes(kChunk, 1U << 20) == 512U << 10);

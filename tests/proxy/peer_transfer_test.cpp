@@ -135,7 +135,7 @@ TEST_CASE("peer transfers without staging arrive byte for byte in the arena", "[
   CHECK(daemon.peer_stats().committed_transfers == 4);
 }
 
-TEST_CASE("peer KV transfers keep their layout; same-host peers may use shared memory", "[peer]") {
+TEST_CASE("peer KV transfers keep their layout, same-host peers may use shared memory", "[peer]") {
   PeerDaemon daemon;
   const KvLayout layout{3, 2, 16, DType::kBFloat16, 50};
   const auto bytes = peer_pattern(layout.total_bytes().value(), 5);

@@ -121,7 +121,7 @@ TEST_CASE("each policy field a reload changes is named live or restart-required 
   }
 }
 
-TEST_CASE("a restart-only field keeps its running value in the served snapshot; a live one takes effect",
+TEST_CASE("a restart-only field keeps its running value in the served snapshot, a live one takes effect",
           "[proxy][reload]") {
   Reloader reloader(base_policy());
   json next = base_policy();

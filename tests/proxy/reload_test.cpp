@@ -20,26 +20,26 @@ namespace {
 
 constexpr int kAnswerTokens = 16;
 
-// ADMIN-PORT: POST /admin/reload with `policy` written first; the reply body.
+// POST /admin/reload with `policy` written first; the reply body.
 json reload_reply(Sidecar& sidecar, const json& policy) {
   sidecar.write_policy(policy);
-  const auto reply = http_request(sidecar.http_port(), "POST", "/admin/reload");
+  const auto reply = http_request(sidecar.admin_port(), "POST", "/admin/reload");
   INFO(reply.body);
   REQUIRE(reply.status == 200);
   return json::parse(reply.body);
 }
 
-// ADMIN-PORT: GET an admin path, parsed.
+// GET an admin path, parsed.
 json admin_get(const Sidecar& sidecar, const std::string& path) {
-  const auto reply = http_request(sidecar.http_port(), "GET", path);
+  const auto reply = http_request(sidecar.admin_port(), "GET", path);
   INFO(reply.error << reply.body);
   REQUIRE(reply.status == 200);
   return json::parse(reply.body);
 }
 
-// ADMIN-PORT: PUT /admin/routes/<route> with `changes`.
+// PUT /admin/routes/<route> with `changes`.
 void change_route(const Sidecar& sidecar, const std::string& route, const json& changes) {
-  const auto reply = http_request(sidecar.http_port(), "PUT", "/admin/routes/" + route, changes.dump());
+  const auto reply = http_request(sidecar.admin_port(), "PUT", "/admin/routes/" + route, changes.dump());
   INFO(reply.body);
   REQUIRE(reply.status == 200);
 }
@@ -98,7 +98,7 @@ const json kRoutes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"
 }  // namespace
 
 TEST_CASE(
-    "a cost_model reload changes the engine's prices live and keeps what it learned; a topology change "
+    "a cost_model reload changes the engine's prices live and keeps what it learned, a topology change "
     "rebuilds it and says so",
     "[proxy][reload][e2e][process]") {
   const auto model = stories_model_path();
@@ -184,7 +184,7 @@ TEST_CASE("a reload names the fields that need a restart, and they keep their ru
   CHECK(again["live"].empty());
 }
 
-TEST_CASE("live route changes survive a reload of an unchanged route; the reply names those the file replaced",
+TEST_CASE("live route changes survive a reload of an unchanged route, the reply names those the file replaced",
           "[proxy][reload][process]") {
   Sidecar node("node-1");
   const json agents = json::array(
@@ -216,8 +216,7 @@ TEST_CASE("live route changes survive a reload of an unchanged route; the reply 
   node.process().send_signal(SIGHUP);
   const bool reloaded = wait_until(
       [&] {
-        const auto listing = http_request(node.http_port(), "GET", "/admin/routes");  // ADMIN-PORT
-        return listing.status == 200 && listing.body.find("\"quality_floor\":0.5") != std::string::npos;
+        const auto listing = http_request(node.admin_port(), "GET", "/admin/routes");        return listing.status == 200 && listing.body.find("\"quality_floor\":0.5") != std::string::npos;
       },
       std::chrono::seconds(10));
   INFO(node.process().stderr_text());
