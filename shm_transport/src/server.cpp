@@ -389,6 +389,15 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
     reply = encode_error(id, resolved.error());
     return;
   }
+  if (connection.client_version < kFidelityDataPlaneVersion && !resolved.value().meta.fidelity.is_exact()) {
+    // It would republish what it computed over this KV as exact.
+    reply = encode_error(id, Error{ErrorCode::kNotFound,
+                                   fmt::format("lossy KV ({}) is served to data-plane version {} clients only; this "
+                                               "one speaks {}",
+                                               resolved.value().meta.fidelity.lossy_codec, kFidelityDataPlaneVersion,
+                                               connection.client_version)});
+    return;
+  }
   ByteWriter out;
   auto type = entry_reply(connection, resolved.value().entry, true, out, reply_fds, reply_owned_fd);
   if (!type) {
@@ -642,6 +651,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     case MessageType::kResolve: {
       auto request = decode_resolve(frame.payload);
       if (!request) return refuse(request.error().code, request.error().message);
+      request.value().client_version = connection.client_version;
       if (hooks_ && resolve_pool_) return dispatch_resolve(connection, id, std::move(request).value());
       auto resolved = hooks_ ? hooks_->resolve(request.value()) : resolve_from_store(*store_, request.value());
       return resolve_reply(connection, id, std::move(resolved), reply, reply_fds, reply_owned_fd);

@@ -16,6 +16,7 @@
 
 #include "kv_path_fixture.h"
 #include "kvrelay/core/block_hash.h"
+#include "kvrelay/core/model_fingerprint.h"
 #include "kvrelay/shm_transport/client.h"
 #include "support/skip.h"
 
@@ -281,4 +282,53 @@ TEST_CASE("lossless_lookups_never_serve_lossy_kv", "[proxy][kv_path][fidelity][e
   CHECK(lossy_imports >= 3);
   CHECK(checked_lookups >= 8);
   CHECK(checked_blocks >= 40);
+}
+
+TEST_CASE("a worker client older than data-plane version 4 is never served lossy KV", "[proxy][kv_path][fidelity][process]") {
+  // One sidecar, two agents on it (no workers needed: the test's clients are the workers).
+  Sidecar sidecar("n0");
+  const json agents = json::array({agent_json("writer", "", 1, stories_model_json()),
+                                   agent_json("reader", "", 1, stories_model_json())});
+  const json routes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}});
+  sidecar.start(sidecar_policy(sidecar, agents, routes));
+  const kvrelay::ModelFingerprint model{"llama", 5, 4, 8, kvrelay::DType::kFloat32, "stories260K"};
+  std::vector<kvrelay::TokenId> tokens(40);
+  for (std::size_t index = 0; index < tokens.size(); ++index)
+    tokens[index] = static_cast<kvrelay::TokenId>(3 + index);
+  const auto hashes = kvrelay::hash_blocks(model.id(), tokens, kBlockTokens);  // 2 full blocks
+  const auto layout = model.layout(32);
+  std::vector<float> kv(layout.total_bytes().value() / sizeof(float), 0.25F);
+  auto writer = kvrelay::shm::ShmClient::connect(sidecar.socket_path());
+  REQUIRE(writer.has_value());
+  REQUIRE(writer.value()
+              .publish_with_context({model.id(), hashes.back()}, layout, std::as_bytes(std::span(kv)),
+                                    json{{"agent", "writer"}}.dump())
+              .has_value());
+
+  kvrelay::shm::ResolveRequest request;
+  request.model_id = model.id();
+  request.block_tokens = kBlockTokens;
+  request.prompt_tokens = tokens.size();
+  request.block_hashes.assign(hashes.begin(), hashes.end());
+  request.params_json = json{{"agent", "reader"}, {"route", "writer-to-reader"}}.dump();
+  sidecar.force_medium("writer-to-reader", "kv_int8");
+  auto old_reader = kvrelay::shm::ShmClient::connect(sidecar.socket_path(), 3);
+  REQUIRE(old_reader.has_value());
+  const auto refused = old_reader.value().resolve(request);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == kvrelay::ErrorCode::kNotFound);
+  CHECK_THAT(refused.error().message, Catch::Contains("data-plane version 3"));
+  CHECK(last_lookup(sidecar)["outcome"] == "tokens");
+  // A current client gets the int8 copy, and is told so.
+  auto reader = kvrelay::shm::ShmClient::connect(sidecar.socket_path());
+  REQUIRE(reader.has_value());
+  const auto lossy = reader.value().resolve(request);
+  REQUIRE(lossy.has_value());
+  CHECK(lossy.value().meta.medium == "kv_int8");
+  CHECK(lossy.value().meta.fidelity == kvrelay::Fidelity::lossy("int8"));
+  // Exact KV still reaches the old client.
+  sidecar.force_medium("writer-to-reader", "kv_raw");
+  const auto exact = old_reader.value().resolve(request);
+  REQUIRE(exact.has_value());
+  CHECK(exact.value().meta.blocks == 2);
 }

@@ -20,7 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kAnswerTokens = 8;
+constexpr int kDeadlineAnswerTokens = 8;
 // The lookup's deadline, and the relay's step: each piece of a held-back frame comes well
 // within a read's own timeout, even one as short as the deadline; all three come well past it.
 constexpr int kLookupDeadlineMs = 400;
@@ -93,13 +93,13 @@ struct StalledPair {
     const auto a = node_a.complete("writer", greedy(a_prompt, 20, true));
     REQUIRE(a["kvrelay"]["published_tokens"].get<int>() >= 200);
     const auto b_prompt = handoff_prompt(a_prompt, a);
-    auto b = node_b.complete("reader", greedy(b_prompt, kAnswerTokens));
+    auto b = node_b.complete("reader", greedy(b_prompt, kDeadlineAnswerTokens));
     if (expect_miss) {
       // A miss: B's worker prefilled every token and answered as a tokens-only worker does.
       CHECK(b["kvrelay"]["cached_tokens"] == 0);
       CHECK(b["kvrelay"]["prefill_tokens"] == b_prompt.size());
       const auto reference_reply =
-          http_request(reference.port(), "POST", "/v1/completions", greedy(b_prompt, kAnswerTokens).dump());
+          http_request(reference.port(), "POST", "/v1/completions", greedy(b_prompt, kDeadlineAnswerTokens).dump());
       REQUIRE(reference_reply.status == 200);
       CHECK(b["choices"][0]["token_ids"] == json::parse(reference_reply.body)["choices"][0]["token_ids"]);
     }

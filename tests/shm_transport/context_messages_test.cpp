@@ -34,14 +34,14 @@ TEST_CASE("resolve requests round-trip and reject malformed payloads", "[shm][pr
   REQUIRE_FALSE(too_many);
   CHECK(too_many.error().message.find("exceed the prompt") != std::string::npos);
   // A hash count far beyond the payload.
-  auto lying = encode_resolve(ResolveRequest{1, 16, 1000, {}, ""});
+  auto lying = encode_resolve(ResolveRequest{1, 16, 1000, {}, "", kDataPlaneVersion});
   const std::uint32_t huge = 1U << 30;
   std::memcpy(lying.data() + 20, &huge, sizeof(huge));
   const auto refused = decode_resolve(lying);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == ErrorCode::kTruncated);
   // block_tokens 0 would divide by zero downstream.
-  CHECK_FALSE(decode_resolve(encode_resolve(ResolveRequest{1, 0, 10, {}, ""})));
+  CHECK_FALSE(decode_resolve(encode_resolve(ResolveRequest{1, 0, 10, {}, "", kDataPlaneVersion})));
 }
 
 TEST_CASE("prefill reports round-trip and reject impossible figures", "[shm][protocol]") {

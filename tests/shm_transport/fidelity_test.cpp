@@ -164,7 +164,7 @@ TEST_CASE("fidelity: a resolve without a KV path serves exact KV only, and says 
   auto client = server.connect();
   const KvLayout layout{1, 1, 4, DType::kFloat32, 16};  // one 16-token block: 512 bytes
   const auto bytes = pattern_bytes(512, 9);
-  shm::ResolveRequest request{42, 16, 20, {1001}, ""};
+  shm::ResolveRequest request{42, 16, 20, {1001}, "", shm::kDataPlaneVersion};
   REQUIRE(client.publish_with_context({42, 1001}, layout, bytes, "", Fidelity::lossy("int8")).has_value());
   const auto missed = client.resolve(request);
   REQUIRE_FALSE(missed.has_value());

@@ -59,7 +59,7 @@ struct GateOpener {
 };
 
 shm::ResolveRequest request_with(std::string params) {
-  return shm::ResolveRequest{1, 16, 40, {11, 12}, std::move(params)};
+  return shm::ResolveRequest{1, 16, 40, {11, 12}, std::move(params), shm::kDataPlaneVersion};
 }
 
 }  // namespace

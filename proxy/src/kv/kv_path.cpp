@@ -379,13 +379,19 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
            {"result", decoded ? std::string("entry does not cover its blocks") : decoded.error().to_string()}});
       continue;
     }
+    const Fidelity fetched_fidelity = codec::fidelity_of(frame_codec(*codecs_, decoded.value().header));
+    if (!fetched_fidelity.is_exact() && codec::fidelity_of(*codecs_, codec).is_exact()) {
+      attempts.push_back({{"peer", peer_id},
+                          {"result", fmt::format("wrong codec: asked for {}, got a {} frame", codec,
+                                                 fetched_fidelity.lossy_codec)}});
+      continue;
+    }
     const auto kv = std::as_bytes(decoded.value().kv);
     const std::uint64_t fetched_raw_bytes = kv.size();
     const auto decoded_at = Clock::now();
     // The link's share: request to checked KV, without the local cost of filing it.
     const double seconds = std::chrono::duration<double>(decoded_at - started).count();
     const auto file_entry = [&]() -> Result<std::shared_ptr<const shm::StoredEntry>> {
-      const Fidelity fetched_fidelity = codec::fidelity_of(frame_codec(*codecs_, decoded.value().header));
       if (held) {
         return join_entry(*held, decoded.value().header.layout, kv, fetched_fidelity, peers_->buffers(),
                           arena_.get());
@@ -513,6 +519,15 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   // The held prefix under a tokens choice is served as stored: exact, no codec.
   const std::string codec = choice.serve_held_prefix ? std::string("raw") : *codec_for_medium(choice.medium);
   const bool lossless = codec::fidelity_of(*codecs_, codec).is_exact();
+  if (!lossless && request.client_version < shm::kFidelityDataPlaneVersion) {
+    // The worker could not say that what it computes over lossy KV is lossy: it prefills.
+    record["reason"] = fmt::format("{}; but the worker's data plane (version {}) cannot carry lossy KV's fidelity",
+                                   choice.reason, request.client_version);
+    finish("tokens", 0);
+    return fail(ErrorCode::kNotFound,
+                fmt::format("medium {} is lossy and this client speaks data-plane version {} (lossy KV needs {})",
+                            choice.medium, request.client_version, shm::kFidelityDataPlaneVersion));
+  }
 
   bool already_encoded = false;
   if (!lossless && held.lossy_blocks > entry_blocks && held.lossy->fidelity.lossy_codec == codec) {

@@ -128,7 +128,7 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
     tune_socket(connection.socket);
     Hello mine;
     mine.node_id = state->options.node_id;
-    mine.capabilities |= kCapCumulativeAcks;
+    mine.capabilities |= kCapCumulativeAcks | kCapFidelity;
     const auto hello = encode_hello(PeerMessage::kHello, mine);
     if (auto sent =
             co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout);

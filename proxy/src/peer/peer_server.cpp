@@ -379,8 +379,10 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
 }
 
 // Receives an encoded entry pushed ahead by a peer, decodes it to raw KV and files it.
+// `sender_records_fidelity`: the sender announced kCapFidelity; without it even a lossless
+// frame may carry KV computed over a lossy import, so it is filed as unverified (never exact).
 asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& connection,
-                                       const EncodedEntryHeader& header) {
+                                       const EncodedEntryHeader& header, bool sender_records_fidelity) {
   const auto& options = shared->options;
   if (!options.codecs) co_return fail(ErrorCode::kUnsupported, "this sidecar has no codecs for pushed KV");
   if (header.frame_bytes > options.max_entry_bytes) {
@@ -402,7 +404,8 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   const codec::CodecSpec pushed_codec{options.codecs->find(frame_header.codec_id),
                                       (frame_header.flags & codec::kFrameFlagZstdStage) != 0};
   // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
-  entry.value()->fidelity = codec::fidelity_of(pushed_codec);
+  entry.value()->fidelity =
+      sender_records_fidelity ? codec::fidelity_of(pushed_codec) : Fidelity::lossy(std::string(kUnverifiedFidelity));
   if (auto put = shared->store->put(header.key, std::move(entry).value());
       !put && put.error().code != ErrorCode::kAlreadyExists) {
     co_return put;
@@ -430,7 +433,7 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
   if (!remote) co_return outcome::failure(remote.error());
   Hello mine;
   mine.node_id = options.node_id;
-  mine.capabilities |= kCapRunningChecksums;
+  mine.capabilities |= kCapRunningChecksums | kCapFidelity;
   if (!options.shm_socket.empty()) {
     mine.capabilities |= kCapSharedMemory;
     mine.shm_socket = options.shm_socket;
@@ -470,7 +473,8 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
       case PeerMessage::kPushEncoded: {
         auto header = decode_push_encoded(payload);
         if (!header) co_return outcome::failure(header.error());
-        auto received = co_await receive_pushed(shared, connection, header.value());
+        const bool sender_records_fidelity = (remote.value().capabilities & kCapFidelity) != 0;
+        auto received = co_await receive_pushed(shared, connection, header.value(), sender_records_fidelity);
         if (!received) co_return received;
         continue;
       }

@@ -112,6 +112,9 @@ struct ResolveRequest {
   std::uint64_t prompt_tokens = 0;
   std::vector<std::uint64_t> block_hashes;  // the prompt's chained block hashes, first block first
   std::string params_json;                  // kv_transfer_params.kvrelay, "" when absent
+  // Not on the wire: the data-plane version of the asking connection, set by the sidecar (a
+  // client older than version 4 cannot carry lossy KV's fidelity, so it is served exact KV only).
+  std::uint32_t client_version = kDataPlaneVersion;
 };
 [[nodiscard]] std::vector<std::byte> encode_resolve(const ResolveRequest& request);
 [[nodiscard]] Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvrelay/core/result.h"
@@ -31,6 +32,12 @@ inline constexpr std::uint64_t kCapRunningChecksums = 1U << 2;
 // Announced by a sender: it takes a ChunkAck as acknowledging every chunk up to its index, so a
 // receiver may acknowledge every few chunks instead of each one (each ack wakes the sender).
 inline constexpr std::uint64_t kCapCumulativeAcks = 1U << 3;
+// This sidecar records fidelity: it serves a lossless Fetch exact KV only, and its pushes say by
+// their codec what they are. KV from a peer without it cannot be trusted as exact (an older
+// sidecar files KV its workers computed over lossy imports as exact).
+inline constexpr std::uint64_t kCapFidelity = 1U << 4;
+// The fidelity "codec" of KV from a peer without kCapFidelity: lossy, matching no real codec.
+inline constexpr std::string_view kUnverifiedFidelity = "unverified-peer";
 
 enum class PeerMessage : std::uint16_t {
   kHello = 1,
