@@ -210,6 +210,8 @@ KvPath::KvPath(std::shared_ptr<RuntimePolicy> policy, std::shared_ptr<shm::Entry
   // A reload updates the engine at once, so its reply can say what the engine did.
   policy_->set_engine_observer([this](const Policy& reloaded) {
     std::lock_guard lock(engine_mutex_);
+    // A lookup may have reached the new snapshot first: report what it did to the engine.
+    if (engine_policy_.get() == &reloaded) return last_engine_update_;
     return refresh_engine_locked(reloaded);
   });
   pusher_ = std::thread([this] { run_pusher(); });
@@ -234,6 +236,11 @@ EngineUpdate KvPath::refresh_engine_locked(const Policy& policy) {
   // Held only when it is the serving snapshot: then its address cannot be reused by another.
   auto current = policy_->current();
   engine_policy_ = current.get() == &policy ? std::move(current) : nullptr;
+  last_engine_update_ = update_engine_locked(policy);
+  return last_engine_update_;
+}
+
+EngineUpdate KvPath::update_engine_locked(const Policy& policy) {
   const Policy view = decision::engine_view(policy);
   auto signature = engine_signature(view);
   if (engine_ && signature == engine_signature_) {

@@ -139,6 +139,7 @@ class KvPath final : public shm::DataPlaneHooks {
   // Brings the engine up to `policy`: its live settings applied, or a new engine when the
   // topology changed or the settings did not apply (learned estimates reset).
   [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
+  [[nodiscard]] EngineUpdate update_engine_locked(const Policy& policy);  // refresh's work, unrecorded
   struct Fetched {
     std::shared_ptr<const shm::StoredEntry> entry;
     std::size_t blocks = 0;
@@ -169,6 +170,7 @@ class KvPath final : public shm::DataPlaneHooks {
   std::string engine_signature_;
   // The snapshot the engine's settings were last applied from (held, so its address stays its own).
   std::shared_ptr<const Policy> engine_policy_;
+  EngineUpdate last_engine_update_;  // what the refresh for engine_policy_ did
   const std::vector<decision::PluginCodec> loaded_codecs_;  // what "codec:<name>" media can use
 
   std::mutex push_mutex_;
