@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "kv_path_fixture.h"
-#include "refworker/skip.h"
+#include "support/skip.h"
 #include "stalling_relay.h"
 
 using namespace kvrelay::test;
@@ -172,4 +172,24 @@ TEST_CASE("a lookup's deadline ends a same-host fetch whose peer data plane neve
   CHECK(result.find("timeout") == 0);
   CHECK(result.find("shm connect") != std::string::npos);
   CHECK(result.find("deadline exceeded") != std::string::npos);
+}
+
+// Not a deadline, but the same relay: a peer that does not announce that it records fidelity
+// (an older sidecar, which files KV computed over lossy imports as exact) is asked for no exact KV.
+TEST_CASE("a peer without the fidelity capability serves no lossless lookup, lossy ones still fetch",
+          "[proxy][kv_path][e2e][process][fidelity]") {
+  const auto model = stories_model_path();
+  if (!model) KVRELAY_SKIP("stories260K.bin not found");
+  StalledPair pair(*model);
+  pair.start_a();
+  StallingRelay relay(pair.node_a.peer_port(), kStallStep);
+  relay.strip_capabilities(kvrelay::proxy::peer::kCapFidelity);
+  pair.start_b(relay, false);
+
+  pair.handoff(401, true);  // kv_raw: a miss, B prefills and answers as the tokens run does
+  CHECK(pair.missed_fetch_result() == "holds none");
+  pair.node_b.force_medium("writer-to-reader", "kv_int8");
+  CHECK(pair.handoff(402, false)["kvrelay"]["cached_tokens"] == 208);
+  CHECK(pair.node_b.decisions(1).at(0).value("kv_from", "") == "peer:node-a");
+  CHECK(relay.connections() >= 1);
 }

@@ -73,6 +73,9 @@ class StallingRelay {
     std::lock_guard lock(mutex_);
     offered_socket_ = std::move(socket_path);
   }
+  // The sidecar's hello answer reaches clients without these capability bits (an older
+  // sidecar, as far as they can tell).
+  void strip_capabilities(std::uint64_t bits) { stripped_capabilities_ = bits; }
   // TCP connections accepted so far.
   [[nodiscard]] int connections() const { return connections_; }
 
@@ -155,12 +158,16 @@ class StallingRelay {
       if (!header) break;
       frame.resize(proxy::peer::kPeerHeaderBytes + header.value().length);
       if (!read_exact(from, std::span(frame).subspan(proxy::peer::kPeerHeaderBytes))) break;
-      if (offered_socket && header.value().type == proxy::peer::PeerMessage::kHelloOk) {
+      const std::uint64_t stripped = stripped_capabilities_;
+      if ((offered_socket || stripped != 0) && header.value().type == proxy::peer::PeerMessage::kHelloOk) {
         auto hello = proxy::peer::decode_hello(std::span(frame).subspan(proxy::peer::kPeerHeaderBytes));
         if (!hello) break;
-        hello.value().capabilities &= ~proxy::peer::kCapSharedMemory;
-        if (!offered_socket->empty()) hello.value().capabilities |= proxy::peer::kCapSharedMemory;
-        hello.value().shm_socket = *offered_socket;
+        if (offered_socket) {
+          hello.value().capabilities &= ~proxy::peer::kCapSharedMemory;
+          if (!offered_socket->empty()) hello.value().capabilities |= proxy::peer::kCapSharedMemory;
+          hello.value().shm_socket = *offered_socket;
+        }
+        hello.value().capabilities &= ~stripped;
         frame = proxy::peer::encode_hello(proxy::peer::PeerMessage::kHelloOk, hello.value());
       }
       bool sent = true;
@@ -189,6 +196,7 @@ class StallingRelay {
   Stall stall_ = Stall::kNothing;
   std::optional<std::string> offered_socket_;  // guarded by mutex_; nullopt: the sidecar's own offer
   std::atomic<int> connections_{0};
+  std::atomic<std::uint64_t> stripped_capabilities_{0};
   std::mutex mutex_;
   std::vector<int> sockets_;
   std::vector<std::thread> pumps_;
