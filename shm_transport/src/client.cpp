@@ -74,11 +74,18 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32
   ShmClient client;
   client.socket_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!client.socket_) return fail(ErrorCode::kIo, fmt::format("socket: {}", std::strerror(errno)));
-  if (::connect(client.socket_.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
-    return fail(ErrorCode::kIo, fmt::format("connect {}: {}", socket_path, std::strerror(errno)));
-  }
   const auto wait_us = std::max<std::int64_t>(1, std::chrono::microseconds(reply_timeout).count());
   timeval timeout{static_cast<time_t>(wait_us / 1'000'000), static_cast<suseconds_t>(wait_us % 1'000'000)};
+  // A Unix connect waits on the send timeout while the sidecar's accept backlog is full: bound it
+  // too, then let sends block as before.
+  ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  if (::connect(client.socket_.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    const int error = errno;
+    return fail(error == EAGAIN ? ErrorCode::kTimeout : ErrorCode::kIo,
+                fmt::format("connect {}: {}", socket_path, std::strerror(error)));
+  }
+  const timeval no_timeout{0, 0};
+  ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_SNDTIMEO, &no_timeout, sizeof(no_timeout));
   ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   if (protocol_version == 0 || protocol_version > kClientProtocolVersion) {
     return fail(ErrorCode::kInvalidArgument, fmt::format("data-plane version {} (this client speaks 1..{})",

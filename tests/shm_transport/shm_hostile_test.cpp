@@ -7,6 +7,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
+
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 
@@ -239,6 +241,29 @@ TEST_CASE("shm socket is mode 0600 and refuses a foreign uid unless the policy a
     CHECK(try_as_nobody(options.socket_path) == 0);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("shm connect to a sidecar whose accept backlog is full gives up after its reply timeout", "[shm][hostile]") {
+  // A listener that never accepts: once its backlog is full, a further connect would wait.
+  TempDir dir;
+  const std::string path = (dir / "full.sock").string();
+  shm::UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  REQUIRE(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(::listen(listener.get(), 0) == 0);
+  std::vector<shm::UniqueFd> queued;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    shm::UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) break;
+    queued.push_back(std::move(fd));
+  }
+  REQUIRE_FALSE(queued.empty());
+  const auto refused = shm::ShmClient::connect(path, shm::kDataPlaneVersion, std::chrono::milliseconds(200));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == ErrorCode::kTimeout);
+  CHECK_THAT(refused.error().message, Catch::Contains("full.sock"));
 }
 
 }  // namespace kvrelay::test
