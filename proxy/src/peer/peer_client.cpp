@@ -113,8 +113,23 @@ asio::awaitable<Result<PeerFrame>> expect(PeerConnection& connection, PeerMessag
 
 asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address, Deadline deadline) {
   auto executor = co_await asio::this_coro::executor;
-  tcp::resolver resolver(executor);
-  auto [resolve_ec, endpoints] = co_await resolver.async_resolve(address.host, std::to_string(address.port), kNoThrow);
+  // A host name's resolution is bounded like the connect (by the deadline and connect_timeout):
+  // a slow DNS server must not hold a lookup past its deadline.
+  auto resolver = std::make_shared<tcp::resolver>(executor);
+  const auto resolve_by =
+      std::min(deadline, std::chrono::steady_clock::now() + state->options.connect_timeout);
+  asio::steady_timer resolve_guard(executor, resolve_by);
+  resolve_guard.async_wait([weak = std::weak_ptr<tcp::resolver>(resolver)](boost::system::error_code ec) {
+    if (auto alive = weak.lock(); alive && !ec) alive->cancel();
+  });
+  auto [resolve_ec, endpoints] =
+      co_await resolver->async_resolve(address.host, std::to_string(address.port), kNoThrow);
+  resolve_guard.cancel();
+  if (resolve_ec == asio::error::operation_aborted) {
+    co_return fail(ErrorCode::kTimeout,
+                   fmt::format("peer connect: resolve {}: {}", address.to_string(),
+                               resolve_by == deadline ? "deadline exceeded" : "timed out"));
+  }
   if (resolve_ec)
     co_return fail(ErrorCode::kIo, fmt::format("resolve {}: {}", address.to_string(), resolve_ec.message()));
   state->connection = std::make_shared<PeerConnection>(tcp::socket(executor));
