@@ -158,9 +158,8 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   auto kv = session.export_kv(session.position());
   if (!kv) {
     spdlog::warn("kv export failed: {}", kv.error().to_string());
-  } else if (auto published =
-                 connector_.publish(context, session.layout(context.size()), kv.value(), request.kvrelay_params,
-                                    session_fidelity);
+  } else if (auto published = connector_.publish(context, session.layout(context.size()), kv.value(),
+                                                 request.kvrelay_params, session_fidelity);
              !published) {
     spdlog::warn("kv publish failed: {}", published.error().to_string());
   } else {

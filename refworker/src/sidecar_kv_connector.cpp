@@ -127,8 +127,7 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup_by_keys(shm::ShmClien
 }
 
 Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
-                                   std::span<const float> kv, const nlohmann::json& params,
-                                   const Fidelity& fidelity) {
+                                   std::span<const float> kv, const nlohmann::json& params, const Fidelity& fidelity) {
   const std::lock_guard lock(mutex_);
   const auto hashes = block_hashes(tokens);
   if (hashes.empty()) return ok();  // shorter than one block: nothing shareable

@@ -56,8 +56,7 @@ kvrelay::Result<kvrelay::Fidelity> to_fidelity(const kvrelay_fidelity* fidelity)
   }
   if (fidelity->lossy == 0) return kvrelay::Fidelity::exact();
   if (fidelity->lossy != 1) return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_fidelity.lossy is not 0 or 1");
-  const std::string_view codec(fidelity->lossy_codec,
-                               ::strnlen(fidelity->lossy_codec, sizeof(fidelity->lossy_codec)));
+  const std::string_view codec(fidelity->lossy_codec, ::strnlen(fidelity->lossy_codec, sizeof(fidelity->lossy_codec)));
   if (codec.size() == sizeof(fidelity->lossy_codec)) {
     return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_fidelity.lossy_codec is not NUL-terminated");
   }

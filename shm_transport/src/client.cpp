@@ -288,8 +288,8 @@ Status ShmClient::commit_as(MessageType type, WritableRegion region, const Entry
   }
   const std::uint64_t size = region.size;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
-  const auto request = encode_commit({region.id, key, layout, size, checksum, std::string(params_json), fidelity},
-                                     with_context);
+  const auto request =
+      encode_commit({region.id, key, layout, size, checksum, std::string(params_json), fidelity}, with_context);
   KVRELAY_TRY(call(type, request, with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0));
   return ok();
 }

@@ -118,8 +118,8 @@ Result<Fidelity> decode_fidelity(ByteReader& reader) {
   auto codec = reader.get_string();
   if (!exact_tokens || !codec) return fail(ErrorCode::kTruncated, "fidelity truncated");
   if (codec->size() > kMaxFidelityCodecBytes) {
-    return fail(ErrorCode::kProtocol, fmt::format("fidelity codec spec of {} bytes (at most {})", codec->size(),
-                                                  kMaxFidelityCodecBytes));
+    return fail(ErrorCode::kProtocol,
+                fmt::format("fidelity codec spec of {} bytes (at most {})", codec->size(), kMaxFidelityCodecBytes));
   }
   if (codec->empty()) {
     if (*exact_tokens != 0) return fail(ErrorCode::kProtocol, "exact fidelity with exact_tokens set");

@@ -14,10 +14,11 @@
 #include <map>
 #include <random>
 
-#include "kv_path_fixture.h"
 #include "kvrelay/core/block_hash.h"
 #include "kvrelay/core/model_fingerprint.h"
 #include "kvrelay/shm_transport/client.h"
+
+#include "kv_path_fixture.h"
 #include "support/skip.h"
 
 using namespace kvrelay::test;
@@ -62,7 +63,8 @@ class ExactPublishes {
     for (std::size_t block = 0; block < blocks; ++block) {
       const std::size_t end = (block + 1) * kBlockTokens;
       for (const auto& publish : publishes_) {
-        if (publish.tokens.size() < end || !std::equal(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(end), publish.tokens.begin()))
+        if (publish.tokens.size() < end ||
+            !std::equal(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(end), publish.tokens.begin()))
           continue;
         if (same_block(kv, kv_tokens, publish.kv, publish.tokens.size(), block)) {
           ++matched;
@@ -128,8 +130,8 @@ struct Ring {
       agents.push_back(agent_json(agent(other), here ? "" : sidecars[other]->node_id(),
                                   here ? workers[other]->port() : 1, stories_model_json()));
       if (!here) {
-        peers.push_back({{"id", sidecars[other]->node_id()},
-                         {"address", "127.0.0.1:" + std::to_string(peer_ports[other])}});
+        peers.push_back(
+            {{"id", sidecars[other]->node_id()}, {"address", "127.0.0.1:" + std::to_string(peer_ports[other])}});
       }
       routes.push_back({{"id", route_into(other)},
                         {"from", agent((other + kNodes - 1) % kNodes)},
@@ -236,14 +238,15 @@ TEST_CASE("lossless_lookups_never_serve_lossy_kv", "[proxy][kv_path][fidelity][e
     const std::string route = route_into(to);
     const std::string push_medium = kMedia[rng() % 4];
     const std::string lookup_medium = kMedia[rng() % 4];
-    const std::string label = "step " + std::to_string(step) + " (" + route + ", push " + push_medium + ", lookup " +
-                              lookup_medium + ")";
+    const std::string label =
+        "step " + std::to_string(step) + " (" + route + ", push " + push_medium + ", lookup " + lookup_medium + ")";
     INFO(label);
     ring.sidecars[from]->force_medium(route, push_medium);
     ring.sidecars[to]->force_medium(route, lookup_medium);
 
     // A answers; its publish is pushed to B with push_medium (waited for, so B's lookup sees it).
-    const double pushes_before = ring.sidecars[from]->metric_sum("kvrelay_kv_pushes_total", {"route=\"" + route + "\""});
+    const double pushes_before =
+        ring.sidecars[from]->metric_sum("kvrelay_kv_pushes_total", {"route=\"" + route + "\""});
     auto context = answer(from, follow_up(conversations[conversation]), label);
     wait_until(
         [&] {
@@ -284,11 +287,12 @@ TEST_CASE("lossless_lookups_never_serve_lossy_kv", "[proxy][kv_path][fidelity][e
   CHECK(checked_blocks >= 40);
 }
 
-TEST_CASE("a worker client older than data-plane version 4 is never served lossy KV", "[proxy][kv_path][fidelity][process]") {
+TEST_CASE("a worker client older than data-plane version 4 is never served lossy KV",
+          "[proxy][kv_path][fidelity][process]") {
   // One sidecar, two agents on it (no workers needed: the test's clients are the workers).
   Sidecar sidecar("n0");
-  const json agents = json::array({agent_json("writer", "", 1, stories_model_json()),
-                                   agent_json("reader", "", 1, stories_model_json())});
+  const json agents = json::array(
+      {agent_json("writer", "", 1, stories_model_json()), agent_json("reader", "", 1, stories_model_json())});
   const json routes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}});
   sidecar.start(sidecar_policy(sidecar, agents, routes));
   const kvrelay::ModelFingerprint model{"llama", 5, 4, 8, kvrelay::DType::kFloat32, "stories260K"};

@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "kv_path_fixture.h"
-#include "support/skip.h"
 #include "stalling_relay.h"
+#include "support/skip.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;

@@ -216,7 +216,8 @@ TEST_CASE("live route changes survive a reload of an unchanged route, the reply 
   node.process().send_signal(SIGHUP);
   const bool reloaded = wait_until(
       [&] {
-        const auto listing = http_request(node.admin_port(), "GET", "/admin/routes");        return listing.status == 200 && listing.body.find("\"quality_floor\":0.5") != std::string::npos;
+        const auto listing = http_request(node.admin_port(), "GET", "/admin/routes");
+        return listing.status == 200 && listing.body.find("\"quality_floor\":0.5") != std::string::npos;
       },
       std::chrono::seconds(10));
   INFO(node.process().stderr_text());

@@ -77,8 +77,8 @@ TEST_CASE("commits round-trip with and without fidelity and reject malformed pay
       CHECK(decoded.value().params_json == (with_context ? commit.params_json : std::string()));
       for (std::size_t length = 0; length < bytes.size(); ++length) {
         // A CommitContext cut exactly before its optional fidelity is a valid exact commit.
-        if (with_context && !fidelity.is_exact() && length == encode_commit(commit, false).size() + 4 +
-                                                                     commit.params_json.size()) {
+        if (with_context && !fidelity.is_exact() &&
+            length == encode_commit(commit, false).size() + 4 + commit.params_json.size()) {
           continue;
         }
         CHECK_FALSE(decode_commit(std::span(bytes.data(), length), with_context).has_value());

@@ -13,6 +13,7 @@
 #include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/shm_transport/entry_store.h"
 #include "kvrelay/shm_transport/kvrelay_client.h"
+
 #include "shm_fixture.h"
 
 namespace kvrelay::test {

@@ -41,12 +41,9 @@ namespace kvrelay::proxy::kv {
 // sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
 // read through the kernel and joined in buffers from `buffers`, never in fresh memory. Its
 // fidelity is exact up to the first lossy token of either part.
-[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entry(const shm::StoredEntry& head,
-                                                                         const KvLayout& tail_layout,
-                                                                         std::span<const std::byte> tail,
-                                                                         const Fidelity& tail_fidelity,
-                                                                         WarmBufferPool& buffers,
-                                                                         shm::ShmArena* arena = nullptr);
+[[nodiscard]] Result<std::shared_ptr<const shm::StoredEntry>> join_entry(
+    const shm::StoredEntry& head, const KvLayout& tail_layout, std::span<const std::byte> tail,
+    const Fidelity& tail_fidelity, WarmBufferPool& buffers, shm::ShmArena* arena = nullptr);
 
 // Encodes an entry's KV with `codec_spec` into a KV frame.
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,

@@ -388,9 +388,9 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     }
     const Fidelity fetched_fidelity = codec::fidelity_of(frame_codec(*codecs_, decoded.value().header));
     if (!fetched_fidelity.is_exact() && codec::fidelity_of(*codecs_, codec).is_exact()) {
-      attempts.push_back({{"peer", peer_id},
-                          {"result", fmt::format("wrong codec: asked for {}, got a {} frame", codec,
-                                                 fetched_fidelity.lossy_codec)}});
+      attempts.push_back(
+          {{"peer", peer_id},
+           {"result", fmt::format("wrong codec: asked for {}, got a {} frame", codec, fetched_fidelity.lossy_codec)}});
       continue;
     }
     const auto kv = std::as_bytes(decoded.value().kv);
@@ -400,8 +400,7 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
     const double seconds = std::chrono::duration<double>(decoded_at - started).count();
     const auto file_entry = [&]() -> Result<std::shared_ptr<const shm::StoredEntry>> {
       if (held) {
-        return join_entry(*held, decoded.value().header.layout, kv, fetched_fidelity, peers_->buffers(),
-                          arena_.get());
+        return join_entry(*held, decoded.value().header.layout, kv, fetched_fidelity, peers_->buffers(), arena_.get());
       }
       KVRELAY_TRY(auto made, shm::make_stored_entry(decoded.value().header.layout, kv, arena_.get()));
       made->fidelity = fetched_fidelity;
@@ -618,9 +617,9 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   Fidelity fidelity = entry->fidelity;
   return shm::ResolvedEntry{
-      std::move(entry), shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks),
-                                          choice.serve_held_prefix ? std::string("kv_raw") : choice.medium,
-                                          std::move(fidelity)}};
+      std::move(entry),
+      shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks),
+                        choice.serve_held_prefix ? std::string("kv_raw") : choice.medium, std::move(fidelity)}};
 }
 
 void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm::StoredEntry>& entry,
@@ -655,8 +654,8 @@ void KvPath::published(const shm::EntryKey& key, const std::shared_ptr<const shm
         push_codec && !entry->fidelity.is_exact() && codec::fidelity_of(*codecs_, *push_codec).is_exact();
     if (lossy_as_exact) {
       record["outcome"] = "not_pushed";
-      record["reason"] = fmt::format("the KV is lossy ({}) and the medium {} is lossless",
-                                     entry->fidelity.lossy_codec, choice.medium);
+      record["reason"] =
+          fmt::format("the KV is lossy ({}) and the medium {} is lossless", entry->fidelity.lossy_codec, choice.medium);
       log_.record(std::move(record));
       metrics_.pushes.with({route.id, "lossy_kv"}).inc();
       continue;

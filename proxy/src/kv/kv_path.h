@@ -170,7 +170,7 @@ class KvPath final : public shm::DataPlaneHooks {
   std::string engine_signature_;
   // The snapshot the engine's settings were last applied from (held, so its address stays its own).
   std::shared_ptr<const Policy> engine_policy_;
-  EngineUpdate last_engine_update_;  // what the refresh for engine_policy_ did
+  EngineUpdate last_engine_update_;                         // what the refresh for engine_policy_ did
   const std::vector<decision::PluginCodec> loaded_codecs_;  // what "codec:<name>" media can use
 
   std::mutex push_mutex_;

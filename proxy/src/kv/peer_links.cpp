@@ -133,19 +133,19 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std
   const bool same_host = peer_policy != nullptr && peer_policy->same_host;
   const auto timeout = policy->limits.read_timeout;
   PeerState& state = state_of(peer_id);
-  auto fetched = with_client(
-      peer_id, kFetch, timeout, deadline,
-      [&](peer::PeerClient& client) -> Result<std::optional<peer::PeerClient::FetchedFrame>> {
-        // An older peer may hold KV computed over a lossy import filed as exact: it answers no
-        // lossless fetch (a miss here, not a failure of the link).
-        if ((client.remote().capabilities & peer::kCapFidelity) == 0 &&
-            codec::fidelity_of(codecs, request.codec).is_exact()) {
-          spdlog::debug("peer {} does not record fidelity: not asked for exact KV", peer_id);
-          return std::optional<peer::PeerClient::FetchedFrame>{};
-        }
-        return same_host ? fetch_same_host(state, client, request, deadline, max_frame_bytes, codecs, timeout)
-                         : client.fetch(request, max_frame_bytes, deadline);
-      });
+  auto fetched = with_client(peer_id, kFetch, timeout, deadline,
+                             [&](peer::PeerClient& client) -> Result<std::optional<peer::PeerClient::FetchedFrame>> {
+                               // An older peer may hold KV computed over a lossy import filed as exact: it answers no
+                               // lossless fetch (a miss here, not a failure of the link).
+                               if ((client.remote().capabilities & peer::kCapFidelity) == 0 &&
+                                   codec::fidelity_of(codecs, request.codec).is_exact()) {
+                                 spdlog::debug("peer {} does not record fidelity: not asked for exact KV", peer_id);
+                                 return std::optional<peer::PeerClient::FetchedFrame>{};
+                               }
+                               return same_host ? fetch_same_host(state, client, request, deadline, max_frame_bytes,
+                                                                  codecs, timeout)
+                                                : client.fetch(request, max_frame_bytes, deadline);
+                             });
   if (fetched) {
     std::lock_guard lock(mutex_);
     ++peers_[peer_id]->fetches;

@@ -11,8 +11,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <system_error>
+#include <thread>
 
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/shm_transport/byte_io.h"
@@ -111,34 +115,66 @@ asio::awaitable<Result<PeerFrame>> expect(PeerConnection& connection, PeerMessag
   co_return frame;
 }
 
+// A peer address resolved within `by`. A numeric address needs no lookup. A host name is looked
+// up on a thread of its own: getaddrinfo cannot be interrupted, and an io_context's resolver
+// would make the client's teardown wait for it, so past `by` the caller stops waiting and the
+// thread finishes alone.
+Result<tcp::resolver::results_type> resolve_within(const HostPort& address, std::chrono::steady_clock::time_point by) {
+  const std::string port = std::to_string(address.port);
+  boost::system::error_code ec;
+  {
+    asio::io_context local;
+    tcp::resolver numeric(local);
+    auto endpoints =
+        numeric.resolve(address.host, port, tcp::resolver::numeric_host | tcp::resolver::numeric_service, ec);
+    if (!ec) return endpoints;
+  }
+  struct Pending {
+    std::mutex mutex;
+    std::condition_variable done;
+    bool finished = false;
+    boost::system::error_code ec;
+    tcp::resolver::results_type endpoints;
+  };
+  auto pending = std::make_shared<Pending>();
+  try {
+    std::thread([pending, host = address.host, port] {
+      asio::io_context local;
+      tcp::resolver resolver(local);
+      boost::system::error_code error;
+      auto endpoints = resolver.resolve(host, port, error);
+      const std::lock_guard lock(pending->mutex);
+      pending->ec = error;
+      pending->endpoints = std::move(endpoints);
+      pending->finished = true;
+      pending->done.notify_all();
+    }).detach();
+  } catch (const std::system_error& error) {
+    return fail(ErrorCode::kResourceExhausted,
+                fmt::format("resolve {}: no thread: {}", address.to_string(), error.what()));
+  }
+  std::unique_lock lock(pending->mutex);
+  if (!pending->done.wait_until(lock, by, [&] { return pending->finished; })) {
+    return fail(ErrorCode::kTimeout, fmt::format("peer connect: resolve {}: no answer in time", address.to_string()));
+  }
+  if (pending->ec)
+    return fail(ErrorCode::kIo, fmt::format("resolve {}: {}", address.to_string(), pending->ec.message()));
+  return pending->endpoints;
+}
+
 asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address, Deadline deadline) {
   auto executor = co_await asio::this_coro::executor;
-  // A host name's resolution is bounded like the connect (by the deadline and connect_timeout):
-  // a slow DNS server must not hold a lookup past its deadline.
-  auto resolver = std::make_shared<tcp::resolver>(executor);
-  const auto resolve_by =
-      std::min(deadline, std::chrono::steady_clock::now() + state->options.connect_timeout);
-  asio::steady_timer resolve_guard(executor, resolve_by);
-  resolve_guard.async_wait([weak = std::weak_ptr<tcp::resolver>(resolver)](boost::system::error_code ec) {
-    if (auto alive = weak.lock(); alive && !ec) alive->cancel();
-  });
-  auto [resolve_ec, endpoints] =
-      co_await resolver->async_resolve(address.host, std::to_string(address.port), kNoThrow);
-  resolve_guard.cancel();
-  if (resolve_ec == asio::error::operation_aborted) {
-    co_return fail(ErrorCode::kTimeout,
-                   fmt::format("peer connect: resolve {}: {}", address.to_string(),
-                               resolve_by == deadline ? "deadline exceeded" : "timed out"));
-  }
-  if (resolve_ec)
-    co_return fail(ErrorCode::kIo, fmt::format("resolve {}: {}", address.to_string(), resolve_ec.message()));
+  // Bounded like the connect, so a slow DNS server cannot hold a lookup past its deadline.
+  auto endpoints =
+      resolve_within(address, std::min(deadline, std::chrono::steady_clock::now() + state->options.connect_timeout));
+  if (!endpoints) co_return endpoints.error();
   state->connection = std::make_shared<PeerConnection>(tcp::socket(executor));
   auto& connection = *state->connection;
   asio::co_spawn(executor, watchdog(state->connection), asio::detached);
   {
     const ExchangeDeadline bounded(connection, deadline);
     connection.arm(state->options.connect_timeout);
-    auto [connect_ec, endpoint] = co_await asio::async_connect(connection.socket, endpoints, kNoThrow);
+    auto [connect_ec, endpoint] = co_await asio::async_connect(connection.socket, endpoints.value(), kNoThrow);
     if (connect_ec) co_return outcome::failure(at_stage("peer connect", io_error(connection, connect_ec, "connect")));
     tune_socket(connection.socket);
     Hello mine;

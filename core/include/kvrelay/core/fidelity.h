@@ -26,9 +26,7 @@ struct Fidelity {
   // Whether the first `tokens` tokens are all exact.
   [[nodiscard]] bool exact_through(std::uint64_t tokens) const { return is_exact() || tokens <= exact_tokens; }
   // The fidelity of the first `tokens` tokens alone.
-  [[nodiscard]] Fidelity prefix(std::uint64_t tokens) const {
-    return exact_through(tokens) ? exact() : *this;
-  }
+  [[nodiscard]] Fidelity prefix(std::uint64_t tokens) const { return exact_through(tokens) ? exact() : *this; }
   // This run followed by one of `tail` fidelity starting at token `offset`: exactness ends at the
   // first lossy token of either.
   [[nodiscard]] Fidelity then(const Fidelity& tail, std::uint64_t offset) const {

@@ -92,8 +92,7 @@ typedef struct kvrelay_fidelity {
  * sidecar can push the KV ahead on its route) and the KV's fidelity (NULL: exact).
  * KVRELAY_E_UNSUPPORTED: lossy KV and a sidecar too old to record it; nothing is published. */
 int kvrelay_publish_context(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
-                            const void* data, uint64_t size, const char* params_json,
-                            const kvrelay_fidelity* fidelity);
+                            const void* data, uint64_t size, const char* params_json, const kvrelay_fidelity* fidelity);
 /* KVRELAY_E_NOT_FOUND on a miss. The entry stays valid, and its bytes unchanged, until released:
    a memfd sealed against writes mapped read-only, or a block of the sidecar's arena held under a
    lease (never write through kvrelay_entry_data). */
