@@ -195,6 +195,10 @@ Result<std::vector<std::uint8_t>> encode_frame(const Codec& codec, const KvLayou
   return frame;
 }
 
+CodecSpec frame_codec(const CodecRegistry& registry, const FrameHeader& header) {
+  return {registry.find(header.codec_id), (header.flags & kFrameFlagZstdStage) != 0};
+}
+
 Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame) {
   if (frame.size() < kFrameHeaderSize + kFrameTrailerSize) {
     return fail(ErrorCode::kTruncated, fmt::format("frame of {} bytes is shorter than the {}-byte minimum",

@@ -259,18 +259,6 @@ Status ShmClient::commit(WritableRegion region, const EntryKey& key, const KvLay
   return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {}, Fidelity::exact());
 }
 
-Status ShmClient::commit_with_context(WritableRegion region, const EntryKey& key, const KvLayout& layout,
-                                      std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity) {
-  if (server_version_ < 2) {
-    if (!fidelity.is_exact()) {
-      [[maybe_unused]] const auto aborted = abort(std::move(region));
-      return lossy_unsupported();
-    }
-    return commit(std::move(region), key, layout, checksum);
-  }
-  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json, fidelity);
-}
-
 Status ShmClient::lossy_unsupported() const {
   return fail(ErrorCode::kUnsupported,
               fmt::format("the sidecar speaks data-plane version {}, which cannot record lossy KV (version {} "
@@ -281,11 +269,6 @@ Status ShmClient::lossy_unsupported() const {
 Status ShmClient::commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
                             std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity) {
   const bool with_context = type == MessageType::kCommitContext;
-  // An older sidecar would file lossy KV as exact: refuse rather than poison its store.
-  if (!fidelity.is_exact() && (!with_context || server_version_ < kFidelityDataPlaneVersion)) {
-    [[maybe_unused]] const auto aborted = abort(std::move(region));
-    return lossy_unsupported();
-  }
   const std::uint64_t size = region.size;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
   const auto request =

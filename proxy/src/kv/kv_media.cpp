@@ -25,10 +25,6 @@ std::string medium_for_codec(std::string_view codec) {
   return decision::medium_for_codec_spec(codec);
 }
 
-codec::CodecSpec frame_codec(const codec::CodecRegistry& codecs, const codec::FrameHeader& header) {
-  return {codecs.find(header.codec_id), (header.flags & codec::kFrameFlagZstdStage) != 0};
-}
-
 Result<std::shared_ptr<const shm::StoredEntry>> slice_entry(const shm::StoredEntry& entry, std::uint64_t tokens,
                                                             shm::ShmArena* arena) {
   const KvLayout& layout = entry.info.layout;
@@ -80,7 +76,7 @@ Result<std::shared_ptr<const shm::StoredEntry>> decode_entry(const codec::CodecR
   KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
   KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
   KVRELAY_TRY(auto stored, shm::make_stored_entry(header.layout, std::as_bytes(std::span(raw)), arena));
-  stored->fidelity = codec::fidelity_of(frame_codec(codecs, header));
+  stored->fidelity = codec::fidelity_of(codec::frame_codec(codecs, header));
   return std::shared_ptr<const shm::StoredEntry>(std::move(stored));
 }
 

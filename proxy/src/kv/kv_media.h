@@ -11,7 +11,6 @@
 #include <string_view>
 #include <vector>
 
-#include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/core/warm_buffers.h"
@@ -26,8 +25,6 @@ namespace kvrelay::proxy::kv {
 [[nodiscard]] std::optional<std::string> codec_for_medium(std::string_view medium);
 // The medium a codec spec carries (the inverse, for byte counters of the peer server).
 [[nodiscard]] std::string medium_for_codec(std::string_view codec);
-// The codec (and zstd stage) a frame header names; a null codec when this sidecar lacks it.
-[[nodiscard]] codec::CodecSpec frame_codec(const codec::CodecRegistry& codecs, const codec::FrameHeader& header);
 
 // New entries below go into `arena` when one is given and has room, else into sealed memfds.
 

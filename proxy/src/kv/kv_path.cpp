@@ -77,14 +77,6 @@ bool same_fingerprint(const Policy& policy, const RoutePolicy& route) {
   return from != nullptr && to != nullptr && from->model.id() == to->model.id();
 }
 
-// What the engine is built from (decision::engine_topology). A route's forced medium and enabled
-// flag are left out of the engine on purpose: choose() applies them itself. Everything else the
-// policy sets reaches a kept engine through decision::apply_policy_settings, so a reload or a live
-// route change keeps what the engine has learned: link throughput, prefill fit, codec ratios, load.
-std::string engine_signature(const Policy& policy) {
-  return decision::engine_topology(policy);
-}
-
 std::vector<decision::PluginCodec> loaded_codecs(const codec::CodecRegistry& codecs) {
   std::vector<decision::PluginCodec> loaded;
   for (const auto& codec : codecs.codecs())
@@ -242,7 +234,10 @@ EngineUpdate KvPath::refresh_engine_locked(const Policy& policy) {
 
 EngineUpdate KvPath::update_engine_locked(const Policy& policy) {
   const Policy view = decision::engine_view(policy);
-  auto signature = engine_signature(view);
+  // Forced media and disabled routes are left out of the view (choose() applies them), and the
+  // rest of the settings reach a kept engine through apply_policy_settings: a reload or a live
+  // route change keeps what it learned (link throughput, prefill fit, codec ratios, load).
+  auto signature = decision::engine_topology(view);
   if (engine_ && signature == engine_signature_) {
     auto applied = decision::apply_policy_settings(*engine_, view);
     if (applied) return {};
@@ -344,6 +339,7 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
   fetch.request_id = std::random_device{}();
   fetch.model_id = request.model_id;
   fetch.codec = codec;
+  const bool lossless_requested = codec::fidelity_of(*codecs_, codec).is_exact();
   // Only the blocks this sidecar lacks cross the link; the held prefix is joined back below.
   const std::uint64_t held_tokens = held ? held->info.layout.tokens : 0;
   fetch.skip_tokens = held_tokens;
@@ -386,8 +382,8 @@ std::optional<KvPath::Fetched> KvPath::fetch_from_peers(const Policy& policy, co
            {"result", decoded ? std::string("entry does not cover its blocks") : decoded.error().to_string()}});
       continue;
     }
-    const Fidelity fetched_fidelity = codec::fidelity_of(frame_codec(*codecs_, decoded.value().header));
-    if (!fetched_fidelity.is_exact() && codec::fidelity_of(*codecs_, codec).is_exact()) {
+    const Fidelity fetched_fidelity = codec::fidelity_of(codec::frame_codec(*codecs_, decoded.value().header));
+    if (!fetched_fidelity.is_exact() && lossless_requested) {
       attempts.push_back(
           {{"peer", peer_id},
            {"result", fmt::format("wrong codec: asked for {}, got a {} frame", codec, fetched_fidelity.lossy_codec)}});

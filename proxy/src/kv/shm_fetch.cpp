@@ -7,8 +7,7 @@
 
 #include <algorithm>
 
-#include "kvrelay/codec_plugins/frame.h"
-#include "kvrelay/core/kv_tokens.h"
+#include "../peer/fetch_encoding.h"
 
 namespace kvrelay::proxy::kv {
 
@@ -93,28 +92,14 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> fetch_over_shm(const ShmFe
   const auto looked_up = Clock::now();
   auto stored = context.buffers.take(static_cast<std::size_t>(entry.info.bytes));
   if (auto read = entry.read(0, stored.bytes()); !read) return call_error("shm read", read.error(), deadline);
-  // Only the tokens after the asker's prefix, as a TCP fetch would send them.
-  KvLayout layout = entry.info.layout;
-  std::span<const std::byte> source = stored.bytes();
-  WarmBufferPool::Lease tail;
-  if (request.skip_tokens != 0) {
-    layout = layout.with_tokens(layout.tokens - request.skip_tokens);
-    KVRELAY_TRY(const auto tail_bytes, layout.total_bytes());
-    tail = context.buffers.take(static_cast<std::size_t>(tail_bytes));
-    KVRELAY_TRY(copy_token_range(entry.info.layout, stored.bytes(), request.skip_tokens, entry.info.layout.tokens,
-                                 tail.bytes()));
-    source = tail.bytes();
-  }
-  if (Clock::now() >= deadline) return deadline_error("shm read");
-  codec::EncodeOptions options;
-  options.zstd_stage = spec.zstd_stage;
-  KVRELAY_TRY(const auto capacity, codec::max_frame_size(*spec.codec, layout, options));
+  // Only the tokens after the asker's prefix, encoded as a TCP fetch would send them.
+  KVRELAY_TRY(auto encoded,
+              peer::encode_for_fetch(entry.info.layout, stored.bytes(), request.skip_tokens, spec, context.buffers));
+  if (Clock::now() >= deadline) return deadline_error("shm encode");
   peer::PeerClient::FetchedFrame fetched;
   fetched.key = key;
-  fetched.buffer = context.buffers.take(static_cast<std::size_t>(capacity));
-  const auto raw = std::span(reinterpret_cast<const std::uint8_t*>(source.data()), source.size());
-  KVRELAY_TRY(fetched.frame_bytes, codec::encode_frame_into(*spec.codec, layout, raw, options, fetched.buffer.u8()));
-  if (Clock::now() >= deadline) return deadline_error("shm encode");
+  fetched.buffer = std::move(encoded.buffer);
+  fetched.frame_bytes = encoded.frame_bytes;
   fetched.transport = "shm";
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(looked_up - requested_at);
   fetched.transfer = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - looked_up);

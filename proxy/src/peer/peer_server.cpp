@@ -25,6 +25,7 @@
 #include "kvrelay/shm_transport/byte_io.h"
 #include "kvrelay/shm_transport/memfd.h"
 
+#include "fetch_encoding.h"
 #include "peer_io.h"
 
 namespace kvrelay::proxy::peer {
@@ -326,37 +327,11 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   // times the cost of the copies on hosts with lazily built page tables.
   auto stored = shared->buffers.take(static_cast<std::size_t>(entry->info.bytes));
   if (auto read = shm::read_entry(*entry, 0, stored.bytes()); !read) co_return read;
-  codec::EncodeOptions encode_options;
-  encode_options.zstd_stage = spec.value().zstd_stage;
-  KvLayout layout = entry->info.layout;
-  std::span<const std::byte> source = stored.bytes();
-  WarmBufferPool::Lease tail;
-  if (request.skip_tokens != 0) {
-    // Delta: only the tokens after the asker's prefix, every layer's K and V.
-    layout = layout.with_tokens(layout.tokens - request.skip_tokens);
-    auto tail_bytes = layout.total_bytes();
-    if (!tail_bytes) co_return outcome::failure(tail_bytes.error());
-    tail = shared->buffers.take(static_cast<std::size_t>(tail_bytes.value()));
-    if (auto copied = copy_token_range(entry->info.layout, stored.bytes(), request.skip_tokens,
-                                       entry->info.layout.tokens, tail.bytes());
-        !copied) {
-      co_return copied;
-    }
-    source = tail.bytes();
-  }
-  const auto raw = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(source.data()), source.size());
-  auto capacity = codec::max_frame_size(*spec.value().codec, layout, encode_options);
-  if (!capacity) co_return outcome::failure(capacity.error());
-  auto encoded = shared->buffers.take(static_cast<std::size_t>(capacity.value()));
-  const auto encode_started = std::chrono::steady_clock::now();
-  auto frame_size = codec::encode_frame_into(*spec.value().codec, layout, raw, encode_options, encoded.u8());
-  if (!frame_size) co_return outcome::failure(frame_size.error());
-  const double encode_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_started).count();
-  const std::uint64_t raw_bytes = raw.size();
-  stored = {};  // back to the pool before the send: a concurrent fetch may use them meanwhile
-  tail = {};
-  const auto frame = std::span<const std::uint8_t>(encoded.u8().first(frame_size.value()));
+  auto encoded =
+      encode_for_fetch(entry->info.layout, stored.bytes(), request.skip_tokens, spec.value(), shared->buffers);
+  if (!encoded) co_return outcome::failure(encoded.error());
+  stored = {};  // back to the pool before the send: a concurrent fetch may use it meanwhile
+  const auto frame = encoded.value().frame();
   EncodedEntryHeader header;
   header.id = request.request_id;
   header.key = key;
@@ -373,7 +348,8 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
     co_return sent;
   }
   if (options.on_kv_bytes) {
-    options.on_kv_bytes({"served", request.codec, header.frame_bytes, raw_bytes, layout.dtype, encode_seconds});
+    options.on_kv_bytes({"served", request.codec, header.frame_bytes, encoded.value().raw_bytes,
+                         encoded.value().layout.dtype, encoded.value().encode_seconds});
   }
   co_return ok();
 }
@@ -401,8 +377,7 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
       shm::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv), options.arena.get());
   if (!entry) co_return outcome::failure(entry.error());
   const auto& frame_header = decoded.value().header;
-  const codec::CodecSpec pushed_codec{options.codecs->find(frame_header.codec_id),
-                                      (frame_header.flags & codec::kFrameFlagZstdStage) != 0};
+  const codec::CodecSpec pushed_codec = codec::frame_codec(*options.codecs, frame_header);
   // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
   entry.value()->fidelity =
       sender_records_fidelity ? codec::fidelity_of(pushed_codec) : Fidelity::lossy(std::string(kUnverifiedFidelity));

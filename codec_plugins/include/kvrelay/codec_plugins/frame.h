@@ -58,6 +58,8 @@ struct EncodeOptions {
 
 // Parses and checks the header, the lengths and the checksum (not the codec payload).
 [[nodiscard]] Result<FrameHeader> inspect_frame(std::span<const std::uint8_t> frame);
+// The codec spec a header names ("int4+zstd"); a null codec when `registry` lacks its id.
+[[nodiscard]] CodecSpec frame_codec(const CodecRegistry& registry, const FrameHeader& header);
 
 // Decodes into `output`, whose size must be the frame layout's total size. On failure the
 // output's contents are unspecified but no byte outside it is touched.

@@ -133,12 +133,6 @@ class ShmClient {
   // consumed either way.
   [[nodiscard]] Status commit(WritableRegion region, const EntryKey& key, const KvLayout& layout,
                               std::uint64_t checksum);
-  // commit() with the request's params (version 2) and how faithful the KV is (version 4): a
-  // worker that imported a lossy prefix says so, and the sidecar never files that KV as exact.
-  // Lossy KV is refused (kUnsupported, the region aborted) by a sidecar older than version 4.
-  [[nodiscard]] Status commit_with_context(WritableRegion region, const EntryKey& key, const KvLayout& layout,
-                                           std::uint64_t checksum, std::string_view params_json,
-                                           const Fidelity& fidelity);
   // commit() for a region the caller has finished writing, with the checksum computed here. In
   // the arena the hash tells the sidecar every few MiB how far it got, as publish's copy does,
   // so the sidecar's check runs alongside on its own thread (reading what this pass just
@@ -159,7 +153,9 @@ class ShmClient {
   // (pread on entry.fd) skips the mapping's page faults, ~1 ms per MiB on a VM.
   [[nodiscard]] Result<ResolvedPrefix> resolve_unmapped(const ResolveRequest& request);
   // Version 2: publish with the request's params, so the sidecar can push the KV ahead; with
-  // `fidelity` (version 4) as for commit_with_context.
+  // how faithful the KV is (version 4): a worker that imported a lossy prefix says so, and the
+  // sidecar never files that KV as exact. Lossy KV is refused (kUnsupported, nothing sent) by a
+  // sidecar older than version 4.
   [[nodiscard]] Status publish_with_context(const EntryKey& key, const KvLayout& layout,
                                             std::span<const std::byte> bytes, std::string_view params_json,
                                             const Fidelity& fidelity = Fidelity::exact());
