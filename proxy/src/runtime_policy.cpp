@@ -139,11 +139,13 @@ Result<ReloadReport> RuntimePolicy::reload() {
       it = route_overrides_.erase(it);
     }
   }
-  const bool topology_changed = engine_rebuilt_by(*current_.load(), *next);
+  const auto previous = current_.load();
   file_policy_ = std::make_shared<const Policy>(std::move(file));
   const std::shared_ptr<const Policy> serving = std::move(next);
   current_.store(serving);
-  report.engine = engine_observer_ ? engine_observer_(*serving) : EngineUpdate{topology_changed, {}};
+  // Without an engine to ask (no KV path), what the topology says is what one would do.
+  report.engine =
+      engine_observer_ ? engine_observer_(*serving) : EngineUpdate{engine_rebuilt_by(*previous, *serving), {}};
   reloads_.with({"ok"}).inc();
   last_reload_success_.set(1);
   spdlog::info("policy reloaded from {}: {}", path_, report.summary());
