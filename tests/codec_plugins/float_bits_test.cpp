@@ -1,3 +1,5 @@
+#include "kvrelay/codec_plugins/float_bits.h"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -5,7 +7,6 @@
 #include <cstring>
 #include <random>
 
-#include "kvrelay/codec_plugins/float_bits.h"
 #include "support/skip.h"
 
 using namespace kvrelay::codec;

@@ -14,16 +14,17 @@ using nlohmann::json;
 namespace {
 
 json model_fingerprint() {
-  return {{"architecture", "llama"}, {"layers", 5}, {"kv_heads", 4}, {"head_dim", 8}, {"dtype", "fp32"},
-          {"weights", "stories260K"}};
+  return {{"architecture", "llama"}, {"layers", 5},     {"kv_heads", 4},
+          {"head_dim", 8},           {"dtype", "fp32"}, {"weights", "stories260K"}};
 }
 
 json proxy_policy(std::uint16_t upstream_port) {
   auto policy = basic_daemon_policy();
   policy["limits"]["read_timeout_ms"] = 10000;
   const auto upstream = "http://127.0.0.1:" + std::to_string(upstream_port);
-  policy["agents"] = {{{"id", "plain"}, {"upstream", upstream}, {"model", model_fingerprint()}},
-                      {{"id", "connected"}, {"upstream", upstream}, {"model", model_fingerprint()}, {"kv_connector", true}}};
+  policy["agents"] = {
+      {{"id", "plain"}, {"upstream", upstream}, {"model", model_fingerprint()}},
+      {{"id", "connected"}, {"upstream", upstream}, {"model", model_fingerprint()}, {"kv_connector", true}}};
   return policy;
 }
 
@@ -77,8 +78,9 @@ TEST_CASE("non-streamed completions, models and kv_transfer_params reach the ups
   DaemonUnderTest daemon(proxy_policy(worker.port()));
   // The connected agent's body gains kv_transfer_params; the worker must still answer normally
   // and greedily reproduce the trained model's reference continuation.
-  const auto reply = http_request(daemon.http_port(), "POST", "/agents/connected/v1/completions",
-                                  R"({"prompt": [1], "max_tokens": 8, "temperature": 0})", {{"X-Request-Id", "req-42"}});
+  const auto reply =
+      http_request(daemon.http_port(), "POST", "/agents/connected/v1/completions",
+                   R"({"prompt": [1], "max_tokens": 8, "temperature": 0})", {{"X-Request-Id", "req-42"}});
   REQUIRE(reply.status == 200);
   const auto body = json::parse(reply.body);
   CHECK(body["choices"][0]["token_ids"] == json::array({461, 461, 401, 401, 401, 461, 378, 455}));
