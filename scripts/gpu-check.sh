@@ -7,7 +7,7 @@
 #   - codec_cuda_parity: every kernel's bytes against the CPU codecs;
 #   - codec_tests [device] and the `kvrelay codec --device cuda` test: the executor hook,
 #     place_codecs and the CLI's GPU frames;
-#   - proxy_kv_path_tests [cuda]: two sidecars with codecs.device "auto" hand KV over on the GPU;
+#   - broker_kv_path_tests [cuda]: two sidecars with codecs.device "auto" hand KV over on the GPU;
 #   - cuda_codec_bench: throughput next to a device-to-device copy (JSON to $OUT or gpu-out/);
 #   - then, since that machine has 16 cores to itself, the CPU goals of the codec and transport
 #     issues away from the 2-vCPU development VM: codec_bench and transport_bench (JSON beside
@@ -21,7 +21,7 @@ bundle=gpu-bundle
 pack() {
   local build=${1:-build/default}
   local binaries=(proxy/kvrelay refworker/kvrelay-refworker tests/codec_plugins/codec_cuda_parity
-                  tests/codec_plugins/codec_tests tests/proxy/proxy_kv_path_tests
+                  tests/codec_plugins/codec_tests tests/broker/broker_kv_path_tests
                   bench/codec_bench/cuda_codec_bench bench/codec_bench/codec_bench
                   bench/transport_bench/transport_bench)
   if ! grep -q 'KVRELAY_HAVE_CUDA=1' "$build/build.ninja" 2>/dev/null; then
@@ -101,7 +101,7 @@ run() {
   step codec_device "$bin/codec_tests" --warn NoTests "[device]"
   step codec_cli_cuda "$bin/codec_tests" --warn NoTests \
     "kvrelay codec --device cuda writes the CPU's frame\\, or refuses naming why"
-  step sidecar_gpu_handoff "$bin/proxy_kv_path_tests" --warn NoTests "[cuda]" -s
+  step sidecar_gpu_handoff "$bin/broker_kv_path_tests" --warn NoTests "[cuda]" -s
   step cuda_codec_bench sh -c "'$bin/cuda_codec_bench' > '$out/cuda_codec_bench.json'"
   # The CPU benchmarks on an otherwise idle many-core machine (`timeout` exits 124 when one
   # runs out of time; its partial output is kept).

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "kvrelay/audit/statistics.h"
-#include "kvrelay/proxy/peer/peer_client.h"
-#include "kvrelay/proxy/peer/peer_server.h"
+#include "kvrelay/peer/peer_client.h"
+#include "kvrelay/peer/peer_server.h"
 #include "kvrelay/shm_transport/client.h"
-#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/shm_transport/server.h"
 
 #include "common/spread_json.h"
@@ -84,15 +84,15 @@ std::vector<std::byte> make_payload(std::size_t size) {
 double bench_memcpy_new_mapping(const std::vector<std::byte>& source, bool written_before) {
   double best = 0;
   for (int repeat = 0; repeat < kRepeats; ++repeat) {
-    auto memfd = shm::create_sealed_memfd("bench", source.size());
+    auto memfd = kv_store::create_sealed_memfd("bench", source.size());
     if (!memfd) return 0;
     if (written_before) {
-      auto first = shm::Mapping::map(memfd.value().get(), source.size(), true);
+      auto first = kv_store::Mapping::map(memfd.value().get(), source.size(), true);
       if (!first) return 0;
       std::memset(first.value().data(), 0, source.size());
     }
     const auto start = Clock::now();
-    auto mapping = shm::Mapping::map(memfd.value().get(), source.size(), true);
+    auto mapping = kv_store::Mapping::map(memfd.value().get(), source.size(), true);
     if (!mapping) return 0;
     std::memcpy(mapping.value().data(), source.data(), source.size());
     best = std::max(best, gbps(source.size(), seconds_since(start)));
@@ -123,9 +123,9 @@ double bench_memfd_write(const std::vector<std::byte>& source) {
   double best = 0;
   for (int repeat = 0; repeat < kRepeats; ++repeat) {
     const auto start = Clock::now();
-    auto memfd = shm::create_sealed_memfd_to_fill("bench", source.size());
+    auto memfd = kv_store::create_sealed_memfd_to_fill("bench", source.size());
     if (!memfd) return 0;
-    if (!shm::write_memfd(memfd.value().get(), 0, source)) return 0;
+    if (!kv_store::write_memfd(memfd.value().get(), 0, source)) return 0;
     best = std::max(best, gbps(source.size(), seconds_since(start)));
   }
   return best;
@@ -157,7 +157,7 @@ class RawTcpBaseline {
         sink_(slots_ * size, std::byte{1}) {
     // Touched from user and kernel mode, as the daemon's arena warmer does: measure the socket,
     // not page faults.
-    (void)shm::touch_pages_for_kernel_write(sink_, nullptr);
+    (void)kv_store::touch_pages_for_kernel_write(sink_, nullptr);
     listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
     address_.sin_family = AF_INET;
     address_.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -232,7 +232,7 @@ struct ShmResults {
 ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_bytes, bool small_messages) {
   ShmResults results;
   const std::string path = "/tmp/kvrelay-transport-bench-" + std::to_string(::getpid()) + ".sock";
-  auto store = std::make_shared<shm::InMemoryEntryStore>(payload.size() * 2);
+  auto store = std::make_shared<kv_store::InMemoryEntryStore>(payload.size() * 2);
   shm::ShmServerOptions options;
   options.socket_path = path;
   options.arena_bytes = arena_bytes;
@@ -282,7 +282,7 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
     std::memcpy(region.value().bytes().data(), payload.data(), payload.size());
     const double copy_gbps = memcpy_gbps_now();
     const auto start = Clock::now();
-    const shm::EntryKey key{2, static_cast<std::uint64_t>(repeat)};
+    const kv_store::EntryKey key{2, static_cast<std::uint64_t>(repeat)};
     Status committed = ok();
     if (serial_in_place_commit) {
       const auto checksum = shm::checksum_bytes(region.value().bytes());
@@ -317,7 +317,7 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
 }
 
 // One peer-plane transfer of `size` bytes over `client`'s connection; GB/s until Committed.
-double tcp_transfer_once(proxy::peer::PeerClient& client, const std::byte* source, std::size_t size,
+double tcp_transfer_once(peer::PeerClient& client, const std::byte* source, std::size_t size,
                          std::uint64_t& transfer_id) {
   const auto start = Clock::now();
   auto sent = client.send(++transfer_id, {2, transfer_id}, KvLayout{}, std::span(source, size));
@@ -415,8 +415,8 @@ int main(int argc, char** argv) {
   // As in the daemon, received entries land in an arena. The store keeps two of the largest
   // transfers, so the arena holds those two plus the one arriving.
   const std::size_t largest = *std::max_element(tcp_sizes_mib.begin(), tcp_sizes_mib.end()) * kMiB;
-  auto store = std::make_shared<shm::InMemoryEntryStore>(2 * largest);
-  proxy::peer::PeerServerOptions peer_options;
+  auto store = std::make_shared<kv_store::InMemoryEntryStore>(2 * largest);
+  peer::PeerServerOptions peer_options;
   peer_options.node_id = "bench";
   result["peer_arena"] = peer_arena;
   result["staging"] = staging;
@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
   result["rotate_source"] = rotate_source;
   peer_options.stage_arena_chunks = staging;
   if (peer_arena) {
-    auto arena = shm::ShmArena::create(3 * largest);
+    auto arena = kv_store::ShmArena::create(3 * largest);
     if (!arena) {
       std::fprintf(stderr, "peer arena: %s\n", arena.error().to_string().c_str());
       return 1;
@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
     const std::uint64_t warmed = arena.value()->warm();
     result["peer_arena_warm_gbps"] = gbps(warmed, seconds_since(warm_start));
   }
-  proxy::peer::PeerServer server(io, peer_options, store);
+  peer::PeerServer server(io, peer_options, store);
   if (auto listening = server.listen({"127.0.0.1", 0}); !listening) {
     std::fprintf(stderr, "peer listen: %s\n", listening.error().to_string().c_str());
     return 1;
@@ -452,12 +452,12 @@ int main(int argc, char** argv) {
   nlohmann::json ratio;
   nlohmann::json raw_rotating;
   nlohmann::json ratio_rotating;
-  proxy::peer::PeerClientOptions client_options;
+  peer::PeerClientOptions client_options;
   client_options.chunk_bytes = chunk_kib * 1024;
   client_options.window_chunks = std::max<std::uint32_t>(1, 8 * 1024 / chunk_kib);
   client_options.stage_chunks = staging;
   client_options.split_single_chunk = split_single_chunk;
-  auto client = proxy::peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, client_options);
+  auto client = peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, client_options);
   if (!client) {
     std::fprintf(stderr, "peer connect: %s\n", client.error().to_string().c_str());
     return 1;

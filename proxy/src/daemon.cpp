@@ -25,15 +25,15 @@
 #include "kvrelay/proxy/front_proxy.h"
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
-#include "kvrelay/proxy/peer/peer_server.h"
+#include "kvrelay/peer/peer_server.h"
 #include "kvrelay/proxy/upstream_prober.h"
 #include "kvrelay/proxy/version.h"
-#include "kvrelay/shm_transport/entry_store.h"
+#include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/shm_transport/server.h"
 
-#include "kv/kv_admin.h"
-#include "kv/kv_path.h"
-#include "kv/peer_links.h"
+#include "kv_admin.h"
+#include "kvrelay/broker/kv_path.h"
+#include "kvrelay/broker/peer_links.h"
 #include "shm_metrics.h"
 
 namespace kvrelay::proxy {
@@ -140,9 +140,9 @@ int run_daemon(const DaemonOptions& options) {
   }
   // Worker data plane (Unix socket + shared memory) and peer plane share one store: an entry
   // received from a peer is what a local worker's lookup finds.
-  auto entry_store = std::make_shared<shm::InMemoryEntryStore>(policy->limits.kv_store_bytes);
-  auto peer_links = std::make_shared<kv::PeerLinks>(runtime_policy, *registry);
-  auto kv_path = std::make_shared<kv::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
+  auto entry_store = std::make_shared<kv_store::InMemoryEntryStore>(policy->limits.kv_store_bytes);
+  auto peer_links = std::make_shared<broker::PeerLinks>(runtime_policy, *registry);
+  auto kv_path = std::make_shared<broker::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
   peer_links->set_rtt_observer(
       [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
   auto upstream_prober = std::make_shared<UpstreamProber>(
@@ -159,7 +159,7 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.codec_load_failures = std::move(codec_load_failures);
   admin_context.upstream_prober = upstream_prober;
   admin_context.audit = online_audit;
-  admin_context.extra_endpoints = kv::kv_admin_endpoints(kv_path);
+  admin_context.extra_endpoints = kv_admin_endpoints(kv_path);
   auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);
   admin_context.before_metrics = [shm_metrics] { shm_metrics->refresh(); };
   auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));

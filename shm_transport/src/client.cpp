@@ -15,7 +15,7 @@
 #include <memory>
 
 #include "kvrelay/core/bulk_hash.h"
-#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/core/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 
 namespace kvrelay::shm {
@@ -42,8 +42,8 @@ ClientArena::~ClientArena() {
 void ClientArena::start_warming() {
   if (warmer_.joinable() || mapping.size() == 0) return;
   warmer_ = std::thread([this] {
-    run_as_background_work();
-    (void)touch_pages_for_write(mapping.bytes(), &stop_warming_);
+    kv_store::run_as_background_work();
+    (void)kv_store::touch_pages_for_write(mapping.bytes(), &stop_warming_);
   });
 }
 
@@ -57,8 +57,8 @@ Status ReadOnlyEntry::read(std::uint64_t offset, std::span<std::byte> out) const
     return fail(ErrorCode::kOutOfRange,
                 fmt::format("read of {} bytes at {} from a {}-byte entry", out.size(), offset, info.bytes));
   }
-  if (arena) return read_memfd(arena->fd.get(), arena_offset + offset, out);
-  return read_memfd(fd.get(), offset, out);
+  if (arena) return kv_store::read_memfd(arena->fd.get(), arena_offset + offset, out);
+  return kv_store::read_memfd(fd.get(), offset, out);
 }
 
 ShmClient::~ShmClient() = default;
@@ -165,9 +165,9 @@ Result<std::shared_ptr<const ClientArena>> ShmClient::adopt_arena(UniqueFd fd, s
   struct stat info {};
   if (::fstat(fd.get(), &info) != 0) return fail(ErrorCode::kInvalidArgument, "cannot stat the arena fd");
   if (arena_ && arena_->device == info.st_dev && arena_->inode == info.st_ino) return arena_;
-  KVRELAY_TRY(check_sealed_memfd(fd.get(), arena_bytes));
+  KVRELAY_TRY(kv_store::check_sealed_memfd(fd.get(), arena_bytes));
   auto arena = std::make_shared<ClientArena>();
-  KVRELAY_TRY(arena->mapping, Mapping::map(fd.get(), arena_bytes, true));
+  KVRELAY_TRY(arena->mapping, kv_store::Mapping::map(fd.get(), arena_bytes, true));
   arena->fd = std::move(fd);
   arena->device = info.st_dev;
   arena->inode = info.st_ino;
@@ -214,7 +214,7 @@ Result<WritableRegion> ShmClient::allocate(std::uint64_t size) {
   KVRELAY_TRY(auto in_arena, try_arena_region(size));
   if (in_arena) return std::move(*in_arena);
   KVRELAY_TRY(auto region, allocate_unmapped(size));
-  KVRELAY_TRY(auto mapping, Mapping::map(region.fd.get(), size, true));
+  KVRELAY_TRY(auto mapping, kv_store::Mapping::map(region.fd.get(), size, true));
   region.mapping = std::move(mapping);
   return region;
 }
@@ -227,7 +227,7 @@ Result<WritableRegion> ShmClient::allocate_unmapped(std::uint64_t size) {
   const auto id = reader.get<std::uint64_t>();
   const auto granted = reader.get<std::uint64_t>();
   if (!granted || *granted != size) return fail(ErrorCode::kProtocol, "malformed region reply");
-  KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), size));
+  KVRELAY_TRY(kv_store::check_sealed_memfd(reply.fds[0].get(), size));
   WritableRegion region;
   region.id = *id;
   region.size = size;
@@ -250,12 +250,12 @@ Result<WritableRegion> ShmClient::attach(UniqueFd memfd) {
   region.id = *id;
   region.size = size;
   region.fd = std::move(memfd);
-  KVRELAY_TRY(auto mapping, Mapping::map(region.fd.get(), size, true));
+  KVRELAY_TRY(auto mapping, kv_store::Mapping::map(region.fd.get(), size, true));
   region.mapping = std::move(mapping);
   return region;
 }
 
-Status ShmClient::commit(WritableRegion region, const EntryKey& key, const KvLayout& layout, std::uint64_t checksum) {
+Status ShmClient::commit(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout, std::uint64_t checksum) {
   return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {}, Fidelity::exact());
 }
 
@@ -266,7 +266,7 @@ Status ShmClient::lossy_unsupported() const {
                           server_version_, kFidelityDataPlaneVersion));
 }
 
-Status ShmClient::commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
+Status ShmClient::commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
                             std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity) {
   const bool with_context = type == MessageType::kCommitContext;
   const std::uint64_t size = region.size;
@@ -285,13 +285,13 @@ Status ShmClient::abort(WritableRegion region) {
   return ok();
 }
 
-Status ShmClient::publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes) {
+Status ShmClient::publish(const kv_store::EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes) {
   std::uint64_t checksum = 0;
   KVRELAY_TRY(auto region, copy_into_region(bytes, checksum));
   return commit(std::move(region), key, layout, checksum);
 }
 
-Status ShmClient::publish_with_context(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes,
+Status ShmClient::publish_with_context(const kv_store::EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes,
                                        std::string_view params_json, const Fidelity& fidelity) {
   if (!fidelity.is_exact() && server_version_ < kFidelityDataPlaneVersion) return lossy_unsupported();
   if (server_version_ < 2) return publish(key, layout, bytes);
@@ -314,7 +314,7 @@ void ShmClient::report_progress(std::uint64_t region_id, std::uint64_t written) 
   (void)send_message(socket_.get(), encode_frame(MessageType::kRegionProgress, next_request_++, progress.bytes()));
 }
 
-Status ShmClient::commit_written(WritableRegion region, const EntryKey& key, const KvLayout& layout) {
+Status ShmClient::commit_written(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout) {
   const auto bytes = region.bytes();
   if (!region.in_arena() || bytes.size() < 2 * kProgressBytes) {
     const std::uint64_t checksum = checksum_bytes(bytes);
@@ -363,15 +363,15 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
   for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
     const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
     hash.update(piece.data(), piece.size());
-    KVRELAY_TRY(write_memfd(region.fd.get(), offset, piece));
+    KVRELAY_TRY(kv_store::write_memfd(region.fd.get(), offset, piece));
   }
   checksum = hash.digest();
   return region;
 }
 
-Result<ReadOnlyEntry> ShmClient::lookup(const EntryKey& key) {
+Result<ReadOnlyEntry> ShmClient::lookup(const kv_store::EntryKey& key) {
   ByteWriter request;
-  encode_key(request, key);
+  kv_store::encode_key(request, key);
   KVRELAY_TRY(auto reply,
               call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1, {}, MessageType::kArenaEntry));
   ByteReader reader(reply.frame.payload);
@@ -418,13 +418,13 @@ Status ShmClient::report_prefill(const PrefillReport& report) {
 }
 
 Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader, bool map) {
-  KVRELAY_TRY(const auto layout, decode_layout(reader));
+  KVRELAY_TRY(const auto layout, kv_store::decode_layout(reader));
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
   if (!checksum) return fail(ErrorCode::kProtocol, "malformed entry reply");
   ReadOnlyEntry entry;
-  entry.info = EntryInfo{layout, *bytes, *checksum};
-  KVRELAY_TRY(validate_entry_info(entry.info));
+  entry.info = kv_store::EntryInfo{layout, *bytes, *checksum};
+  KVRELAY_TRY(kv_store::validate_entry_info(entry.info));
   if (reply.frame.type == MessageType::kArenaEntry || reply.frame.type == MessageType::kArenaResolved) {
     const auto offset = reader.get<std::uint64_t>();
     const auto lease = reader.get<std::uint64_t>();
@@ -438,8 +438,8 @@ Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader, boo
     entry.arena_offset = *offset;
     return entry;
   }
-  KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), 0));
-  KVRELAY_TRY(const unsigned seals, get_seals(reply.fds[0].get()));
+  KVRELAY_TRY(kv_store::check_sealed_memfd(reply.fds[0].get(), 0));
+  KVRELAY_TRY(const unsigned seals, kv_store::get_seals(reply.fds[0].get()));
   if ((seals & 0x0008U) == 0) return fail(ErrorCode::kPermissionDenied, "entry memfd is not sealed against writes");
   entry.fd = std::move(reply.fds[0]);
   struct stat info {};
@@ -447,7 +447,7 @@ Result<ReadOnlyEntry> ShmClient::map_entry(Reply& reply, ByteReader& reader, boo
     return fail(ErrorCode::kCorrupt, "entry memfd size differs from its metadata");
   }
   if (!map) return entry;
-  KVRELAY_TRY(auto mapping, Mapping::map(entry.fd.get(), entry.info.bytes, false));
+  KVRELAY_TRY(auto mapping, kv_store::Mapping::map(entry.fd.get(), entry.info.bytes, false));
   entry.mapping = std::move(mapping);
   return entry;
 }
@@ -471,8 +471,8 @@ Status ShmClient::open_ring() {
   if (!slot_bytes || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed ring reply");
   const RingGeometry geometry{*slots, *slot_bytes};
   KVRELAY_TRY(geometry.validate());
-  KVRELAY_TRY(check_sealed_memfd(reply.fds[0].get(), 2 * geometry.ring_bytes()));
-  KVRELAY_TRY(auto mapping, Mapping::map(reply.fds[0].get(), 2 * geometry.ring_bytes(), true));
+  KVRELAY_TRY(kv_store::check_sealed_memfd(reply.fds[0].get(), 2 * geometry.ring_bytes()));
+  KVRELAY_TRY(auto mapping, kv_store::Mapping::map(reply.fds[0].get(), 2 * geometry.ring_bytes(), true));
   ring_memory_ = std::move(mapping);
   requests_.emplace(ring_memory_.data(), geometry);
   responses_.emplace(ring_memory_.data() + geometry.ring_bytes(), geometry);

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/core/byte_io.h"
 
 namespace kvrelay::shm {
 
@@ -131,8 +131,8 @@ Result<Fidelity> decode_fidelity(ByteReader& reader) {
 std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context) {
   ByteWriter writer;
   writer.put(commit.region_id);
-  encode_key(writer, commit.key);
-  encode_layout(writer, commit.layout);
+  kv_store::encode_key(writer, commit.key);
+  kv_store::encode_layout(writer, commit.layout);
   writer.put(commit.bytes).put(commit.checksum);
   if (with_context) {
     put_long_string(writer, commit.params_json);
@@ -145,11 +145,11 @@ Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool wit
   ByteReader reader(payload);
   CommitRequest commit;
   const auto region_id = reader.get<std::uint64_t>();
-  const auto key = decode_key(reader);
+  const auto key = kv_store::decode_key(reader);
   if (!region_id || !key) return fail(ErrorCode::kTruncated, "commit truncated");
   commit.region_id = *region_id;
   commit.key = *key;
-  KVRELAY_TRY(commit.layout, decode_layout(reader));
+  KVRELAY_TRY(commit.layout, kv_store::decode_layout(reader));
   const auto bytes = reader.get<std::uint64_t>();
   const auto checksum = reader.get<std::uint64_t>();
   if (!bytes || !checksum) return fail(ErrorCode::kProtocol, "malformed commit");

@@ -23,9 +23,9 @@
 #include <unordered_map>
 
 #include "kvrelay/core/bulk_hash.h"
-#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/core/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
-#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/kv_store/memfd.h"
 
 namespace kvrelay::shm {
 
@@ -52,7 +52,7 @@ struct ArenaVerification {
 
 struct ServedRegion {
   UniqueFd fd;                        // a memfd region, or
-  std::shared_ptr<ArenaBlock> block;  // an arena region
+  std::shared_ptr<kv_store::ArenaBlock> block;  // an arena region
   std::uint64_t size = 0;
   std::shared_ptr<ArenaVerification> verification;  // once the client reported progress
 };
@@ -88,7 +88,7 @@ void refuse_connection(UniqueFd& client, const Error& error) {
 
 }  // namespace
 
-Result<ResolvedEntry> resolve_from_store(EntryStore& store, const ResolveRequest& request) {
+Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const ResolveRequest& request) {
   // Longest prefix first; one covering the whole prompt would leave nothing to prefill.
   for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
     if (blocks * request.block_tokens >= request.prompt_tokens) continue;
@@ -108,11 +108,11 @@ struct ShmServer::Connection {
   std::uint32_t client_version = 1;
   // Arena entries handed to this client: their blocks stay allocated until it gives them back
   // (ReleaseLeases) or hangs up.
-  std::unordered_map<std::uint64_t, std::shared_ptr<const StoredEntry>> leases;
+  std::unordered_map<std::uint64_t, std::shared_ptr<const kv_store::StoredEntry>> leases;
   std::uint64_t next_lease = 1;
   std::uint64_t pending_bytes = 0;
   // Small-message ring pair, once opened: requests flow client -> server in `requests`.
-  Mapping ring_memory;
+  kv_store::Mapping ring_memory;
   std::optional<SpscRing> requests;
   std::optional<SpscRing> responses;
   UniqueFd wake_server;    // client writes after pushing a request
@@ -173,7 +173,7 @@ std::uint64_t arena_region_checksum(ServedRegion& region) {
 
 }  // namespace
 
-ShmServer::ShmServer(ShmServerOptions options, std::shared_ptr<EntryStore> store)
+ShmServer::ShmServer(ShmServerOptions options, std::shared_ptr<kv_store::EntryStore> store)
     : options_(std::move(options)), store_(std::move(store)) {
   small_handler_ = [](std::span<const std::byte> message) {
     return std::vector<std::byte>(message.begin(), message.end());
@@ -185,7 +185,7 @@ ShmServer::~ShmServer() {
   if (listen_fd_) ::unlink(options_.socket_path.c_str());
 }
 
-Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, std::shared_ptr<EntryStore> store) {
+Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, std::shared_ptr<kv_store::EntryStore> store) {
   if (!store) return fail(ErrorCode::kInvalidArgument, "shm server needs an entry store");
   KVRELAY_TRY(options.ring.validate());
   KVRELAY_TRY(const auto address, socket_address(options.socket_path));
@@ -226,7 +226,7 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
   server->resolved_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->stop_fd_ || !server->resolved_fd_) return fail(ErrorCode::kIo, "eventfd failed");
   if (server->options_.arena_bytes > 0) {
-    auto arena = ShmArena::create(server->options_.arena_bytes);
+    auto arena = kv_store::ShmArena::create(server->options_.arena_bytes);
     if (!arena) {
       return fail(arena.error().code, fmt::format("shared-memory arena of {} bytes: {}", server->options_.arena_bytes,
                                                   arena.error().message));
@@ -236,14 +236,14 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
     // A full arena makes room by evicting its least recently used entries from the store, as the
     // store does within its own budget. Weak: the store's entries keep the arena alive.
     server->arena_->set_reclaimer(
-        [store = std::weak_ptr<EntryStore>(server->store_), arena = server->arena_.get()](std::uint64_t bytes) {
+        [store = std::weak_ptr<kv_store::EntryStore>(server->store_), arena = server->arena_.get()](std::uint64_t bytes) {
           const auto alive = store.lock();
           return alive && alive->make_arena_room(*arena, bytes);
         });
     if (server->options_.warm_arena) {
       server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
         // Only spare CPU: whatever the sidecar or its workers need comes first.
-        run_as_background_work();
+        kv_store::run_as_background_work();
         const auto warmed = arena->warm(stop);
         spdlog::debug("shm arena: warmed {} of {} bytes", warmed, arena->capacity());
       });
@@ -411,12 +411,12 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
   reply = encode_frame(type.value(), id, out.bytes());
 }
 
-Result<MessageType> ShmServer::entry_reply(Connection& connection, const std::shared_ptr<const StoredEntry>& shared,
+Result<MessageType> ShmServer::entry_reply(Connection& connection, const std::shared_ptr<const kv_store::StoredEntry>& shared,
                                            bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
                                            UniqueFd& reply_owned_fd) {
-  const StoredEntry& stored = *shared;
-  const StoredEntry* entry = &stored;
-  std::shared_ptr<StoredEntry> copy;
+  const kv_store::StoredEntry& stored = *shared;
+  const kv_store::StoredEntry* entry = &stored;
+  std::shared_ptr<kv_store::StoredEntry> copy;
   if (stored.in_arena()) {
     if (connection.client_version >= kArenaDataPlaneVersion &&
         connection.leases.size() < options_.max_leases_per_connection) {
@@ -424,19 +424,19 @@ Result<MessageType> ShmServer::entry_reply(Connection& connection, const std::sh
       const std::uint64_t lease = connection.next_lease++;
       connection.leases.emplace(lease, shared);
       ++leases_;
-      encode_layout(out, stored.info.layout);
+      kv_store::encode_layout(out, stored.info.layout);
       out.put(stored.info.bytes).put(stored.info.checksum);
       out.put(stored.block->offset()).put(lease).put(stored.block->arena().capacity());
       reply_fds.push_back(stored.block->arena().fd());
       return resolved ? MessageType::kArenaResolved : MessageType::kArenaEntry;
     }
     // An older client (or one holding too many leases) gets a sealed copy of its own.
-    KVRELAY_TRY(copy, make_stored_entry(stored.info.layout, stored.block->bytes()));
+    KVRELAY_TRY(copy, kv_store::make_stored_entry(stored.info.layout, stored.block->bytes()));
     entry = copy.get();
   }
   reply_owned_fd.reset(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
   if (!reply_owned_fd) return fail(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
-  encode_layout(out, entry->info.layout);
+  kv_store::encode_layout(out, entry->info.layout);
   out.put(entry->info.bytes).put(entry->info.checksum);
   reply_fds.push_back(reply_owned_fd.get());
   return resolved ? MessageType::kResolved : MessageType::kEntry;
@@ -546,7 +546,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       region.size = *size;
       if (takes_fd) {
         if (fds.size() != 1) return refuse(ErrorCode::kProtocol, fmt::format("attach needs 1 fd, got {}", fds.size()));
-        auto checked = check_sealed_memfd(fds[0].get(), 0);
+        auto checked = kv_store::check_sealed_memfd(fds[0].get(), 0);
         if (!checked) return refuse(checked.error().code, checked.error().message);
         if (checked.value() != *size) {
           return refuse(ErrorCode::kInvalidArgument,
@@ -554,7 +554,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
         }
         region.fd = std::move(fds[0]);
       } else {
-        auto created = create_sealed_memfd("kvrelay-region", *size);
+        auto created = kv_store::create_sealed_memfd("kvrelay-region", *size);
         if (!created) return refuse(created.error().code, created.error().message);
         region.fd = std::move(created).value();
         reply_fds.push_back(region.fd.get());
@@ -606,7 +606,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       return;
     }
     case MessageType::kLookup: {
-      const auto key = decode_key(reader);
+      const auto key = kv_store::decode_key(reader);
       if (!key || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed lookup");
       // A lookup by key asks for the KV as published: lossy entries are not that.
       auto entry = store_->get_exact(*key);
@@ -672,9 +672,9 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       if (reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed open-ring request");
       if (connection.wake_server) return refuse(ErrorCode::kAlreadyExists, "ring already open on this connection");
       const std::uint64_t ring_bytes = options_.ring.ring_bytes();
-      auto memory = create_sealed_memfd("kvrelay-ring", 2 * ring_bytes);
+      auto memory = kv_store::create_sealed_memfd("kvrelay-ring", 2 * ring_bytes);
       if (!memory) return refuse(memory.error().code, memory.error().message);
-      auto mapping = Mapping::map(memory.value().get(), 2 * ring_bytes, true);
+      auto mapping = kv_store::Mapping::map(memory.value().get(), 2 * ring_bytes, true);
       if (!mapping) return refuse(mapping.error().code, mapping.error().message);
       UniqueFd wake_server(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
       UniqueFd wake_client(::eventfd(0, EFD_CLOEXEC));
@@ -714,8 +714,8 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   connection.pending_bytes -= region.size;
   pending_bytes_ -= region.size;
   --pending_regions_;
-  const EntryInfo info{commit.layout, commit.bytes, commit.checksum};
-  KVRELAY_TRY(validate_entry_info(info));
+  const kv_store::EntryInfo info{commit.layout, commit.bytes, commit.checksum};
+  KVRELAY_TRY(kv_store::validate_entry_info(info));
   if (info.bytes != region.size) {
     return fail(ErrorCode::kLayoutMismatch,
                 fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
@@ -726,20 +726,20 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
     // block belongs to the entry (and the client was granted no other range).
     actual = arena_region_checksum(region);
   } else {
-    KVRELAY_TRY(seal_contents(region.fd.get()));
-    // Read through the kernel rather than a new mapping (see checksum_memfd).
-    KVRELAY_TRY(actual, checksum_memfd(region.fd.get(), region.size));
+    KVRELAY_TRY(kv_store::seal_contents(region.fd.get()));
+    // Read through the kernel rather than a new mapping (see kv_store::checksum_memfd).
+    KVRELAY_TRY(actual, kv_store::checksum_memfd(region.fd.get(), region.size));
   }
   if (actual != info.checksum) {
     return fail(ErrorCode::kChecksumMismatch,
                 fmt::format("region checksum 0x{:016x} != committed 0x{:016x}", actual, info.checksum));
   }
-  auto entry = std::make_shared<StoredEntry>();
+  auto entry = std::make_shared<kv_store::StoredEntry>();
   entry->info = info;
   entry->fd = std::move(region.fd);
   entry->block = std::move(region.block);
   entry->fidelity = commit.fidelity.prefix(commit.layout.tokens);
-  const std::shared_ptr<const StoredEntry> stored = entry;
+  const std::shared_ptr<const kv_store::StoredEntry> stored = entry;
   KVRELAY_TRY(store_->put(commit.key, stored));
   ++commits_;
   if (with_context && hooks_) hooks_->published(commit.key, stored, commit.params_json);

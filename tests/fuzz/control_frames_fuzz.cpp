@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvrelay/shm_transport/control_protocol.h"
-#include "kvrelay/shm_transport/entry.h"
+#include "kvrelay/kv_store/entry.h"
 
 namespace {
 
@@ -47,8 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       (void)decode_error(payload);
       break;
     case MessageType::kLookup: {
-      ByteReader reader(payload);
-      (void)decode_key(reader);
+      kvrelay::ByteReader reader(payload);
+      (void)kvrelay::kv_store::decode_key(reader);
       break;
     }
     case MessageType::kCommit:

@@ -11,11 +11,11 @@
 #include <span>
 #include <vector>
 
-#include "kvrelay/proxy/peer/peer_protocol.h"
+#include "kvrelay/peer/peer_protocol.h"
 
 namespace {
 
-using namespace kvrelay::proxy::peer;
+using namespace kvrelay::peer;
 
 void require(bool condition) {
   if (!condition) std::abort();

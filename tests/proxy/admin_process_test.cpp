@@ -3,7 +3,7 @@
 #include <map>
 #include <set>
 
-#include "daemon_fixture.h"
+#include "support/daemon_fixture.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;

@@ -1,6 +1,6 @@
 #include <nlohmann/json.hpp>
 
-#include "daemon_fixture.h"
+#include "support/daemon_fixture.h"
 
 using namespace kvrelay::test;
 

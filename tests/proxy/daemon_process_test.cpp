@@ -7,7 +7,7 @@
 #include <array>
 #include <string_view>
 
-#include "daemon_fixture.h"
+#include "support/daemon_fixture.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;

@@ -4,7 +4,7 @@
 #include <future>
 #include <sstream>
 
-#include "daemon_fixture.h"
+#include "support/daemon_fixture.h"
 #include "support/refworker_process.h"
 #include "support/skip.h"
 

@@ -10,7 +10,7 @@
 
 #include <algorithm>
 
-#include "kv_path_fixture.h"
+#include "support/kv_path_fixture.h"
 #include "refworker/skip.h"
 
 using namespace kvrelay::test;

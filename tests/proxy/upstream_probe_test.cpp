@@ -2,7 +2,7 @@
 // shows the load at /admin/upstreams and /metrics, and survives an engine that is not there.
 #include <nlohmann/json.hpp>
 
-#include "daemon_fixture.h"
+#include "support/daemon_fixture.h"
 #include "support/refworker_process.h"
 #include "support/skip.h"
 

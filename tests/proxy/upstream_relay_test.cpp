@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon_fixture.h"
+#include "support/daemon_fixture.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;

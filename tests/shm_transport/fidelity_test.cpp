@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "kvrelay/shm_transport/control_protocol.h"
-#include "kvrelay/shm_transport/entry_store.h"
+#include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/shm_transport/kvrelay_client.h"
 
 #include "shm_fixture.h"
@@ -20,8 +20,8 @@ namespace kvrelay::test {
 
 namespace {
 
-std::shared_ptr<shm::StoredEntry> entry_of(std::span<const std::byte> bytes, Fidelity fidelity) {
-  auto made = shm::make_stored_entry(KvLayout{}, bytes);
+std::shared_ptr<kv_store::StoredEntry> entry_of(std::span<const std::byte> bytes, Fidelity fidelity) {
+  auto made = kv_store::make_stored_entry(KvLayout{}, bytes);
   REQUIRE(made.has_value());
   made.value()->fidelity = std::move(fidelity);
   return std::move(made).value();
@@ -54,8 +54,8 @@ TEST_CASE("fidelity: prefixes, joins and ordering", "[shm][fidelity]") {
 }
 
 TEST_CASE("fidelity: the store never files lossy KV over exact KV", "[shm][fidelity]") {
-  shm::InMemoryEntryStore store(1U << 20);
-  const shm::EntryKey key{1, 2};
+  kv_store::InMemoryEntryStore store(1U << 20);
+  const kv_store::EntryKey key{1, 2};
   const auto exact_bytes = pattern_bytes(100, 1);
   const auto lossy_bytes = pattern_bytes(100, 2);
   REQUIRE(store.put(key, entry_of(exact_bytes, Fidelity::exact())).has_value());
@@ -69,7 +69,7 @@ TEST_CASE("fidelity: the store never files lossy KV over exact KV", "[shm][fidel
   CHECK(kept->info.checksum == shm::checksum_bytes(exact_bytes));
 
   // Lossy under a fresh key is filed, but only get() answers with it.
-  const shm::EntryKey other{1, 3};
+  const kv_store::EntryKey other{1, 3};
   REQUIRE(store.put(other, entry_of(lossy_bytes, Fidelity::lossy("int8"))).has_value());
   CHECK(store.get(other) != nullptr);
   CHECK(store.get_exact(other) == nullptr);
@@ -80,32 +80,32 @@ TEST_CASE("fidelity: the store never files lossy KV over exact KV", "[shm][fidel
 
 TEST_CASE("fidelity: the wire encoding round-trips and refuses what it cannot mean", "[shm][fidelity][protocol]") {
   for (const auto& fidelity : {Fidelity::exact(), Fidelity::lossy("int4", 48), Fidelity::lossy("int8+zstd")}) {
-    shm::ByteWriter writer;
+    ByteWriter writer;
     shm::encode_fidelity(writer, fidelity);
     const auto bytes = writer.take();
-    shm::ByteReader reader(bytes);
+    ByteReader reader(bytes);
     const auto decoded = shm::decode_fidelity(reader);
     REQUIRE(decoded.has_value());
     CHECK(decoded.value() == fidelity);
     for (std::size_t length = 0; length < bytes.size(); ++length) {
-      shm::ByteReader truncated(std::span(bytes.data(), length));
+      ByteReader truncated(std::span(bytes.data(), length));
       CHECK_FALSE(shm::decode_fidelity(truncated).has_value());
     }
   }
   {
-    shm::ByteWriter writer;
+    ByteWriter writer;
     writer.put(std::uint64_t{5}).put_string("");
     const auto bytes = writer.take();
-    shm::ByteReader reader(bytes);
+    ByteReader reader(bytes);
     const auto decoded = shm::decode_fidelity(reader);
     REQUIRE_FALSE(decoded.has_value());
     CHECK(decoded.error().message.find("exact_tokens") != std::string::npos);
   }
   {
-    shm::ByteWriter writer;
+    ByteWriter writer;
     writer.put(std::uint64_t{0}).put_string(std::string(shm::kMaxFidelityCodecBytes + 1, 'x'));
     const auto bytes = writer.take();
-    shm::ByteReader reader(bytes);
+    ByteReader reader(bytes);
     CHECK_FALSE(shm::decode_fidelity(reader).has_value());
   }
 }
@@ -182,7 +182,7 @@ TEST_CASE("fidelity: lossy KV is not published to a sidecar that could not recor
   // message type it gets.
   TempDir dir;
   const std::string path = (dir / "old.sock").string();
-  shm::UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
@@ -190,14 +190,14 @@ TEST_CASE("fidelity: lossy KV is not published to a sidecar that could not recor
   REQUIRE(::listen(listener.get(), 1) == 0);
   std::vector<shm::MessageType> received;
   std::thread old_sidecar([&] {
-    shm::UniqueFd connection(::accept(listener.get(), nullptr, nullptr));
+    UniqueFd connection(::accept(listener.get(), nullptr, nullptr));
     if (!connection) return;
     std::byte buffer[256];
     const auto hello = ::recv(connection.get(), buffer, sizeof(buffer), 0);
     if (hello <= 0) return;
     const auto frame = shm::decode_frame(std::span(buffer, static_cast<std::size_t>(hello)));
     if (!frame) return;
-    shm::ByteWriter ok;
+    ByteWriter ok;
     ok.put(std::uint32_t{3}).put(std::uint32_t{4}).put(std::uint64_t{1} << 30);
     const auto reply = shm::encode_frame(shm::MessageType::kHelloOk, frame.value().request_id, ok.bytes());
     if (::send(connection.get(), reply.data(), reply.size(), MSG_NOSIGNAL) < 0) return;

@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "kvrelay/shm_transport/client.h"
-#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/kv_store/memfd.h"
 
 using namespace kvrelay;
 using namespace kvrelay::shm;
+using namespace kvrelay::kv_store;
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/core/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 
 #include "shm_fixture.h"
@@ -31,7 +31,7 @@ bool arena_bytes_equal(std::span<const std::byte> left, std::span<const std::byt
 }
 
 std::uint64_t granules(std::uint64_t bytes) {
-  const std::uint64_t granule = shm::ShmArena::kGranule;
+  const std::uint64_t granule = kv_store::ShmArena::kGranule;
   return (std::max<std::uint64_t>(bytes, 1) + granule - 1) / granule * granule;
 }
 
@@ -48,7 +48,7 @@ TEST_CASE("shm arena: publish and lookup round-trip 0 B, 1 B, 1 MiB + 1 and 64 M
   for (const std::size_t size : sizes) {
     INFO("size " << size);
     const auto bytes = pattern_bytes(size, context);
-    const shm::EntryKey key{42, context++};
+    const kv_store::EntryKey key{42, context++};
     REQUIRE(publisher.publish(key, KvLayout{}, bytes).has_value());
     reserved += granules(size);
     auto entry = reader.lookup(key);
@@ -76,7 +76,7 @@ TEST_CASE("shm arena: a lease keeps a replaced entry's bytes until the reader gi
   ServerProcess server(arena_options(4ULL << 20));  // room for exactly four 1 MiB entries
   auto publisher = server.connect();
   auto reader = server.connect();
-  const shm::EntryKey key{7, 1};
+  const kv_store::EntryKey key{7, 1};
   const auto old_bytes = pattern_bytes(1U << 20, 1);
   REQUIRE(publisher.publish(key, KvLayout{}, old_bytes).has_value());
   auto held = reader.lookup(key);
@@ -168,7 +168,7 @@ TEST_CASE("shm arena: an older client gets a sealed copy it cannot write", "[shm
   REQUIRE(entry.has_value());
   CHECK_FALSE(entry.value().in_arena());
   REQUIRE(entry.value().fd);
-  CHECK((shm::get_seals(entry.value().fd.get()).value() & 0x0008U) != 0);  // F_SEAL_WRITE
+  CHECK((kv_store::get_seals(entry.value().fd.get()).value() & 0x0008U) != 0);  // F_SEAL_WRITE
   CHECK(::mmap(nullptr, bytes.size(), PROT_READ | PROT_WRITE, MAP_SHARED, entry.value().fd.get(), 0) == MAP_FAILED);
   CHECK(arena_bytes_equal(entry.value().bytes(), bytes));
   CHECK(old_reader.value().stats().value().leases == 0);
@@ -217,29 +217,29 @@ TEST_CASE("shm arena: malformed lease releases are refused, unknown ids are harm
     return std::make_pair(frame.value().type,
                           std::vector<std::byte>(frame.value().payload.begin(), frame.value().payload.end()));
   };
-  shm::ByteWriter claims_two;  // says 2 ids, carries 1
+  ByteWriter claims_two;  // says 2 ids, carries 1
   claims_two.put(std::uint32_t{2}).put(std::uint64_t{1});
   auto [type, payload] = exchange(shm::encode_frame(shm::MessageType::kReleaseLeases, 1, claims_two.bytes()));
   CHECK(type == shm::MessageType::kError);
   CHECK(shm::decode_error(payload).code == ErrorCode::kProtocol);
 
-  shm::ByteWriter unknown;
+  ByteWriter unknown;
   unknown.put(std::uint32_t{1}).put(std::uint64_t{999});
   std::tie(type, payload) = exchange(shm::encode_frame(shm::MessageType::kReleaseLeases, 2, unknown.bytes()));
   REQUIRE(type == shm::MessageType::kLeasesReleased);
-  shm::ByteReader released(payload);
+  ByteReader released(payload);
   CHECK(released.get<std::uint32_t>() == 0U);
 
   // The connection still serves, and nothing leaked.
   REQUIRE(client.publish({1, 1}, KvLayout{}, pattern_bytes(100, 1)).has_value());
-  CHECK(client.stats().value().arena_bytes_in_use == shm::ShmArena::kGranule);
+  CHECK(client.stats().value().arena_bytes_in_use == kv_store::ShmArena::kGranule);
 }
 
 TEST_CASE("shm arena: progress reports let the sidecar check a region while it is written", "[shm][arena]") {
   ServerProcess server(arena_options(64ULL << 20));
   auto client = server.connect();
   auto send_progress = [&](std::uint64_t region_id, std::uint64_t written) {
-    shm::ByteWriter progress;
+    ByteWriter progress;
     progress.put(region_id).put(written);
     REQUIRE(shm::send_message(client.socket_fd(),
                               shm::encode_frame(shm::MessageType::kRegionProgress, 77, progress.bytes()))

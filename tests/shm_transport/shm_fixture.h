@@ -53,7 +53,7 @@ class ServerProcess {
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
       ::close(ready[0]);
-      auto server = shm::ShmServer::listen(options, std::make_shared<shm::InMemoryEntryStore>(store_bytes));
+      auto server = shm::ShmServer::listen(options, std::make_shared<kv_store::InMemoryEntryStore>(store_bytes));
       const char status = server ? 'y' : 'n';
       [[maybe_unused]] auto written = ::write(ready[1], &status, 1);
       ::close(ready[1]);

@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "kvrelay/shm_transport/byte_io.h"
+#include "kvrelay/core/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 
 #include "shm_fixture.h"
@@ -20,7 +20,7 @@ namespace kvrelay::test {
 namespace {
 
 std::vector<std::byte> size_payload(std::uint64_t size) {
-  shm::ByteWriter writer;
+  ByteWriter writer;
   writer.put(size);
   return writer.take();
 }
@@ -52,14 +52,14 @@ TEST_CASE("shm refuses unsealed, resizable and non-memfd descriptors without lea
   const std::size_t baseline = count_fds(server.pid());
 
   SECTION("an unsealed memfd the client could truncate later") {
-    shm::UniqueFd memfd(::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    UniqueFd memfd(::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     REQUIRE(::ftruncate(memfd.get(), 4096) == 0);
     auto attached = client.attach(std::move(memfd));
     REQUIRE_FALSE(attached.has_value());
     CHECK(attached.error().code == ErrorCode::kPermissionDenied);
   }
   SECTION("a memfd sealed against growing but not shrinking") {
-    shm::UniqueFd memfd(::memfd_create("half", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    UniqueFd memfd(::memfd_create("half", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     REQUIRE(::ftruncate(memfd.get(), 4096) == 0);
     REQUIRE(::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_GROW) == 0);
     CHECK(client.attach(std::move(memfd)).error().code == ErrorCode::kPermissionDenied);
@@ -67,21 +67,21 @@ TEST_CASE("shm refuses unsealed, resizable and non-memfd descriptors without lea
   SECTION("a regular file, an eventfd and a pipe") {
     TempDir dir;
     write_file(dir / "data", std::string(4096, 'x'));
-    shm::UniqueFd file(::open((dir / "data").c_str(), O_RDWR | O_CLOEXEC));
+    UniqueFd file(::open((dir / "data").c_str(), O_RDWR | O_CLOEXEC));
     CHECK(client.attach(std::move(file)).error().code == ErrorCode::kInvalidArgument);
-    shm::UniqueFd event(::eventfd(0, EFD_CLOEXEC));
+    UniqueFd event(::eventfd(0, EFD_CLOEXEC));
     const int event_fds[] = {event.get()};
     const auto attach = shm::encode_frame(shm::MessageType::kAttachRegion, 7, size_payload(4096));
     CHECK(raw_exchange_error(client, attach, event_fds).code == ErrorCode::kInvalidArgument);
     int pipe_fds[2];
     REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
-    shm::UniqueFd read_end(pipe_fds[0]);
-    shm::UniqueFd write_end(pipe_fds[1]);
+    UniqueFd read_end(pipe_fds[0]);
+    UniqueFd write_end(pipe_fds[1]);
     const int pipe_fd[] = {read_end.get()};
     CHECK(raw_exchange_error(client, attach, pipe_fd).code == ErrorCode::kInvalidArgument);
   }
   SECTION("a sealed memfd whose size differs from the message") {
-    auto memfd = shm::create_sealed_memfd("liar", 4096);
+    auto memfd = kv_store::create_sealed_memfd("liar", 4096);
     REQUIRE(memfd.has_value());
     const int fds[] = {memfd.value().get()};
     const auto attach = shm::encode_frame(shm::MessageType::kAttachRegion, 8, size_payload(1 << 20));
@@ -94,13 +94,13 @@ TEST_CASE("shm refuses unsealed, resizable and non-memfd descriptors without lea
     CHECK(::ftruncate(region.value().fd.get(), 1 << 20) != 0);
     std::memset(region.value().mapping.data(), 1, 1 << 16);
     const auto checksum = shm::checksum_bytes(region.value().bytes());
-    shm::UniqueFd kept(::dup(region.value().fd.get()));
+    UniqueFd kept(::dup(region.value().fd.get()));
     REQUIRE(client.commit(std::move(region).value(), {4, 4}, KvLayout{}, checksum).has_value());
     // After commit the writer's own fd can no longer change a byte.
     CHECK(::fallocate(kept.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) != 0);
     const char junk = 'x';
     CHECK(::pwrite(kept.get(), &junk, 1, 0) < 0);
-    CHECK_FALSE(shm::Mapping::map(kept.get(), 1 << 16, true).has_value());
+    CHECK_FALSE(kv_store::Mapping::map(kept.get(), 1 << 16, true).has_value());
     auto entry = client.lookup({4, 4});
     REQUIRE(entry.has_value());
     CHECK(shm::checksum_bytes(entry.value().bytes()) == checksum);
@@ -160,7 +160,7 @@ TEST_CASE("shm refuses malformed control messages and too many fds without leaki
     CHECK(shm::decode_error(shm::decode_frame(reply.value().bytes).value().payload).code == ErrorCode::kProtocol);
   }
   SECTION("fds attached to a message that takes none, and too many fds") {
-    std::vector<shm::UniqueFd> owned;
+    std::vector<UniqueFd> owned;
     std::vector<int> fds;
     for (int index = 0; index < 4; ++index) {
       owned.emplace_back(::eventfd(0, EFD_CLOEXEC));
@@ -247,15 +247,15 @@ TEST_CASE("shm connect to a sidecar whose accept backlog is full gives up after 
   // A listener that never accepts: once its backlog is full, a further connect would wait.
   TempDir dir;
   const std::string path = (dir / "full.sock").string();
-  shm::UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
   REQUIRE(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0);
   REQUIRE(::listen(listener.get(), 0) == 0);
-  std::vector<shm::UniqueFd> queued;
+  std::vector<UniqueFd> queued;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    shm::UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) break;
     queued.push_back(std::move(fd));
   }

@@ -32,7 +32,7 @@ class GatedHooks final : public shm::DataPlaneHooks {
     }
     return fail(ErrorCode::kNotFound, "nothing stored for " + request.params_json);
   }
-  void published(const shm::EntryKey&, const std::shared_ptr<const shm::StoredEntry>&, std::string_view) override {}
+  void published(const kv_store::EntryKey&, const std::shared_ptr<const kv_store::StoredEntry>&, std::string_view) override {}
   void prefill_observed(const shm::PrefillReport&) override {}
 
   bool wait_for_gated(std::chrono::milliseconds timeout) {
@@ -68,7 +68,7 @@ TEST_CASE("a resolve that waits does not hold up another client's resolve", "[sh
   test::TempDir dir;
   shm::ShmServerOptions options;
   options.socket_path = (dir.path() / "kvrelay.sock").string();
-  auto listening = shm::ShmServer::listen(options, std::make_shared<shm::InMemoryEntryStore>(1ULL << 20));
+  auto listening = shm::ShmServer::listen(options, std::make_shared<kv_store::InMemoryEntryStore>(1ULL << 20));
   REQUIRE(listening);
   auto server = std::move(listening).value();
   auto hooks = std::make_shared<GatedHooks>();

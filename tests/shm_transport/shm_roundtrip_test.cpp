@@ -26,7 +26,7 @@ TEST_CASE("shm publish and lookup round-trip 0 B, 1 B, 1 MiB + 1 and 256 MiB byt
   for (const std::size_t size : sizes) {
     INFO("size " << size);
     const auto bytes = pattern_bytes(size, context);
-    const shm::EntryKey key{42, context++};
+    const kv_store::EntryKey key{42, context++};
     REQUIRE(reader.lookup(key).error().code == ErrorCode::kNotFound);
     const auto published = publisher.publish(key, KvLayout{}, bytes);
     REQUIRE(published.has_value());
@@ -86,7 +86,7 @@ TEST_CASE("shm lookup hands out a mapping that cannot be written", "[shm]") {
   auto entry = client.lookup({5, 5});
   REQUIRE(entry.has_value());
   // The memfd is sealed against writes: neither a writable mapping nor write() is possible.
-  CHECK_FALSE(shm::Mapping::map(entry.value().fd.get(), 8192, true).has_value());
+  CHECK_FALSE(kv_store::Mapping::map(entry.value().fd.get(), 8192, true).has_value());
   const char junk = 'x';
   CHECK(::pwrite(entry.value().fd.get(), &junk, 1, 0) < 0);
   auto again = client.lookup({5, 5});
@@ -103,7 +103,7 @@ TEST_CASE("shm abort frees the region and a client-created sealed memfd can be a
   REQUIRE(client.abort(std::move(region).value()).has_value());
   CHECK(client.stats().value().pending_bytes == 0);
 
-  auto memfd = shm::create_sealed_memfd("client-made", 1000);
+  auto memfd = kv_store::create_sealed_memfd("client-made", 1000);
   REQUIRE(memfd.has_value());
   auto attached = client.attach(std::move(memfd).value());
   REQUIRE(attached.has_value());
@@ -121,7 +121,7 @@ TEST_CASE("shm commit is refused while the writer still maps the region writable
   auto region = client.allocate(4096);
   REQUIRE(region.has_value());
   // A second writable mapping the client "forgot": the sidecar must not accept mutable bytes.
-  auto stray = shm::Mapping::map(region.value().fd.get(), 4096, true);
+  auto stray = kv_store::Mapping::map(region.value().fd.get(), 4096, true);
   REQUIRE(stray.has_value());
   const auto committed =
       client.commit(std::move(region).value(), {3, 3}, KvLayout{}, shm::checksum_bytes(stray.value().bytes()));
@@ -179,7 +179,7 @@ TEST_CASE("shm C ABI publishes, looks up and reports errors by code", "[shm][c_a
   kvrelay_entry_release(entry);
   REQUIRE(kvrelay_release_leases(client) == KVRELAY_OK);
   CHECK(observer.stats().value().leases == 0);
-  CHECK(observer.stats().value().arena_bytes_in_use == (arena_bytes > 0 ? shm::ShmArena::kGranule : 0U));
+  CHECK(observer.stats().value().arena_bytes_in_use == (arena_bytes > 0 ? kv_store::ShmArena::kGranule : 0U));
 
   const kvrelay_key missing{77, 79};
   CHECK(kvrelay_lookup(client, &missing, &entry) == KVRELAY_E_NOT_FOUND);

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "kvrelay/core/policy.h"
-#include "kvrelay/proxy/peer/peer_client.h"
-#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/peer/peer_client.h"
+#include "kvrelay/kv_store/memfd.h"
 
 #include "commands.h"
 
@@ -51,7 +51,7 @@ int fail_with(const std::string& message) {
 }
 
 int run_send(const SendOptions& options) {
-  proxy::peer::PeerClientOptions client_options;
+  peer::PeerClientOptions client_options;
   HostPort target;
   if (!options.peer_id.empty()) {
     if (options.config.empty()) return fail_with("--peer needs --config");
@@ -59,7 +59,7 @@ int run_send(const SendOptions& options) {
     if (!policy) return fail_with(policy.error().message);
     const PeerPolicy* peer = policy.value().find_peer(options.peer_id);
     if (peer == nullptr) return fail_with("no peer '" + options.peer_id + "' in " + options.config);
-    client_options = proxy::peer::peer_client_options(policy.value(), *peer);
+    client_options = peer::peer_client_options(policy.value(), *peer);
     target = peer->address;
   } else {
     if (options.to.empty()) return fail_with("give --to HOST:PORT or --config with --peer ID");
@@ -69,11 +69,11 @@ int run_send(const SendOptions& options) {
     client_options.node_id = options.node_id;
     client_options.allow_shared_memory = options.same_host;
   }
-  shm::UniqueFd file(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd file(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!file) return fail_with("cannot open " + options.file);
   struct stat info {};
   if (::fstat(file.get(), &info) != 0) return fail_with("cannot stat " + options.file);
-  auto mapping = shm::Mapping::map(file.get(), static_cast<std::uint64_t>(info.st_size), false);
+  auto mapping = kv_store::Mapping::map(file.get(), static_cast<std::uint64_t>(info.st_size), false);
   if (!mapping) return fail_with(mapping.error().to_string());
 
   client_options.chunk_bytes = options.chunk_bytes;
@@ -89,14 +89,14 @@ int run_send(const SendOptions& options) {
     };
   }
   const auto started = std::chrono::steady_clock::now();
-  auto client = proxy::peer::PeerClient::connect(target, client_options);
+  auto client = peer::PeerClient::connect(target, client_options);
   if (!client) return fail_with(client.error().to_string());
-  const shm::EntryKey key{options.model_id, options.context_hash != 0 ? options.context_hash : options.transfer_id};
+  const kv_store::EntryKey key{options.model_id, options.context_hash != 0 ? options.context_hash : options.transfer_id};
   auto sent = client.value().send(options.transfer_id, key, KvLayout{}, mapping.value().bytes());
   if (!sent) return fail_with(sent.error().to_string());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const char* outcome = sent.value() == proxy::peer::TransferOutcome::kCommitted          ? "committed"
-                        : sent.value() == proxy::peer::TransferOutcome::kAlreadyCommitted ? "already_committed"
+  const char* outcome = sent.value() == peer::TransferOutcome::kCommitted          ? "committed"
+                        : sent.value() == peer::TransferOutcome::kAlreadyCommitted ? "already_committed"
                                                                                           : "committed_shm";
   nlohmann::json result{{"outcome", outcome},
                         {"transfer_id", options.transfer_id},
@@ -110,7 +110,7 @@ int run_send(const SendOptions& options) {
 int run_probe(const ProbeOptions& options) {
   auto address = parse_host_port(options.address);
   if (!address) return fail_with(address.error().to_string());
-  auto client = proxy::peer::PeerClient::connect(address.value(), {});
+  auto client = peer::PeerClient::connect(address.value(), {});
   if (!client) return fail_with(client.error().to_string());
   std::vector<double> rtts;
   for (unsigned index = 0; index < std::max(1U, options.count); ++index) {

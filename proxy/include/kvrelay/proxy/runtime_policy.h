@@ -17,14 +17,11 @@
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/broker/policy_source.h"
 
 namespace kvrelay::proxy {
 
-// What a reload did to the decision engine.
-struct EngineUpdate {
-  bool rebuilt = false;  // a new engine: its learned estimates start afresh
-  std::string error;     // not empty: no engine for this policy (routes use forced media or kv_raw)
-};
+using broker::EngineUpdate;
 
 // What a reload did, field by field (docs/operations.md, "Reloading the policy").
 struct ReloadReport {
@@ -39,11 +36,11 @@ struct ReloadReport {
   [[nodiscard]] nlohmann::json to_json() const;
 };
 
-class RuntimePolicy {
+class RuntimePolicy final : public broker::PolicySource {
  public:
   RuntimePolicy(std::string path, std::shared_ptr<const Policy> initial, metrics::Registry& registry);
 
-  [[nodiscard]] std::shared_ptr<const Policy> current() const { return current_.load(); }
+  [[nodiscard]] std::shared_ptr<const Policy> current() const override { return current_.load(); }
 
   // Re-reads and validates the policy file. On any problem the serving policy stays as it was and
   // the error carries the same pointer messages as `kvrelay check-config`. Fields read only at
@@ -60,8 +57,7 @@ class RuntimePolicy {
   // Told of each reloaded snapshot once it serves, under the writers' lock; answers what the
   // decision engine did with it. The KV path registers itself here; without an observer the
   // report compares the engines' topologies. {} unregisters.
-  using EngineObserver = std::function<EngineUpdate(const Policy&)>;
-  void set_engine_observer(EngineObserver observer);
+  void set_engine_observer(EngineObserver observer) override;
 
  private:
   std::string path_;

@@ -20,8 +20,8 @@
 
 #include "kvrelay/core/result.h"
 #include "kvrelay/shm_transport/control_protocol.h"
-#include "kvrelay/shm_transport/entry.h"
-#include "kvrelay/shm_transport/memfd.h"
+#include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/shm_transport/spsc_ring.h"
 
 namespace kvrelay::shm {
@@ -41,7 +41,7 @@ struct ClientArena {
   void start_warming();
 
   UniqueFd fd;
-  Mapping mapping;
+  kv_store::Mapping mapping;
   std::uint64_t device = 0;
   std::uint64_t inode = 0;
 
@@ -74,7 +74,7 @@ struct WritableRegion {
   std::uint64_t id = 0;
   std::uint64_t size = 0;
   UniqueFd fd;                               // a region of its own (empty for arena regions)
-  Mapping mapping;                           // its mapping; empty for regions publish() fills through the fd
+  kv_store::Mapping mapping;                           // its mapping; empty for regions publish() fills through the fd
   std::shared_ptr<const ClientArena> arena;  // an arena region: `size` bytes at `arena_offset`
   std::uint64_t arena_offset = 0;
   [[nodiscard]] bool in_arena() const { return arena != nullptr; }
@@ -87,9 +87,9 @@ struct WritableRegion {
 // A committed entry. Either its own memfd sealed against writes (mapped read-only unless asked
 // for unmapped), or a block of the sidecar's arena held under a lease until this is destroyed.
 struct ReadOnlyEntry {
-  EntryInfo info;
+  kv_store::EntryInfo info;
   UniqueFd fd;
-  Mapping mapping;
+  kv_store::Mapping mapping;
   std::shared_ptr<const ClientArena> arena;
   std::uint64_t arena_offset = 0;
   std::shared_ptr<ArenaLease> lease;
@@ -131,19 +131,19 @@ class ShmClient {
   [[nodiscard]] Result<WritableRegion> attach(UniqueFd memfd);
   // Unmaps the region, then asks the sidecar to validate and publish it. The region is
   // consumed either way.
-  [[nodiscard]] Status commit(WritableRegion region, const EntryKey& key, const KvLayout& layout,
+  [[nodiscard]] Status commit(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
                               std::uint64_t checksum);
   // commit() for a region the caller has finished writing, with the checksum computed here. In
   // the arena the hash tells the sidecar every few MiB how far it got, as publish's copy does,
   // so the sidecar's check runs alongside on its own thread (reading what this pass just
   // brought into the shared cache) instead of after it.
-  [[nodiscard]] Status commit_written(WritableRegion region, const EntryKey& key, const KvLayout& layout);
+  [[nodiscard]] Status commit_written(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout);
   [[nodiscard]] Status abort(WritableRegion region);
   // allocate + copy (hashing while the data is in cache) + commit. The copy goes through the
   // region's fd (pwrite), not a mapping: one kernel copy, no page faults in this process.
-  [[nodiscard]] Status publish(const EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes);
+  [[nodiscard]] Status publish(const kv_store::EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes);
   // kNotFound on a miss.
-  [[nodiscard]] Result<ReadOnlyEntry> lookup(const EntryKey& key);
+  [[nodiscard]] Result<ReadOnlyEntry> lookup(const kv_store::EntryKey& key);
 
   // Data-plane version the sidecar announced in its hello (1: no context messages).
   [[nodiscard]] std::uint32_t server_version() const { return server_version_; }
@@ -156,7 +156,7 @@ class ShmClient {
   // how faithful the KV is (version 4): a worker that imported a lossy prefix says so, and the
   // sidecar never files that KV as exact. Lossy KV is refused (kUnsupported, nothing sent) by a
   // sidecar older than version 4.
-  [[nodiscard]] Status publish_with_context(const EntryKey& key, const KvLayout& layout,
+  [[nodiscard]] Status publish_with_context(const kv_store::EntryKey& key, const KvLayout& layout,
                                             std::span<const std::byte> bytes, std::string_view params_json,
                                             const Fidelity& fidelity = Fidelity::exact());
   [[nodiscard]] Status report_prefill(const PrefillReport& report);
@@ -197,7 +197,7 @@ class ShmClient {
 
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader, bool map = true);
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);
-  [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const EntryKey& key, const KvLayout& layout,
+  [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
                                  std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity);
   [[nodiscard]] Status lossy_unsupported() const;
   // A region of `size` bytes from the sidecar, not mapped here.
@@ -211,7 +211,7 @@ class ShmClient {
   std::uint32_t server_version_ = 1;
   std::uint32_t protocol_version_ = kDataPlaneVersion;  // what this client said in its hello
   // Ring state (unique_ptr keeps the class movable; SpscRing points into ring_memory_).
-  Mapping ring_memory_;
+  kv_store::Mapping ring_memory_;
   std::optional<SpscRing> requests_;
   std::optional<SpscRing> responses_;
   UniqueFd wake_server_;

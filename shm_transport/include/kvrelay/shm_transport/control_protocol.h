@@ -12,8 +12,8 @@
 
 #include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/result.h"
-#include "kvrelay/shm_transport/byte_io.h"
-#include "kvrelay/shm_transport/entry.h"
+#include "kvrelay/core/byte_io.h"
+#include "kvrelay/kv_store/entry.h"
 
 namespace kvrelay::shm {
 
@@ -139,7 +139,7 @@ void encode_fidelity(ByteWriter& writer, const Fidelity& fidelity);
 // under `key`".
 struct CommitRequest {
   std::uint64_t region_id = 0;
-  EntryKey key;
+  kv_store::EntryKey key;
   KvLayout layout;
   std::uint64_t bytes = 0;
   std::uint64_t checksum = 0;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvrelay/core/result.h"
-#include "kvrelay/shm_transport/unique_fd.h"
+#include "kvrelay/core/unique_fd.h"
 
 namespace kvrelay::shm {
 

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "kvrelay/core/result.h"
-#include "kvrelay/shm_transport/arena.h"
+#include "kvrelay/kv_store/arena.h"
 #include "kvrelay/shm_transport/control_protocol.h"
-#include "kvrelay/shm_transport/entry_store.h"
+#include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/shm_transport/spsc_ring.h"
 
 namespace kvrelay::shm {
@@ -36,7 +36,7 @@ struct ShmServerOptions {
   std::uint32_t resolve_threads = 4;
   // Bytes of the shared arena (0: none; every entry gets its own sealed memfd). See arena.h.
   std::uint64_t arena_bytes = 0;
-  // Write each arena page once in the background (paced), see ShmArena::warm.
+  // Write each arena page once in the background (paced), see kv_store::ShmArena::warm.
   bool warm_arena = true;
   // Arena entries one connection may hold at once; past this it gets sealed copies.
   std::uint32_t max_leases_per_connection = 4096;
@@ -45,7 +45,7 @@ struct ShmServerOptions {
 // What a Resolve answers with: an entry (from the store, fetched from a peer, or converted for
 // this request) covering `meta.blocks` leading blocks.
 struct ResolvedEntry {
-  std::shared_ptr<const StoredEntry> entry;
+  std::shared_ptr<const kv_store::StoredEntry> entry;
   ResolvedMeta meta;
 };
 
@@ -58,13 +58,13 @@ class DataPlaneHooks {
   // kNotFound is a miss (its message says why); other errors are reported to the worker as such.
   [[nodiscard]] virtual Result<ResolvedEntry> resolve(const ResolveRequest& request) = 0;
   // After a CommitContext put `entry` in the store under `key`.
-  virtual void published(const EntryKey& key, const std::shared_ptr<const StoredEntry>& entry,
+  virtual void published(const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                          std::string_view params_json) = 0;
   virtual void prefill_observed(const PrefillReport& report) = 0;
 };
 
 // The store alone: the longest prefix whose key is present (no medium choice, no peers).
-[[nodiscard]] Result<ResolvedEntry> resolve_from_store(EntryStore& store, const ResolveRequest& request);
+[[nodiscard]] Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const ResolveRequest& request);
 
 // Answers one small ring message; the default echoes it (a ping).
 using SmallMessageHandler = std::function<std::vector<std::byte>(std::span<const std::byte>)>;
@@ -78,7 +78,7 @@ class ShmServer {
   // Binds the socket (replacing a stale socket file, never any other file) and applies mode,
   // group and uid policy. Does not start serving.
   [[nodiscard]] static Result<std::unique_ptr<ShmServer>> listen(ShmServerOptions options,
-                                                                 std::shared_ptr<EntryStore> store);
+                                                                 std::shared_ptr<kv_store::EntryStore> store);
 
   void set_small_message_handler(SmallMessageHandler handler) { small_handler_ = std::move(handler); }
   // Set before start(); without hooks Resolve answers from the store alone.
@@ -94,11 +94,11 @@ class ShmServer {
   [[nodiscard]] ServerStats stats() const;
   [[nodiscard]] const std::string& socket_path() const { return options_.socket_path; }
   // nullptr without one. Other parts of the sidecar put entries they create here too.
-  [[nodiscard]] const std::shared_ptr<ShmArena>& arena() const { return arena_; }
+  [[nodiscard]] const std::shared_ptr<kv_store::ShmArena>& arena() const { return arena_; }
 
  private:
   struct Connection;
-  ShmServer(ShmServerOptions options, std::shared_ptr<EntryStore> store);
+  ShmServer(ShmServerOptions options, std::shared_ptr<kv_store::EntryStore> store);
 
   void accept_connections();
   // false: drop the connection.
@@ -116,7 +116,7 @@ class ShmServer {
                      std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
   // The fields and fd of an Entry/Resolved reply: an arena block under a new lease for clients
   // that speak version 3, else a sealed memfd (a copy, for arena entries). Returns the reply type.
-  [[nodiscard]] Result<MessageType> entry_reply(Connection& connection, const std::shared_ptr<const StoredEntry>& entry,
+  [[nodiscard]] Result<MessageType> entry_reply(Connection& connection, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                                                 bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
                                                 UniqueFd& reply_owned_fd);
   // Runs a resolve on the pool; the connection is not polled until its reply is sent.
@@ -131,9 +131,9 @@ class ShmServer {
   };
 
   ShmServerOptions options_;
-  std::shared_ptr<EntryStore> store_;
-  std::shared_ptr<ShmArena> arena_;
-  // Warms the arena's pages once, paced (ShmArena::warm), stopped by stop().
+  std::shared_ptr<kv_store::EntryStore> store_;
+  std::shared_ptr<kv_store::ShmArena> arena_;
+  // Warms the arena's pages once, paced (kv_store::ShmArena::warm), stopped by stop().
   std::thread arena_warmer_;
   std::atomic<bool> stop_warming_{false};
   SmallMessageHandler small_handler_;

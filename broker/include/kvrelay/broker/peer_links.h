@@ -1,0 +1,126 @@
+#pragma once
+
+// The daemon's connections to its peers for the KV path: one client per peer and purpose (fetch,
+// push, probe) so a long push never delays a lookup's fetch; a background prober that pings
+// each peer (RTT) and asks which KV chains it holds (summaries); and the view /admin/peers shows.
+// A same_host peer's KV comes over shared memory, through its sidecar's data plane, when its
+// hello offers one; over TCP (and the fetch says why) when not.
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/metrics.h"
+#include "kvrelay/core/warm_buffers.h"
+#include "kvrelay/peer/link_estimator.h"
+#include "kvrelay/peer/peer_client.h"
+#include "kvrelay/broker/policy_source.h"
+#include "kvrelay/shm_transport/client.h"
+
+namespace kvrelay::broker {
+
+class PeerLinks {
+ public:
+  PeerLinks(std::shared_ptr<PolicySource> policy, metrics::Registry& registry);
+  ~PeerLinks();
+  PeerLinks(const PeerLinks&) = delete;
+  PeerLinks& operator=(const PeerLinks&) = delete;
+
+  // Called with (peer id, RTT seconds) after each probe; set before start().
+  void set_rtt_observer(std::function<void(const std::string&, double)> observer) { on_rtt_ = std::move(observer); }
+  // Starts the prober (every limits.peer_summary_interval_ms; 0: no background probing).
+  void start();
+  void stop();
+
+  // Peer ids to ask for a chain, those whose last summary lists one of `hashes` first.
+  [[nodiscard]] std::vector<std::string> candidates(std::uint64_t model_id, std::span<const std::uint64_t> hashes);
+  // The longest prefix of the chain `request` names that the peer holds, as a frame of
+  // request.codec (nullopt: none), all of it (connect, hello, every read, the encode of a
+  // shared-memory fetch) by `deadline`; past it a kTimeout names the stage. Each wait is also
+  // bounded by limits.read_timeout. `codecs` encode what a same-host peer hands over.
+  [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch(const std::string& peer_id,
+                                                                            const peer::FetchRequest& request,
+                                                                            peer::Deadline deadline,
+                                                                            std::uint64_t max_frame_bytes,
+                                                                            const codec::CodecRegistry& codecs);
+  [[nodiscard]] Status push(const std::string& peer_id, std::uint64_t transfer_id, const kv_store::EntryKey& key,
+                            std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
+  // Asks every peer now (what the prober does each interval).
+  void probe_all();
+
+  [[nodiscard]] std::optional<peer::LinkEstimate> estimate(const std::string& peer_id) const;
+  // Where fetched frames land, and what the KV path decodes and joins them in: kept warm between
+  // fetches (at most kWarmBuffers buffers, limits.peer_buffer_bytes bytes as of construction).
+  static constexpr std::size_t kWarmBuffers = 4;
+  [[nodiscard]] WarmBufferPool& buffers() { return *buffers_; }
+  [[nodiscard]] nlohmann::json describe() const;
+
+ private:
+  enum Purpose : std::size_t { kFetch = 0, kPush = 1, kProbe = 2, kPurposes = 3 };
+  struct Slot {
+    std::mutex mutex;
+    std::optional<peer::PeerClient> client;
+    std::string address;  // where `client` is connected: a reload that moves the peer drops it
+  };
+  struct PeerState {
+    std::array<Slot, kPurposes> slots;
+    // A same-host peer's data plane, for fetches, and its socket: guarded by slots[kFetch].mutex.
+    std::optional<shm::ShmClient> data_plane;
+    std::string data_plane_socket;
+    // Guarded by PeerLinks::mutex_.
+    bool reachable = false;
+    std::string last_error;
+    std::string remote_node;
+    std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash> held;
+    std::chrono::steady_clock::time_point summary_time{};
+    std::uint64_t fetches = 0;
+    std::uint64_t pushes = 0;
+    std::uint64_t failures = 0;
+  };
+
+  PeerState& state_of(const std::string& peer_id);
+  // Runs `call` on the peer's client for `purpose`, connecting first when needed (each wait up to
+  // `timeout`, all of the connect by `deadline`); a failure drops the client (its stream
+  // position is unknown) and is recorded.
+  template <class Call>
+  auto with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
+                   peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>()));
+  // A same_host peer's fetch on its connected `client`: over the data plane its hello names,
+  // else (none offered, or it failed in time) over TCP with a note saying why. Under the fetch
+  // slot's lock.
+  [[nodiscard]] Result<std::optional<peer::PeerClient::FetchedFrame>> fetch_same_host(
+      PeerState& state, peer::PeerClient& client, const peer::FetchRequest& request, peer::Deadline deadline,
+      std::uint64_t max_frame_bytes, const codec::CodecRegistry& codecs, std::chrono::milliseconds timeout);
+  void note_result(const std::string& peer_id, const Error* error);
+  void run_prober();
+
+  std::shared_ptr<PolicySource> policy_;
+  std::shared_ptr<peer::LinkEstimator> estimator_ = std::make_shared<peer::LinkEstimator>();
+  std::shared_ptr<WarmBufferPool> buffers_;
+  std::function<void(const std::string&, double)> on_rtt_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<PeerState>, std::less<>> peers_;
+  metrics::Family<metrics::Gauge>& up_;
+  metrics::Family<metrics::Gauge>& rtt_;
+  metrics::Family<metrics::Gauge>& throughput_;
+  std::mutex stop_mutex_;
+  std::condition_variable stop_wake_;
+  bool stopping_ = false;
+  std::thread prober_;
+};
+
+}  // namespace kvrelay::broker

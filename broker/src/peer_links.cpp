@@ -1,0 +1,267 @@
+#include "kvrelay/broker/peer_links.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "shm_fetch.h"
+
+namespace kvrelay::broker {
+
+namespace {
+
+constexpr std::chrono::milliseconds kProbeTimeout{1'000};
+
+}  // namespace
+
+PeerLinks::PeerLinks(std::shared_ptr<PolicySource> policy, metrics::Registry& registry)
+    : policy_(std::move(policy)),
+      buffers_(std::make_shared<WarmBufferPool>(kWarmBuffers, policy_->current()->limits.peer_buffer_bytes)),
+      up_(registry.gauge("kvrelay_peer_up", "1 if the last call to the peer succeeded, else 0", {"peer"})),
+      rtt_(registry.gauge("kvrelay_peer_link_rtt_seconds", "Windowed median RTT of the link to a peer", {"peer"})),
+      throughput_(registry.gauge("kvrelay_peer_link_throughput_bytes_per_second",
+                                 "Windowed throughput of KV transfers on the link to a peer", {"peer"})) {}
+
+PeerLinks::~PeerLinks() {
+  stop();
+}
+
+void PeerLinks::start() {
+  prober_ = std::thread([this] { run_prober(); });
+}
+
+void PeerLinks::stop() {
+  {
+    std::lock_guard lock(stop_mutex_);
+    stopping_ = true;
+  }
+  stop_wake_.notify_all();
+  if (prober_.joinable()) prober_.join();
+}
+
+PeerLinks::PeerState& PeerLinks::state_of(const std::string& peer_id) {
+  std::lock_guard lock(mutex_);
+  auto& state = peers_[peer_id];
+  if (!state) state = std::make_unique<PeerState>();
+  return *state;
+}
+
+void PeerLinks::note_result(const std::string& peer_id, const Error* error) {
+  std::lock_guard lock(mutex_);
+  auto& state = *peers_[peer_id];
+  state.reachable = error == nullptr;
+  if (error != nullptr) {
+    state.last_error = error->to_string();
+    ++state.failures;
+  }
+  up_.with({peer_id}).set(error == nullptr ? 1.0 : 0.0);
+}
+
+template <class Call>
+auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
+                            peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>())) {
+  const auto policy = policy_->current();
+  const PeerPolicy* peer_policy = policy->find_peer(peer_id);
+  if (peer_policy == nullptr) return fail(ErrorCode::kNotFound, fmt::format("no peer '{}' in the policy", peer_id));
+  PeerState& state = state_of(peer_id);
+  Slot& slot = state.slots[purpose];
+  std::lock_guard lock(slot.mutex);
+  const std::string address = peer_policy->address.to_string();
+  if (slot.client && slot.address != address) slot.client.reset();  // a reload moved the peer
+  if (!slot.client) {
+    peer::PeerClientOptions options;
+    options.node_id = policy->node_id;
+    options.connect_timeout = timeout;
+    options.read_timeout = timeout;
+    options.link_estimator = estimator_;
+    options.frame_buffers = buffers_;
+    auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options), deadline);
+    if (!connected) {
+      note_result(peer_id, &connected.error());
+      return connected.error();
+    }
+    slot.client.emplace(std::move(connected).value());
+    slot.address = address;
+    std::lock_guard state_lock(mutex_);
+    state.remote_node = slot.client->remote().node_id;
+  }
+  auto result = call(*slot.client);
+  if (!result) {
+    slot.client.reset();
+    note_result(peer_id, &result.error());
+  } else {
+    note_result(peer_id, nullptr);
+  }
+  if (const auto estimate = estimator_->estimate(slot.client ? slot.client->remote().node_id : peer_id)) {
+    if (estimate->transfer_samples > 0) throughput_.with({peer_id}).set(estimate->throughput_bytes_per_s);
+  }
+  return result;
+}
+
+std::vector<std::string> PeerLinks::candidates(std::uint64_t model_id, std::span<const std::uint64_t> hashes) {
+  const auto policy = policy_->current();
+  std::vector<std::pair<std::size_t, std::string>> ranked;  // (rank, peer): smaller rank first
+  std::lock_guard lock(mutex_);
+  for (const auto& peer_policy : policy->peers) {
+    const auto& peer = peer_policy;
+    std::size_t rank = hashes.size() + 1;  // not in any summary: asked last, in policy order
+    if (const auto found = peers_.find(peer.id); found != peers_.end()) {
+      for (std::size_t index = 0; index < hashes.size(); ++index) {
+        if (found->second->held.contains(kv_store::EntryKey{model_id, hashes[index]})) {
+          rank = index;
+          break;
+        }
+      }
+    }
+    ranked.emplace_back(rank, peer.id);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> ids;
+  for (auto& [rank, id] : ranked)
+    ids.push_back(std::move(id));
+  return ids;
+}
+
+Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch(const std::string& peer_id,
+                                                                       const peer::FetchRequest& request,
+                                                                       peer::Deadline deadline,
+                                                                       std::uint64_t max_frame_bytes,
+                                                                       const codec::CodecRegistry& codecs) {
+  const auto policy = policy_->current();
+  const PeerPolicy* peer_policy = policy->find_peer(peer_id);
+  const bool same_host = peer_policy != nullptr && peer_policy->same_host;
+  const auto timeout = policy->limits.read_timeout;
+  PeerState& state = state_of(peer_id);
+  auto fetched = with_client(peer_id, kFetch, timeout, deadline,
+                             [&](peer::PeerClient& client) -> Result<std::optional<peer::PeerClient::FetchedFrame>> {
+                               // An older peer may hold KV computed over a lossy import filed as exact: it answers no
+                               // lossless fetch (a miss here, not a failure of the link).
+                               if ((client.remote().capabilities & peer::kCapFidelity) == 0 &&
+                                   codec::fidelity_of(codecs, request.codec).is_exact()) {
+                                 spdlog::debug("peer {} does not record fidelity: not asked for exact KV", peer_id);
+                                 return std::optional<peer::PeerClient::FetchedFrame>{};
+                               }
+                               return same_host ? fetch_same_host(state, client, request, deadline, max_frame_bytes,
+                                                                  codecs, timeout)
+                                                : client.fetch(request, max_frame_bytes, deadline);
+                             });
+  if (fetched) {
+    std::lock_guard lock(mutex_);
+    ++peers_[peer_id]->fetches;
+  }
+  return fetched;
+}
+
+Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch_same_host(
+    PeerState& state, peer::PeerClient& client, const peer::FetchRequest& request, peer::Deadline deadline,
+    std::uint64_t max_frame_bytes, const codec::CodecRegistry& codecs, std::chrono::milliseconds timeout) {
+  const auto& remote = client.remote();
+  std::string note = "peer offers no shared-memory socket: fetched over TCP";
+  if ((remote.capabilities & peer::kCapSharedMemory) != 0 && !remote.shm_socket.empty()) {
+    if (state.data_plane_socket != remote.shm_socket) state.data_plane.reset();
+    state.data_plane_socket = remote.shm_socket;
+    auto via_shm = fetch_over_shm({state.data_plane, remote.shm_socket, codecs, *buffers_, timeout}, request, deadline,
+                                  max_frame_bytes);
+    if (via_shm) return via_shm;
+    state.data_plane.reset();  // its position in the exchange is unknown
+    if (std::chrono::steady_clock::now() >= deadline) return via_shm;
+    note = fmt::format("shared memory failed ({}): fetched over TCP", via_shm.error().to_string());
+  }
+  auto over_tcp = client.fetch(request, max_frame_bytes, deadline);
+  if (over_tcp && over_tcp.value()) over_tcp.value()->transport_note = std::move(note);
+  return over_tcp;
+}
+
+Status PeerLinks::push(const std::string& peer_id, std::uint64_t transfer_id, const kv_store::EntryKey& key,
+                       std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
+  auto pushed =
+      with_client(peer_id, kPush, timeout, peer::Deadline::max(), [&](peer::PeerClient& client) -> Result<bool> {
+        KVRELAY_TRY(client.push_encoded(transfer_id, key, frame));
+        return true;
+      });
+  if (!pushed) return pushed.error();
+  std::lock_guard lock(mutex_);
+  ++peers_[peer_id]->pushes;
+  return ok();
+}
+
+void PeerLinks::probe_all() {
+  const auto policy = policy_->current();
+  for (const auto& peer_policy : policy->peers) {
+    const std::string& id = peer_policy.id;
+    auto rtt = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                           [](peer::PeerClient& client) { return client.ping(); });
+    if (!rtt) continue;
+    const double seconds = std::chrono::duration<double>(rtt.value()).count();
+    if (on_rtt_) on_rtt_(id, seconds);
+    if (const auto link = estimate(id)) rtt_.with({id}).set(std::chrono::duration<double>(link->rtt).count());
+    auto keys = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                            [](peer::PeerClient& client) { return client.summary(); });
+    if (!keys) continue;
+    std::lock_guard lock(mutex_);
+    auto& state = *peers_[id];
+    state.held = std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash>(keys.value().begin(), keys.value().end());
+    state.summary_time = std::chrono::steady_clock::now();
+  }
+}
+
+void PeerLinks::run_prober() {
+  while (true) {
+    const auto interval = policy_->current()->limits.peer_summary_interval;
+    if (interval.count() > 0) probe_all();
+    std::unique_lock lock(stop_mutex_);
+    const auto wait = interval.count() > 0 ? interval : std::chrono::milliseconds(1'000);
+    if (stop_wake_.wait_for(lock, wait, [this] { return stopping_; })) return;
+  }
+}
+
+std::optional<peer::LinkEstimate> PeerLinks::estimate(const std::string& peer_id) const {
+  std::string node;
+  {
+    std::lock_guard lock(mutex_);
+    const auto found = peers_.find(peer_id);
+    node = found != peers_.end() && !found->second->remote_node.empty() ? found->second->remote_node : peer_id;
+  }
+  return estimator_->estimate(node);
+}
+
+nlohmann::json PeerLinks::describe() const {
+  const auto policy = policy_->current();
+  nlohmann::json peers = nlohmann::json::array();
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& peer_policy : policy->peers) {
+    const auto& peer = peer_policy;
+    nlohmann::json view{{"id", peer.id}, {"address", peer.address.to_string()}, {"same_host", peer.same_host}};
+    std::string node = peer.id;
+    {
+      std::lock_guard lock(mutex_);
+      const auto found = peers_.find(peer.id);
+      if (found == peers_.end()) {
+        view["state"] = "not_contacted";
+      } else {
+        const PeerState& state = *found->second;
+        view["state"] = state.reachable ? "connected" : "unreachable";
+        if (!state.last_error.empty()) view["last_error"] = state.last_error;
+        if (!state.remote_node.empty()) node = state.remote_node;
+        view["summary_keys"] = state.held.size();
+        if (state.summary_time != std::chrono::steady_clock::time_point{}) {
+          view["summary_age_s"] = std::chrono::duration<double>(now - state.summary_time).count();
+        }
+        view["fetches"] = state.fetches;
+        view["pushes"] = state.pushes;
+        view["failures"] = state.failures;
+      }
+    }
+    if (const auto estimate = estimator_->estimate(node)) {
+      view["link"] = {{"rtt_us", estimate->rtt.count()},
+                      {"rtt_samples", estimate->rtt_samples},
+                      {"throughput_bytes_per_s", estimate->throughput_bytes_per_s},
+                      {"transfer_samples", estimate->transfer_samples}};
+    }
+    peers.push_back(std::move(view));
+  }
+  return nlohmann::json{{"node", policy->node_id}, {"peers", std::move(peers)}};
+}
+
+}  // namespace kvrelay::broker

@@ -1,0 +1,109 @@
+#pragma once
+
+// Sending end of the TCP peer plane, with a blocking API (it runs its own event loop on the
+// calling thread) for the CLI, the daemon's transfer workers, tests and benchmarks.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvrelay/core/policy.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/core/warm_buffers.h"
+#include "kvrelay/peer/link_estimator.h"
+#include "kvrelay/peer/peer_protocol.h"
+
+namespace kvrelay::peer {
+
+// When a whole exchange (a lookup: connect, hello, request, every read) must be over. Each wait
+// in it ends at the sooner of its own timeout and this; max(): no bound beyond the timeouts.
+using Deadline = std::chrono::steady_clock::time_point;
+
+struct PeerClientOptions {
+  std::string node_id = "kvrelay-client";
+  std::chrono::milliseconds connect_timeout{3'000};
+  std::chrono::milliseconds read_timeout{5'000};
+  std::uint32_t chunk_bytes = 1U << 20;
+  // Chunks sent but not yet acknowledged. Bounds what a slow receiver can make us hold in
+  // flight: window * chunk_bytes of the caller's data, which must stay valid until send returns.
+  std::uint32_t window_chunks = 8;
+  // Each chunk is copied by its checksum pass into one reused buffer that the socket write then
+  // reads, rather than written from the caller's memory: see "staged chunks" in
+  // docs/transports.md. False writes straight from the caller's memory.
+  bool stage_chunks = true;
+  // A transfer that fits one chunk goes as two halves (transfer_chunk_bytes in peer_protocol.h).
+  bool split_single_chunk = true;
+  std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
+  // May publish through the receiver's Unix socket when it is on this host and offers one.
+  bool allow_shared_memory = false;
+  // Called after each acknowledged chunk with (bytes acknowledged, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+  // Where RTT and throughput samples go (optional); keyed by the remote node id.
+  std::shared_ptr<LinkEstimator> link_estimator;
+  // Where fetched frames are received (optional: without it each fetch gets a fresh buffer,
+  // which on some hosts costs more in first-touch page faults than the transfer).
+  std::shared_ptr<WarmBufferPool> frame_buffers;
+};
+
+// Client options for sending to `peer` under `policy`: our node id, the policy's read
+// timeout, and the shared-memory path only where the policy marks the peer same_host.
+[[nodiscard]] PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer);
+
+enum class TransferOutcome { kCommitted, kAlreadyCommitted, kCommittedViaSharedMemory };
+
+class PeerClient {
+ public:
+  ~PeerClient();
+  PeerClient(PeerClient&&) noexcept;
+  PeerClient& operator=(PeerClient&&) noexcept;
+
+  // Connects and exchanges hellos, all of it by `deadline` (a kTimeout naming the stage if not).
+  [[nodiscard]] static Result<PeerClient> connect(const HostPort& address, PeerClientOptions options,
+                                                  Deadline deadline = Deadline::max());
+
+  [[nodiscard]] const Hello& remote() const;
+  [[nodiscard]] Result<TransferOutcome> send(std::uint64_t transfer_id, const kv_store::EntryKey& key,
+                                             const KvLayout& layout, std::span<const std::byte> bytes);
+  [[nodiscard]] Result<std::chrono::microseconds> ping();
+
+  // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
+  // `key` (nullopt: the peer holds none). A frame announced larger than `max_frame_bytes` is
+  // refused before anything is allocated for it. Request, reply and every chunk by `deadline`:
+  // past it the fetch fails with kTimeout naming its stage, and the connection (left
+  // mid-frame) is broken, never reused.
+  struct FetchedFrame {
+    kv_store::EntryKey key;
+    WarmBufferPool::Lease buffer;  // holds the frame (its first frame_bytes); back to frame_buffers when dropped
+    std::size_t frame_bytes = 0;
+    [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8().first(frame_bytes); }
+    // From sending the request to the reply's header: the peer's lookup, read and encode, plus
+    // one round trip. Then the chunks themselves, checksums included.
+    std::chrono::microseconds reply_wait{};
+    std::chrono::microseconds transfer{};
+    // How the KV came: "tcp" (this client), or "shm" where a same-host peer's data plane
+    // handed it over (broker::PeerLinks); `transport_note` says why a same-host fetch used TCP.
+    std::string transport = "tcp";
+    std::string transport_note;
+  };
+  [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes,
+                                                          Deadline deadline = Deadline::max());
+  // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.
+  [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
+                                    std::span<const std::uint8_t> frame);
+  // The keys the peer holds, most recently used first.
+  [[nodiscard]] Result<std::vector<kv_store::EntryKey>> summary();
+  [[nodiscard]] Result<PeerServerStats> stats();
+
+  struct State;  // defined in peer_client.cpp
+
+ private:
+  explicit PeerClient(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvrelay::peer

@@ -1,0 +1,81 @@
+#pragma once
+
+// Receiving end of the TCP peer plane: accepts sidecar connections, answers hellos, pings and
+// stats, and receives chunked transfers straight into a sealed memfd. A transfer becomes
+// visible in the entry store only after every chunk and the whole-entry checksum verified;
+// a transfer id that already committed is answered "already committed", so a retry lands
+// exactly once.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/kv_layout.h"
+#include "kvrelay/core/policy.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/peer/peer_protocol.h"
+#include "kvrelay/kv_store/entry_store.h"
+
+namespace kvrelay::peer {
+
+struct KvBytesEvent {
+  std::string_view direction;  // "served" (a fetch answered) or "received" (a push filed)
+  std::string_view codec;      // codec spec, e.g. "int4+zstd"
+  std::uint64_t frame_bytes = 0;
+  std::uint64_t raw_bytes = 0;
+  DType dtype = DType::kFloat16;
+  // This sidecar's encode ("served") or decode ("received") time, for the decision engine.
+  double codec_seconds = 0.0;
+};
+
+struct PeerServerOptions {
+  std::string node_id;
+  std::string shm_socket;  // advertised to same-host peers when set
+  std::chrono::milliseconds handshake_timeout{5'000};
+  std::chrono::milliseconds read_timeout{5'000};   // inside a frame or a transfer
+  std::chrono::milliseconds idle_timeout{60'000};  // between frames outside transfers
+  std::size_t remembered_transfers = 65'536;       // committed ids kept for exactly-once
+  std::uint64_t max_entry_bytes = 64ULL << 30;     // larger transfers are refused up front
+  // Buffers that fetches are read and encoded into (and pushed frames received into) are kept
+  // for the next one up to this many bytes in all (at most 4 buffers): fresh ones cost a
+  // first-touch page fault per 4 KiB on hosts with lazily built page tables.
+  std::uint64_t warm_buffer_bytes = 192ULL << 20;
+  // Where received entries go when it has room (the shm server's arena); else sealed memfds.
+  std::shared_ptr<kv_store::ShmArena> arena;
+  // Chunks bound for the arena land in a reused one-chunk buffer and are copied into their
+  // block by the checksum pass, rather than received straight into the block: see "staged
+  // chunks" in docs/transports.md. False receives into the block.
+  bool stage_arena_chunks = true;
+  // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
+  std::shared_ptr<const codec::CodecRegistry> codecs;
+  // Encoded KV that left ("served") or arrived ("received"), with what its codec cost here.
+  std::function<void(const KvBytesEvent& event)> on_kv_bytes;
+};
+
+class PeerServer {
+ public:
+  PeerServer(boost::asio::io_context& io, PeerServerOptions options, std::shared_ptr<kv_store::EntryStore> store);
+  ~PeerServer();
+  PeerServer(const PeerServer&) = delete;
+  PeerServer& operator=(const PeerServer&) = delete;
+
+  [[nodiscard]] Status listen(const HostPort& address);
+  [[nodiscard]] boost::asio::ip::tcp::endpoint local_endpoint() const;
+  // Stops accepting and closes every session (their transfers fail, nothing partial is kept).
+  void stop();
+  [[nodiscard]] PeerServerStats stats() const;
+
+  struct Shared;  // state shared with sessions, which may outlive this object briefly
+
+ private:
+  boost::asio::io_context& io_;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace kvrelay::peer

@@ -1,0 +1,314 @@
+#include "kvrelay/peer/peer_protocol.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kvrelay/core/byte_io.h"
+
+namespace kvrelay::peer {
+
+
+Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderBytes> bytes) {
+  ByteReader reader(bytes);
+  const auto magic = reader.get<std::uint32_t>().value_or(0);
+  const auto version = reader.get<std::uint16_t>().value_or(0);
+  const auto type = reader.get<std::uint16_t>().value_or(0);
+  const auto length = reader.get<std::uint32_t>().value_or(0);
+  if (magic != kPeerMagic) return fail(ErrorCode::kBadMagic, fmt::format("bad peer frame magic 0x{:08x}", magic));
+  if (version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer protocol version {}", version));
+  if (type < static_cast<std::uint16_t>(PeerMessage::kHello) || type > static_cast<std::uint16_t>(kLastPeerMessage)) {
+    return fail(ErrorCode::kProtocol, fmt::format("unknown peer message type {}", type));
+  }
+  const auto message = static_cast<PeerMessage>(type);
+  const std::uint64_t limit =
+      message == PeerMessage::kChunk ? kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes} : kMaxControlPayload;
+  if (length > limit)
+    return fail(ErrorCode::kProtocol, fmt::format("peer frame of {} bytes exceeds {}", length, limit));
+  return PeerHeader{message, length};
+}
+
+void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length) {
+  const std::uint16_t type_value = static_cast<std::uint16_t>(type);
+  std::memcpy(out.data(), &kPeerMagic, 4);
+  std::memcpy(out.data() + 4, &kPeerVersion, 2);
+  std::memcpy(out.data() + 6, &type_value, 2);
+  std::memcpy(out.data() + 8, &length, 4);
+}
+
+std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload) {
+  std::vector<std::byte> frame(kPeerHeaderBytes + payload.size());
+  encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes), type,
+                     static_cast<std::uint32_t>(payload.size()));
+  if (!payload.empty()) std::memcpy(frame.data() + kPeerHeaderBytes, payload.data(), payload.size());
+  return frame;
+}
+
+std::vector<std::byte> encode_hello(PeerMessage type, const Hello& hello) {
+  ByteWriter writer;
+  writer.put(hello.protocol_version).put(hello.capabilities).put_string(hello.node_id).put(hello.max_chunk_bytes);
+  writer.put_string(hello.shm_socket);
+  return encode_peer_frame(type, writer.bytes());
+}
+
+Result<Hello> decode_hello(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  Hello hello;
+  const auto version = reader.get<std::uint32_t>();
+  const auto capabilities = reader.get<std::uint64_t>();
+  auto node = reader.get_string();
+  const auto max_chunk = reader.get<std::uint32_t>();
+  auto socket = reader.get_string();
+  if (!version || !capabilities || !node || !max_chunk || !socket || reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, "malformed hello");
+  }
+  if (*version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer speaks version {}", *version));
+  if (*max_chunk == 0 || *max_chunk > kMaxChunkBytes) return fail(ErrorCode::kProtocol, "bad max chunk size");
+  hello.protocol_version = *version;
+  hello.capabilities = *capabilities;
+  hello.node_id = std::move(*node);
+  hello.max_chunk_bytes = *max_chunk;
+  hello.shm_socket = std::move(*socket);
+  return hello;
+}
+
+std::vector<std::byte> encode_begin(const Begin& begin) {
+  ByteWriter writer;
+  writer.put(begin.transfer_id);
+  kv_store::encode_key(writer, begin.key);
+  kv_store::encode_layout(writer, begin.info.layout);
+  writer.put(begin.info.bytes).put(begin.running_checksums ? std::uint64_t{0} : begin.info.checksum);
+  writer.put(begin.chunk_bytes);
+  if (begin.running_checksums) writer.put(begin.eager_chunks);
+  return encode_peer_frame(begin.running_checksums ? PeerMessage::kBeginRunning : PeerMessage::kBegin, writer.bytes());
+}
+
+Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type) {
+  if (type != PeerMessage::kBegin && type != PeerMessage::kBeginRunning) {
+    return fail(ErrorCode::kInvalidArgument, "not a begin message");
+  }
+  ByteReader reader(payload);
+  Begin begin;
+  const auto transfer_id = reader.get<std::uint64_t>();
+  const auto key = kv_store::decode_key(reader);
+  if (!transfer_id || !key) return fail(ErrorCode::kTruncated, "begin truncated");
+  KVRELAY_TRY(const auto layout, kv_store::decode_layout(reader));
+  const auto bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  const auto chunk_bytes = reader.get<std::uint32_t>();
+  const auto eager_chunks =
+      type == PeerMessage::kBeginRunning ? reader.get<std::uint32_t>() : std::optional<std::uint32_t>(0);
+  if (!bytes || !checksum || !chunk_bytes || !eager_chunks || reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, "malformed begin");
+  }
+  if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
+    return fail(ErrorCode::kProtocol, fmt::format("chunk size {} out of range", *chunk_bytes));
+  }
+  begin.transfer_id = *transfer_id;
+  begin.key = *key;
+  begin.info = kv_store::EntryInfo{layout, *bytes, *checksum};
+  begin.chunk_bytes = *chunk_bytes;
+  begin.running_checksums = type == PeerMessage::kBeginRunning;
+  if (begin.running_checksums && begin.info.checksum != 0) {
+    return fail(ErrorCode::kProtocol, "a begin with running checksums must carry checksum 0");
+  }
+  KVRELAY_TRY(kv_store::validate_entry_info(begin.info));
+  if (begin.chunk_count() > UINT32_MAX) return fail(ErrorCode::kOverflow, "too many chunks");
+  begin.eager_chunks = *eager_chunks;
+  if (begin.eager_chunks > begin.chunk_count()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("{} eager chunks in a transfer of {}", begin.eager_chunks, begin.chunk_count()));
+  }
+  return begin;
+}
+
+void encode_chunk_header(std::span<std::byte, kChunkHeaderBytes> out, const ChunkHeader& chunk) {
+  std::memcpy(out.data(), &chunk.transfer_id, 8);
+  std::memcpy(out.data() + 8, &chunk.index, 4);
+  std::memcpy(out.data() + 12, &chunk.checksum, 8);
+}
+
+ChunkHeader decode_chunk_header(std::span<const std::byte, kChunkHeaderBytes> bytes) {
+  ChunkHeader chunk;
+  std::memcpy(&chunk.transfer_id, bytes.data(), 8);
+  std::memcpy(&chunk.index, bytes.data() + 8, 4);
+  std::memcpy(&chunk.checksum, bytes.data() + 12, 8);
+  return chunk;
+}
+
+std::uint32_t transfer_chunk_bytes(std::uint32_t configured, std::uint64_t bytes) noexcept {
+  if (bytes > configured || bytes < kSplitTransferMinBytes) return configured;
+  constexpr std::uint64_t kPage = 4096;
+  const std::uint64_t half = (bytes + 1) / 2;
+  return static_cast<std::uint32_t>((half + kPage - 1) / kPage * kPage);
+}
+
+std::vector<std::byte> encode_peer_stats(const PeerServerStats& stats) {
+  ByteWriter writer;
+  writer.put(stats.sessions).put(stats.active_transfers).put(stats.committed_transfers);
+  writer.put(stats.duplicate_transfers).put(stats.failed_transfers).put(stats.bytes_received);
+  writer.put(stats.chunks_received);
+  return encode_peer_frame(PeerMessage::kStatsReply, writer.bytes());
+}
+
+Result<PeerServerStats> decode_peer_stats(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  PeerServerStats stats;
+  for (std::uint64_t* field : {&stats.sessions, &stats.active_transfers, &stats.committed_transfers,
+                               &stats.duplicate_transfers, &stats.failed_transfers, &stats.bytes_received}) {
+    const auto value = reader.get<std::uint64_t>();
+    if (!value) return fail(ErrorCode::kTruncated, "peer stats truncated");
+    *field = *value;
+  }
+  // Added later: a reply without it comes from an older peer.
+  if (reader.remaining() != 0) {
+    const auto chunks = reader.get<std::uint64_t>();
+    if (!chunks) return fail(ErrorCode::kTruncated, "peer stats truncated in chunks_received");
+    stats.chunks_received = *chunks;
+  }
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in peer stats");
+  return stats;
+}
+
+std::vector<std::byte> encode_peer_error(const Error& error) {
+  ByteWriter writer;
+  writer.put(static_cast<std::uint16_t>(error.code));
+  writer.put_string(std::string_view(error.message).substr(0, 4000));
+  return encode_peer_frame(PeerMessage::kError, writer.bytes());
+}
+
+Error decode_peer_error(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto code = reader.get<std::uint16_t>();
+  auto text = reader.get_string();
+  if (!code || !text || reader.remaining() != 0) return Error{ErrorCode::kProtocol, "malformed peer error"};
+  return Error{static_cast<ErrorCode>(*code), std::move(*text)};
+}
+
+std::vector<std::byte> encode_fetch(const FetchRequest& request) {
+  ByteWriter writer;
+  writer.put(request.request_id).put(request.model_id).put_string(request.codec);
+  writer.put(static_cast<std::uint32_t>(request.hashes.size()));
+  for (const std::uint64_t hash : request.hashes)
+    writer.put(hash);
+  // Optional trailing field: a full fetch stays byte-identical to what older peers send.
+  if (request.skip_tokens != 0) writer.put(request.skip_tokens);
+  return encode_peer_frame(PeerMessage::kFetch, writer.bytes());
+}
+
+Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  FetchRequest request;
+  const auto id = reader.get<std::uint64_t>();
+  const auto model = reader.get<std::uint64_t>();
+  auto codec = reader.get_string();
+  const auto count = reader.get<std::uint32_t>();
+  if (!id || !model || !codec || !count) return fail(ErrorCode::kTruncated, "fetch request truncated");
+  const std::uint64_t hash_bytes = std::uint64_t{*count} * 8;
+  if (hash_bytes != reader.remaining() && hash_bytes + 8 != reader.remaining()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("fetch request announces {} hashes but carries {} bytes", *count, reader.remaining()));
+  }
+  if (codec->empty()) return fail(ErrorCode::kInvalidArgument, "fetch request names no codec");
+  request.request_id = *id;
+  request.model_id = *model;
+  request.codec = std::move(*codec);
+  request.hashes.reserve(*count);
+  for (std::uint32_t index = 0; index < *count; ++index)
+    request.hashes.push_back(*reader.get<std::uint64_t>());
+  if (reader.remaining() != 0) request.skip_tokens = *reader.get<std::uint64_t>();
+  return request;
+}
+
+namespace {
+
+void put_encoded_fields(ByteWriter& writer, const EncodedEntryHeader& header) {
+  kv_store::encode_key(writer, header.key);
+  writer.put(header.frame_bytes).put(header.frame_checksum).put(header.chunk_bytes);
+}
+
+Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id) {
+  EncodedEntryHeader header;
+  header.id = id;
+  const auto key = kv_store::decode_key(reader);
+  const auto frame_bytes = reader.get<std::uint64_t>();
+  const auto checksum = reader.get<std::uint64_t>();
+  const auto chunk_bytes = reader.get<std::uint32_t>();
+  if (!key || !frame_bytes || !checksum || !chunk_bytes || reader.remaining() != 0)
+    return fail(ErrorCode::kProtocol, "malformed encoded entry header");
+  if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
+    return fail(ErrorCode::kProtocol, fmt::format("chunk size {} outside 1..{}", *chunk_bytes, kMaxChunkBytes));
+  }
+  if (*frame_bytes == 0) return fail(ErrorCode::kProtocol, "encoded entry of 0 bytes");
+  header.key = *key;
+  header.frame_bytes = *frame_bytes;
+  header.frame_checksum = *checksum;
+  header.chunk_bytes = *chunk_bytes;
+  return header;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_fetch_reply(std::uint64_t request_id, const EncodedEntryHeader* found) {
+  ByteWriter writer;
+  writer.put(request_id).put(static_cast<std::uint8_t>(found != nullptr ? 1 : 0));
+  if (found != nullptr) put_encoded_fields(writer, *found);
+  return encode_peer_frame(PeerMessage::kFetchReply, writer.bytes());
+}
+
+Result<std::optional<EncodedEntryHeader>> decode_fetch_reply(std::span<const std::byte> payload,
+                                                             std::uint64_t expected_id) {
+  ByteReader reader(payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto found = reader.get<std::uint8_t>();
+  if (!id || !found) return fail(ErrorCode::kTruncated, "fetch reply truncated");
+  if (*id != expected_id) return fail(ErrorCode::kProtocol, fmt::format("fetch reply for request {}", *id));
+  if (*found == 0) {
+    if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in a fetch miss");
+    return std::optional<EncodedEntryHeader>{};
+  }
+  if (*found != 1) return fail(ErrorCode::kProtocol, "bad fetch reply flag");
+  KVRELAY_TRY(auto header, get_encoded_fields(reader, *id));
+  return std::optional<EncodedEntryHeader>(header);
+}
+
+std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header) {
+  ByteWriter writer;
+  writer.put(header.id);
+  put_encoded_fields(writer, header);
+  return encode_peer_frame(PeerMessage::kPushEncoded, writer.bytes());
+}
+
+Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto id = reader.get<std::uint64_t>();
+  if (!id) return fail(ErrorCode::kTruncated, "push header truncated");
+  return get_encoded_fields(reader, *id);
+}
+
+std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys) {
+  ByteWriter writer;
+  const auto count = std::min(keys.size(), kMaxSummaryKeys);
+  writer.put(static_cast<std::uint32_t>(count));
+  for (std::size_t index = 0; index < count; ++index)
+    kv_store::encode_key(writer, keys[index]);
+  return encode_peer_frame(PeerMessage::kSummaryReply, writer.bytes());
+}
+
+Result<std::vector<kv_store::EntryKey>> decode_summary(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto count = reader.get<std::uint32_t>();
+  if (!count) return fail(ErrorCode::kTruncated, "summary truncated");
+  if (std::uint64_t{*count} * kv_store::kEncodedKeyBytes != reader.remaining()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("summary announces {} keys but carries {} bytes", *count, reader.remaining()));
+  }
+  std::vector<kv_store::EntryKey> keys;
+  keys.reserve(*count);
+  for (std::uint32_t index = 0; index < *count; ++index)
+    keys.push_back(*kv_store::decode_key(reader));
+  return keys;
+}
+
+}  // namespace kvrelay::peer

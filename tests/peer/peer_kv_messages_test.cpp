@@ -1,0 +1,159 @@
+// Peer-plane KV path messages (Fetch, FetchReply, PushEncoded, Summary): round trips, and every
+// truncated or lying payload refused.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstring>
+
+#include "kvrelay/peer/peer_protocol.h"
+#include "kvrelay/core/byte_io.h"
+
+using namespace kvrelay;
+using namespace kvrelay::peer;
+
+namespace {
+
+std::vector<std::byte> payload_of(const std::vector<std::byte>& frame) {
+  return {frame.begin() + static_cast<std::ptrdiff_t>(kPeerHeaderBytes), frame.end()};
+}
+
+}  // namespace
+
+TEST_CASE("fetch requests round-trip, truncated or lying ones are refused", "[proxy][peer][unit]") {
+  const FetchRequest request{42, 7, "int4+zstd", {9, 8, 7}};
+  const auto payload = payload_of(encode_fetch(request));
+  const auto decoded = decode_fetch(payload);
+  REQUIRE(decoded);
+  CHECK(decoded.value().codec == "int4+zstd");
+  CHECK(decoded.value().hashes == std::vector<std::uint64_t>{9, 8, 7});
+  for (std::size_t length = 0; length < payload.size(); ++length) {
+    CHECK_FALSE(decode_fetch(std::span(payload.data(), length)));
+  }
+  CHECK_FALSE(decode_fetch(payload_of(encode_fetch({1, 7, "", {1}}))));  // no codec named
+  CHECK(decoded.value().skip_tokens == 0);
+}
+
+TEST_CASE("a delta fetch carries the tokens the asker already holds", "[proxy][peer][unit]") {
+  const FetchRequest request{43, 7, "raw", {9, 8}, 96};
+  const auto payload = payload_of(encode_fetch(request));
+  const auto full = payload_of(encode_fetch({43, 7, "raw", {9, 8}}));
+  CHECK(payload.size() == full.size() + 8);  // a full fetch is what peers without deltas send
+  const auto decoded = decode_fetch(payload);
+  REQUIRE(decoded);
+  CHECK(decoded.value().skip_tokens == 96);
+  CHECK(decoded.value().hashes == std::vector<std::uint64_t>{9, 8});
+  for (std::size_t length = full.size() + 1; length < payload.size(); ++length) {
+    CHECK_FALSE(decode_fetch(std::span(payload.data(), length)));  // a torn skip field
+  }
+}
+
+TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[proxy][peer][unit]") {
+  EncodedEntryHeader header;
+  header.id = 5;
+  header.key = {1, 2};
+  header.frame_bytes = 3 * 1024 * 1024 + 1;
+  header.frame_checksum = 0xABCD;
+  header.chunk_bytes = 1U << 20;
+  CHECK(header.chunk_count() == 4);
+
+  const auto found = decode_fetch_reply(payload_of(encode_fetch_reply(5, &header)), 5);
+  REQUIRE(found);
+  REQUIRE(found.value());
+  CHECK(found.value()->frame_bytes == header.frame_bytes);
+  CHECK_FALSE(decode_fetch_reply(payload_of(encode_fetch_reply(5, &header)), 6));  // another request's reply
+  const auto miss = decode_fetch_reply(payload_of(encode_fetch_reply(5, nullptr)), 5);
+  REQUIRE(miss);
+  CHECK_FALSE(miss.value());
+
+  const auto pushed = decode_push_encoded(payload_of(encode_push_encoded(header)));
+  REQUIRE(pushed);
+  CHECK(pushed.value().key == header.key);
+  header.chunk_bytes = kMaxChunkBytes + 1;
+  CHECK_FALSE(decode_push_encoded(payload_of(encode_push_encoded(header))));
+  header.chunk_bytes = 1U << 20;
+  header.frame_bytes = 0;
+  CHECK_FALSE(decode_push_encoded(payload_of(encode_push_encoded(header))));
+}
+
+TEST_CASE("summaries carry at most one frame of keys and must match their count", "[proxy][peer][unit]") {
+  std::vector<kvrelay::kv_store::EntryKey> keys;
+  for (std::uint64_t index = 0; index < kMaxSummaryKeys + 10; ++index)
+    keys.push_back({1, index});
+  const auto frame = encode_summary(keys);
+  CHECK(frame.size() - kPeerHeaderBytes <= kMaxControlPayload);
+  const auto decoded = decode_summary(payload_of(frame));
+  REQUIRE(decoded);
+  CHECK(decoded.value().size() == kMaxSummaryKeys);
+  auto lying = payload_of(encode_summary(std::span(keys.data(), 2)));
+  const std::uint32_t count = 3;
+  std::memcpy(lying.data(), &count, sizeof(count));
+  CHECK_FALSE(decode_summary(lying));
+}
+
+TEST_CASE("a field that runs past the end fails every field after it (found by fuzz_peer_frames)",
+          "[proxy][peer][unit]") {
+  // A Fetch whose codec string claims more bytes than follow, where the 4 bytes after its
+  // length would still have read as a hash count: the decoder used to move from the missing
+  // string and corrupt the heap.
+  ByteWriter writer;
+  writer.put(std::uint64_t{5}).put(std::uint64_t{1}).put(std::uint16_t{200});
+  writer.put(std::uint32_t{0});
+  const auto fetch = decode_fetch(writer.bytes());
+  REQUIRE_FALSE(fetch.has_value());
+  CHECK(fetch.error().code == ErrorCode::kTruncated);
+
+  // The reader itself: after a failed read even a read that would fit fails.
+  const std::array<std::byte, 6> six{};
+  ByteReader reader(six);
+  CHECK_FALSE(reader.get<std::uint64_t>().has_value());
+  CHECK_FALSE(reader.get<std::uint32_t>().has_value());
+  CHECK(reader.failed());
+
+  // A fetch reply shorter than its id, and a push header whose sizes are cut short.
+  const std::array<std::byte, 5> short_reply{std::byte{1}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{1}};
+  CHECK(decode_fetch_reply(short_reply, 1).error().code == ErrorCode::kTruncated);
+  ByteWriter push;
+  push.put(std::uint64_t{9}).put(std::uint64_t{1}).put(std::uint64_t{2}).put(std::uint32_t{64});
+  CHECK(decode_push_encoded(push.bytes()).error().code == ErrorCode::kProtocol);
+}
+
+TEST_CASE("a transfer that fits one chunk goes as two page-aligned halves, others keep the chunk size",
+          "[proxy][peer][unit]") {
+  constexpr std::uint32_t kChunk = 1U << 20;
+  CHECK(transfer_chunk_bytes(kChunk, 1U << 20) == 512U << 10);
+  CHECK(transfer_chunk_bytes(kChunk, (700U << 10) + 3) == 352U << 10);  // 350 KiB + 2, up to a page
+  CHECK(transfer_chunk_bytes(kChunk, kSplitTransferMinBytes) == kSplitTransferMinBytes / 2);
+  CHECK(transfer_chunk_bytes(kChunk, kSplitTransferMinBytes - 1) == kChunk);  // too small to pay
+  CHECK(transfer_chunk_bytes(kChunk, (1U << 20) + 1) == kChunk);              // two chunks already
+  CHECK(transfer_chunk_bytes(kChunk, 0) == kChunk);
+  CHECK(transfer_chunk_bytes(64U << 10, 1U << 20) == 64U << 10);
+  // Two halves always cover the transfer, never three.
+  for (std::uint64_t bytes = kSplitTransferMinBytes; bytes <= kChunk; bytes += 4093) {
+    const std::uint32_t chunk = transfer_chunk_bytes(kChunk, bytes);
+    CHECK(chunk % 4096 == 0);
+    CHECK((bytes + chunk - 1) / chunk == 2);
+  }
+}
+
+TEST_CASE("peer stats round-trip, and a reply from a peer without chunks_received reads as 0", "[proxy][peer][unit]") {
+  PeerServerStats stats;
+  stats.sessions = 1;
+  stats.committed_transfers = 3;
+  stats.bytes_received = 1U << 20;
+  stats.chunks_received = 2;
+  const auto payload = payload_of(encode_peer_stats(stats));
+  REQUIRE(payload.size() == 7 * sizeof(std::uint64_t));
+  const auto decoded = decode_peer_stats(payload);
+  REQUIRE(decoded);
+  CHECK(decoded.value().chunks_received == 2);
+  CHECK(decoded.value().bytes_received == 1U << 20);
+  const auto older = decode_peer_stats(std::span(payload).first(6 * sizeof(std::uint64_t)));
+  REQUIRE(older);
+  CHECK(older.value().chunks_received == 0);
+  CHECK(older.value().committed_transfers == 3);
+  CHECK(decode_peer_stats(std::span(payload).first(6 * sizeof(std::uint64_t) + 3)).error().code ==
+        ErrorCode::kTruncated);
+  auto longer = payload;
+  longer.push_back(std::byte{0});
+  CHECK(decode_peer_stats(longer).error().code == ErrorCode::kProtocol);
+}

@@ -1,0 +1,80 @@
+#pragma once
+
+// A real kvrelay daemon with the peer listener and the Unix-socket data plane enabled, plus
+// helpers to inspect it from outside (peer stats over TCP, entries over the Unix socket).
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvrelay/peer/peer_client.h"
+#include "kvrelay/shm_transport/client.h"
+
+#include "daemon_fixture.h"
+
+namespace kvrelay::test {
+
+class PeerDaemon {
+ public:
+  // `limits`: extra policy limits, merged over the fixture's own.
+  explicit PeerDaemon(const nlohmann::json& limits = nlohmann::json::object()) {
+    auto policy = basic_daemon_policy();
+    policy["listen"]["peer"] = "127.0.0.1:0";
+    policy["listen"]["unix_socket"] = socket_path_;
+    policy["limits"]["kv_store_bytes"] = 1ULL << 31;
+    for (const auto& [name, value] : limits.items())
+      policy["limits"][name] = value;
+    daemon_ = std::make_unique<DaemonUnderTest>(policy);
+    const auto ready = nlohmann::json::parse(read_file(daemon_->dir() / "ready.json"));
+    peer_port_ = ready["peer"].get<std::uint16_t>();
+  }
+
+  [[nodiscard]] HostPort peer_address() const { return {"127.0.0.1", peer_port_}; }
+  [[nodiscard]] std::string peer_text() const { return "127.0.0.1:" + std::to_string(peer_port_); }
+  [[nodiscard]] ChildProcess& process() { return daemon_->process(); }
+
+  [[nodiscard]] peer::PeerServerStats peer_stats() const {
+    auto client = peer::PeerClient::connect(peer_address(), {});
+    if (!client) FAIL("peer connect: " << client.error().to_string());
+    auto stats = client.value().stats();
+    if (!stats) FAIL("peer stats: " << stats.error().to_string());
+    return stats.value();
+  }
+  [[nodiscard]] shm::ShmClient data_plane() const {
+    auto client = shm::ShmClient::connect(socket_path_);
+    if (!client) FAIL("unix socket connect: " << client.error().to_string());
+    return std::move(client).value();
+  }
+
+ private:
+  TempDir socket_dir_;
+  std::string socket_path_ = (socket_dir_ / "kvrelay.sock").string();
+  std::unique_ptr<DaemonUnderTest> daemon_;
+  std::uint16_t peer_port_ = 0;
+};
+
+// Distinct bytes per seed, filled a word at a time so 256 MiB stays cheap under ASan.
+inline std::vector<std::byte> peer_pattern(std::size_t size, std::uint64_t seed) {
+  std::vector<std::byte> bytes(size);
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
+  std::size_t offset = 0;
+  for (; offset + 8 <= size; offset += 8) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    std::memcpy(bytes.data() + offset, &state, 8);
+  }
+  for (; offset < size; ++offset)
+    bytes[offset] = static_cast<std::byte>(offset * 131 + seed);
+  return bytes;
+}
+
+inline bool same_bytes(std::span<const std::byte> left, std::span<const std::byte> right) {
+  return left.size() == right.size() && (left.empty() || std::memcmp(left.data(), right.data(), left.size()) == 0);
+}
+
+}  // namespace kvrelay::test
