@@ -20,7 +20,6 @@
 
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/core/byte_io.h"
-#include "kvrelay/shm_transport/client.h"
 
 #include "peer_io.h"
 
@@ -162,6 +161,28 @@ Result<tcp::resolver::results_type> resolve_within(const HostPort& address, std:
   return pending->endpoints;
 }
 
+// The peer's HelloOk. A peer of another wire version answers in its own, with a refusal (a
+// newer one) or an error about our frames (an older one); either way the caller learns both
+// versions.
+asio::awaitable<Result<PeerFrame>> read_hello_reply(PeerConnection& connection, const HostPort& address,
+                                                    std::chrono::milliseconds timeout) {
+  auto frame = co_await read_frame(connection, timeout, timeout, true);
+  if (!frame) co_return frame;
+  const auto& header = frame.value().header;
+  if (header.version != kPeerVersion) {
+    const auto said = header.type == PeerMessage::kError ? decode_peer_error(frame.value().payload).message
+                                                         : std::string("a hello reply");
+    auto mismatch = wire_version_mismatch(header.version, fmt::format("peer {}", address.to_string()));
+    co_return fail(ErrorCode::kBadVersion, fmt::format("{} (it answered: {})", mismatch.message, said));
+  }
+  if (header.type == PeerMessage::kError) co_return outcome::failure(decode_peer_error(frame.value().payload));
+  if (header.type != PeerMessage::kHelloOk) {
+    co_return fail(ErrorCode::kProtocol,
+                   fmt::format("expected a hello reply, got peer message {}", static_cast<int>(header.type)));
+  }
+  co_return frame;
+}
+
 asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address, Deadline deadline) {
   auto executor = co_await asio::this_coro::executor;
   // Bounded like the connect, so a slow DNS server cannot hold a lookup past its deadline.
@@ -179,14 +200,14 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
     tune_socket(connection.socket);
     Hello mine;
     mine.node_id = state->options.node_id;
-    mine.capabilities |= kCapCumulativeAcks | kCapFidelity;
+    mine.capabilities |= kCapFidelity;
     const auto hello = encode_hello(PeerMessage::kHello, mine);
     if (auto sent =
             co_await write_all(connection, asio::buffer(hello), asio::const_buffer{}, state->options.read_timeout);
         !sent) {
       co_return outcome::failure(at_stage("peer hello", sent.error()));
     }
-    auto reply = co_await expect(connection, PeerMessage::kHelloOk, state->options.read_timeout);
+    auto reply = co_await read_hello_reply(connection, address, state->options.read_timeout);
     if (!reply) co_return outcome::failure(at_stage("peer hello", reply.error()));
     auto remote = decode_hello(reply.value().payload);
     if (!remote) co_return outcome::failure(at_stage("peer hello", remote.error()));
@@ -194,129 +215,6 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
   }
   connection.arm(std::chrono::hours(24 * 365));  // idle between calls; the server decides when to drop us
   co_return true;
-}
-
-// BeginOk: the receiver's answer to a Begin (proceed, or already committed: nothing to send).
-asio::awaitable<Result<BeginState>> read_begin_answer(PeerConnection& connection, const Begin& begin,
-                                                      std::chrono::milliseconds timeout) {
-  auto begin_ok = co_await expect(connection, PeerMessage::kBeginOk, timeout);
-  if (!begin_ok) co_return outcome::failure(begin_ok.error());
-  ByteReader reader(begin_ok.value().payload);
-  const auto id = reader.get<std::uint64_t>();
-  const auto state_byte = reader.get<std::uint8_t>();
-  if (!state_byte || *id != begin.transfer_id || reader.remaining() != 0) {
-    co_return fail(ErrorCode::kProtocol, "malformed begin reply");
-  }
-  if (*state_byte == static_cast<std::uint8_t>(BeginState::kAlreadyCommitted)) {
-    connection.arm(std::chrono::hours(24 * 365));
-    co_return BeginState::kAlreadyCommitted;
-  }
-  if (*state_byte != static_cast<std::uint8_t>(BeginState::kProceed)) {
-    co_return fail(ErrorCode::kProtocol, "bad begin state");
-  }
-  co_return BeginState::kProceed;
-}
-
-asio::awaitable<Result<TransferOutcome>> send_chunks(PeerClient::State* state, Begin begin,
-                                                     std::span<const std::byte> bytes,
-                                                     const std::vector<std::uint64_t>* chunk_checksums) {
-  auto& connection = *state->connection;
-  const auto& options = state->options;
-  const auto begin_frame = encode_begin(begin);
-  const std::uint64_t chunks = begin.chunk_count();
-  // With eager chunks the Begin goes out in the first chunk's write: written alone, it woke the
-  // receiver once for the Begin and again for the chunk behind it.
-  bool begin_sent = false;
-  if (begin.eager_chunks == 0 || chunks == 0) {
-    if (auto sent =
-            co_await write_all(connection, asio::buffer(begin_frame), asio::const_buffer{}, options.read_timeout);
-        !sent) {
-      co_return outcome::failure(sent.error());
-    }
-    begin_sent = true;
-  }
-  // Until the receiver answers the Begin only the eager chunks go out (the receiver drops them if
-  // it does not take the transfer); without eager chunks the answer comes before the first one.
-  bool answered = false;
-
-  const auto started = std::chrono::steady_clock::now();
-  asio::steady_timer pacing(connection.socket.get_executor());
-  std::uint64_t next = 0;
-  std::uint64_t acked = 0;
-  std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> header{};
-  BulkHashStream running;  // begin.running_checksums: each chunk hashed once, just before it goes out
-  if (begin.running_checksums && !running.valid()) {
-    co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
-  }
-  // One write completes (the kernel has the bytes) before the next chunk is staged, so one
-  // chunk's worth of buffer serves the whole window.
-  std::byte* staging = nullptr;
-  if (options.stage_chunks && chunks > 0) {
-    const auto chunk_size = static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes));
-    if (state->staging.size() < chunk_size) state->staging.resize(chunk_size);
-    staging = state->staging.data();
-  }
-  while (!answered || acked < chunks) {
-    while (next < chunks && next - acked < options.window_chunks && (answered || next < begin.eager_chunks)) {
-      const std::uint64_t offset = next * begin.chunk_bytes;
-      const std::size_t length =
-          static_cast<std::size_t>(std::min<std::uint64_t>(begin.chunk_bytes, begin.info.bytes - offset));
-      const std::span<const std::byte> chunk(bytes.data() + offset, length);
-      std::uint64_t checksum = 0;
-      if (begin.running_checksums) {
-        checksum = running_checksum(running, chunk, staging);
-      } else {
-        checksum = (*chunk_checksums)[static_cast<std::size_t>(next)];
-        if (staging != nullptr) std::memcpy(staging, chunk.data(), length);
-      }
-      encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(header.data(), kPeerHeaderBytes), PeerMessage::kChunk,
-                         static_cast<std::uint32_t>(kChunkHeaderBytes + length));
-      encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(header.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-                          ChunkHeader{begin.transfer_id, static_cast<std::uint32_t>(next), checksum});
-      const asio::const_buffer body(staging != nullptr ? staging : chunk.data(), length);
-      auto sent = begin_sent ? co_await write_all(connection, asio::buffer(header), body, options.read_timeout)
-                             : co_await write_all(connection, asio::buffer(begin_frame), asio::buffer(header), body,
-                                                  options.read_timeout);
-      if (!sent) co_return outcome::failure(sent.error());
-      begin_sent = true;
-      ++next;
-      if (options.rate_limit_bytes_per_s > 0) {
-        const double seconds =
-            static_cast<double>(offset + length) / static_cast<double>(options.rate_limit_bytes_per_s);
-        pacing.expires_at(started + std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6)));
-        [[maybe_unused]] auto [ec] = co_await pacing.async_wait(kNoThrow);
-      }
-    }
-    if (!answered) {
-      auto state_byte = co_await read_begin_answer(connection, begin, options.read_timeout);
-      if (!state_byte) co_return outcome::failure(state_byte.error());
-      if (state_byte.value() == BeginState::kAlreadyCommitted) co_return TransferOutcome::kAlreadyCommitted;
-      answered = true;
-      continue;  // send the rest of the window before waiting for an acknowledgement
-    }
-    auto ack = co_await expect(connection, PeerMessage::kChunkAck, options.read_timeout);
-    if (!ack) co_return outcome::failure(ack.error());
-    ByteReader ack_reader(ack.value().payload);
-    const auto ack_id = ack_reader.get<std::uint64_t>();
-    const auto ack_index = ack_reader.get<std::uint32_t>();
-    // Cumulative (kCapCumulativeAcks): any chunk already sent and not yet acknowledged.
-    if (!ack_index || *ack_id != begin.transfer_id || *ack_index < acked || *ack_index >= next) {
-      co_return fail(ErrorCode::kProtocol, "unexpected chunk acknowledgement");
-    }
-    acked = std::uint64_t{*ack_index} + 1;
-    if (options.on_progress) {
-      options.on_progress(std::min<std::uint64_t>(acked * begin.chunk_bytes, begin.info.bytes), begin.info.bytes);
-    }
-  }
-  auto committed = co_await expect(connection, PeerMessage::kCommitted, options.read_timeout);
-  if (!committed) co_return outcome::failure(committed.error());
-  connection.arm(std::chrono::hours(24 * 365));
-  if (options.link_estimator) {
-    options.link_estimator->add_transfer(
-        state->remote.node_id, begin.info.bytes,
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started));
-  }
-  co_return TransferOutcome::kCommitted;
 }
 
 asio::awaitable<Result<std::chrono::microseconds>> ping_once(PeerClient::State* state) {
@@ -388,8 +286,8 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
   fetched.frame_bytes = static_cast<std::size_t>(found.frame_bytes);
   fetched.buffer = state->frame_buffers->take(fetched.frame_bytes);
-  const auto destination = fetched.buffer.u8();
-  if (auto got = co_await read_encoded_chunks(connection, found, destination, timeout); !got) {
+  const auto destination = fetched.buffer.u8().first(fetched.frame_bytes);
+  if (auto got = co_await receive_chunk_stream(connection, found, destination, true, timeout); !got) {
     co_return outcome::failure(at_stage("fetch transfer", got.error()));
   }
   arm_idle(connection);
@@ -403,23 +301,27 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
 }
 
 asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, EncodedEntryHeader header,
-                                                std::span<const std::uint8_t> frame,
-                                                const std::vector<std::uint64_t>* chunk_checksums) {
+                                                std::span<const std::uint8_t> frame) {
   auto& connection = *state->connection;
-  const auto timeout = state->options.read_timeout;
+  const auto& options = state->options;
   const auto announce = encode_push_encoded(header);
-  if (auto sent = co_await write_all(connection, asio::buffer(announce), asio::const_buffer{}, timeout); !sent) {
-    co_return outcome::failure(sent.error());
-  }
+  ChunkStreamOptions stream;
+  stream.staging = options.stage_chunks ? &state->staging : nullptr;
+  stream.rate_limit_bytes_per_s = options.rate_limit_bytes_per_s;
+  stream.on_progress = options.on_progress;
   const auto started = std::chrono::steady_clock::now();
-  if (auto sent = co_await write_encoded_chunks(connection, header, frame, *chunk_checksums, timeout); !sent) {
-    co_return outcome::failure(sent.error());
+  if (auto sent = co_await send_chunk_stream(connection, announce, header, frame, stream, options.read_timeout);
+      !sent) {
+    co_return outcome::failure(at_stage("push transfer", sent.error()));
   }
-  auto committed = co_await expect(connection, PeerMessage::kCommitted, timeout);
-  if (!committed) co_return outcome::failure(committed.error());
-  connection.arm(std::chrono::hours(24 * 365));
-  if (state->options.link_estimator) {
-    state->options.link_estimator->add_transfer(
+  auto committed = co_await expect(connection, PeerMessage::kCommitted, options.read_timeout);
+  if (!committed) co_return outcome::failure(at_stage("push commit", committed.error()));
+  auto id = decode_committed(committed.value().payload);
+  if (!id) co_return outcome::failure(id.error());
+  if (id.value() != header.id) co_return fail(ErrorCode::kProtocol, fmt::format("committed for push {}", id.value()));
+  arm_idle(connection);
+  if (options.link_estimator) {
+    options.link_estimator->add_transfer(
         state->remote.node_id, header.frame_bytes,
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started));
   }
@@ -442,11 +344,10 @@ asio::awaitable<Result<std::vector<kv_store::EntryKey>>> summary_once(PeerClient
 
 }  // namespace
 
-PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer) {
+PeerClientOptions peer_client_options(const Policy& policy) {
   PeerClientOptions options;
   options.node_id = policy.node_id;
   options.read_timeout = policy.limits.read_timeout;
-  options.allow_shared_memory = peer.same_host;
   options.stage_chunks = policy.limits.peer_staging;
   return options;
 }
@@ -460,7 +361,10 @@ Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOption
   if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
     return fail(ErrorCode::kInvalidArgument, "chunk size out of range");
   }
-  if (options.window_chunks == 0) return fail(ErrorCode::kInvalidArgument, "window must hold at least one chunk");
+  if (options.window_chunks == 0 || options.window_chunks > kMaxWindowChunks) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("window of {} chunks outside 1..{}", options.window_chunks, kMaxWindowChunks));
+  }
   auto state = std::make_unique<State>();
   state->options = std::move(options);
   state->frame_buffers =
@@ -474,34 +378,6 @@ Result<PeerClient> PeerClient::connect(const HostPort& address, PeerClientOption
 
 const Hello& PeerClient::remote() const {
   return state_->remote;
-}
-
-Result<TransferOutcome> PeerClient::send(std::uint64_t transfer_id, const kv_store::EntryKey& key, const KvLayout& layout,
-                                         std::span<const std::byte> bytes) {
-  Begin begin;
-  begin.transfer_id = transfer_id;
-  begin.key = key;
-  begin.info = kv_store::EntryInfo{layout, bytes.size(), 0};
-  begin.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
-  if (state_->options.split_single_chunk) begin.chunk_bytes = transfer_chunk_bytes(begin.chunk_bytes, bytes.size());
-  KVRELAY_TRY(kv_store::validate_entry_info(begin.info));
-  if (state_->options.allow_shared_memory && (state_->remote.capabilities & kCapSharedMemory) != 0 &&
-      !state_->remote.shm_socket.empty()) {
-    // Same host: one copy into the receiver's shared memory instead of a trip through TCP.
-    KVRELAY_TRY(auto local, shm::ShmClient::connect(state_->remote.shm_socket));
-    KVRELAY_TRY(local.publish(key, layout, bytes));
-    return TransferOutcome::kCommittedViaSharedMemory;
-  }
-  if ((state_->remote.capabilities & kCapRunningChecksums) != 0) {
-    begin.running_checksums = true;
-    begin.eager_chunks =
-        static_cast<std::uint32_t>(std::min<std::uint64_t>(begin.chunk_count(), state_->options.window_chunks));
-    return state_->run(send_chunks(state_.get(), begin, bytes, nullptr));
-  }
-  // A peer that wants the checksum in Begin: every checksum up front, in one pass.
-  const auto checksums = checksum_chunks(bytes, begin.chunk_bytes);
-  begin.info.checksum = checksums.whole;
-  return state_->run(send_chunks(state_.get(), begin, bytes, &checksums.chunks));
 }
 
 Result<std::chrono::microseconds> PeerClient::ping() {
@@ -525,15 +401,15 @@ Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchReq
 
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
                                 std::span<const std::uint8_t> frame) {
+  if (frame.empty()) return fail(ErrorCode::kInvalidArgument, "push of an empty frame");
   EncodedEntryHeader header;
   header.id = transfer_id;
   header.key = key;
   header.frame_bytes = frame.size();
   header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
-  // Every chunk's checksum and the whole frame's in one pass (was: the whole, then each chunk).
-  const auto checksums = checksum_chunks(std::as_bytes(frame), header.chunk_bytes);
-  header.frame_checksum = checksums.whole;
-  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame, &checksums.chunks)));
+  if (state_->options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
+  header.window_chunks = state_->options.window_chunks;
+  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
   return ok();
 }
 

@@ -91,34 +91,6 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
   co_return ok();
 }
 
-namespace {
-
-constexpr std::size_t kHashPieceBytes = 32 * 1024;
-
-}  // namespace
-
-std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk, std::byte* copy_to) {
-  BulkHashStream own;
-  if (chunk.size() <= kHashPieceBytes || !own.valid()) {  // small, or out of memory: two passes
-    whole.update(chunk.data(), chunk.size());
-    if (copy_to != nullptr) std::memcpy(copy_to, chunk.data(), chunk.size());
-    return bulk_hash64(chunk.data(), chunk.size());
-  }
-  // L1-sized pieces: the second hash reads what the first (and the copy) just brought in.
-  for (std::size_t offset = 0; offset < chunk.size(); offset += kHashPieceBytes) {
-    const std::size_t take = std::min(kHashPieceBytes, chunk.size() - offset);
-    const std::byte* hashed = chunk.data() + offset;
-    if (copy_to != nullptr) {
-      own.update_copy(copy_to + offset, hashed, take);
-      hashed = copy_to + offset;
-    } else {
-      own.update(hashed, take);
-    }
-    whole.update(hashed, take);
-  }
-  return own.digest();
-}
-
 std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byte> chunk, std::byte* copy_to) {
   // The copy and the hash in one pass: each 64-byte stripe is hashed as soon as it is stored.
   if (copy_to != nullptr)
@@ -154,7 +126,7 @@ asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer
 }
 
 asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout, bool at_hello) {
   std::array<std::byte, kPeerHeaderBytes> header_bytes{};
   connection.arm(first_byte_timeout);
   // Whatever of the header has arrived (usually all of it: one system call), never past it.
@@ -165,7 +137,7 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
         co_await read_exact(connection, asio::buffer(header_bytes.data() + got, kPeerHeaderBytes - got), timeout);
     if (!rest) co_return outcome::failure(rest.error());
   }
-  auto header = decode_peer_header(header_bytes);
+  auto header = at_hello ? decode_hello_header(header_bytes) : decode_peer_header(header_bytes);
   if (!header) co_return outcome::failure(header.error());
   PeerFrame frame;
   frame.header = header.value();
@@ -177,61 +149,105 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
   co_return frame;
 }
 
-ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t chunk_bytes) {
-  // One pass from memory: each chunk is hashed for itself and for the whole in L1-sized pieces
-  // (checksum_chunk_into), with the AVX2 bulk hash; the library's XXH3 over the whole and then
-  // each chunk again read every byte twice at half the speed, a serial pause before the first
-  // chunk went out that cost large transfers a third of their throughput.
-  ChunkChecksums sums;
-  BulkHashStream whole;
-  if (!whole.valid()) {  // out of memory for the hash state: two passes
-    sums.whole = bulk_hash64(bytes.data(), bytes.size());
-  }
-  sums.chunks.reserve(chunk_bytes == 0 ? 0 : static_cast<std::size_t>((bytes.size() + chunk_bytes - 1) / chunk_bytes));
-  for (std::uint64_t offset = 0; offset < bytes.size(); offset += chunk_bytes) {
-    const auto chunk =
-        bytes.subspan(static_cast<std::size_t>(offset),
-                      static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, bytes.size() - offset)));
-    sums.chunks.push_back(whole.valid() ? checksum_chunk_into(whole, chunk) : bulk_hash64(chunk.data(), chunk.size()));
-  }
-  if (whole.valid()) sums.whole = whole.digest();
-  return sums;
+namespace {
+
+void encode_chunk_prefix(std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes>& prefix, std::uint64_t id,
+                         std::uint64_t index, std::size_t length, std::uint64_t checksum) {
+  encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(prefix.data(), kPeerHeaderBytes), PeerMessage::kChunk,
+                     static_cast<std::uint32_t>(kChunkHeaderBytes + length));
+  encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
+                      ChunkHeader{id, static_cast<std::uint32_t>(index), checksum});
 }
 
-asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                             std::span<const std::uint8_t> frame,
-                                             const std::vector<std::uint64_t>& chunk_checksums,
-                                             std::chrono::milliseconds timeout) {
-  if (chunk_checksums.size() != header.chunk_count()) {
-    co_return fail(ErrorCode::kInternal, "chunk checksums do not match the chunk count");
+// The receiver's next acknowledgement: every chunk up to its index, which must be one sent and
+// not yet acknowledged.
+asio::awaitable<Result<std::uint64_t>> read_ack(PeerConnection& connection, const EncodedEntryHeader& header,
+                                                std::uint64_t acked, std::uint64_t sent,
+                                                std::chrono::milliseconds timeout) {
+  auto frame = co_await read_frame(connection, timeout, timeout);
+  if (!frame) co_return outcome::failure(frame.error());
+  if (frame.value().header.type == PeerMessage::kError) {
+    co_return outcome::failure(decode_peer_error(frame.value().payload));
   }
-  std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
+  if (frame.value().header.type != PeerMessage::kChunkAck) {
+    co_return fail(ErrorCode::kProtocol, fmt::format("expected a chunk acknowledgement, got peer message {}",
+                                                     static_cast<int>(frame.value().header.type)));
+  }
+  auto ack = decode_chunk_ack(frame.value().payload);
+  if (!ack) co_return outcome::failure(ack.error());
+  if (ack.value().id != header.id || ack.value().index < acked || ack.value().index >= sent) {
+    co_return fail(ErrorCode::kProtocol, fmt::format("acknowledgement of chunk {} of stream {}, expected {}..{} of {}",
+                                                     ack.value().index, ack.value().id, acked, sent - 1, header.id));
+  }
+  co_return std::uint64_t{ack.value().index} + 1;
+}
+
+}  // namespace
+
+asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<const std::byte> announce,
+                                          const EncodedEntryHeader& header, std::span<const std::uint8_t> frame,
+                                          const ChunkStreamOptions& options, std::chrono::milliseconds timeout) {
+  if (frame.size() != header.frame_bytes || header.chunk_bytes == 0 || header.window_chunks == 0) {
+    co_return fail(ErrorCode::kInternal, "chunk stream header does not describe its frame");
+  }
+  BulkHashStream running;
+  if (!running.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   const std::uint64_t chunks = header.chunk_count();
-  for (std::uint64_t index = 0; index < chunks; ++index) {
-    const std::uint64_t offset = index * header.chunk_bytes;
-    const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size() - offset));
-    const std::uint8_t* data = frame.data() + offset;
-    encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(prefix.data(), kPeerHeaderBytes), PeerMessage::kChunk,
-                       static_cast<std::uint32_t>(kChunkHeaderBytes + length));
-    encode_chunk_header(
-        std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
-        ChunkHeader{header.id, static_cast<std::uint32_t>(index), chunk_checksums[static_cast<std::size_t>(index)]});
-    auto sent = co_await write_all(connection, asio::buffer(prefix), asio::buffer(data, length), timeout);
-    if (!sent) co_return sent;
+  std::byte* staging = nullptr;
+  if (options.staging != nullptr) {
+    const auto chunk_size = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size()));
+    if (options.staging->size() < chunk_size) options.staging->resize(chunk_size);
+    staging = options.staging->data();  // one write completes before the next chunk is staged
+  }
+  const auto started = std::chrono::steady_clock::now();
+  asio::steady_timer pacing(connection.socket.get_executor());
+  std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
+  bool announced = false;
+  std::uint64_t next = 0;
+  std::uint64_t acked = 0;
+  while (acked < chunks) {
+    while (next < chunks && next - acked < header.window_chunks) {
+      const std::uint64_t offset = next * header.chunk_bytes;
+      const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size() - offset));
+      const auto chunk = std::as_bytes(frame.subspan(static_cast<std::size_t>(offset), length));
+      const std::uint64_t checksum = running_checksum(running, chunk, staging);
+      encode_chunk_prefix(prefix, header.id, next, length, checksum);
+      const asio::const_buffer body(staging != nullptr ? staging : chunk.data(), length);
+      auto sent = announced ? co_await write_all(connection, asio::buffer(prefix), body, timeout)
+                            : co_await write_all(connection, asio::buffer(announce.data(), announce.size()),
+                                                 asio::buffer(prefix), body, timeout);
+      if (!sent) co_return sent;
+      announced = true;
+      ++next;
+      if (options.rate_limit_bytes_per_s > 0) {
+        const double seconds =
+            static_cast<double>(offset + length) / static_cast<double>(options.rate_limit_bytes_per_s);
+        pacing.expires_at(started + std::chrono::microseconds(static_cast<std::int64_t>(seconds * 1e6)));
+        [[maybe_unused]] auto [ec] = co_await pacing.async_wait(kNoThrow);
+      }
+    }
+    auto ack = co_await read_ack(connection, header, acked, next, timeout);
+    if (!ack) co_return outcome::failure(ack.error());
+    acked = ack.value();
+    if (options.on_progress) {
+      options.on_progress(std::min<std::uint64_t>(acked * header.chunk_bytes, frame.size()), frame.size());
+    }
   }
   co_return ok();
 }
 
-asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                            std::span<std::uint8_t> frame, std::chrono::milliseconds timeout) {
+asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const EncodedEntryHeader& header,
+                                             std::span<std::uint8_t> frame, bool acknowledge_last,
+                                             std::chrono::milliseconds timeout) {
   if (frame.size() != header.frame_bytes) {
     co_return fail(ErrorCode::kInternal,
                    fmt::format("receive buffer of {} bytes for a {}-byte frame", frame.size(), header.frame_bytes));
   }
-  BulkHashStream whole;
-  if (!whole.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  BulkHashStream running;
+  if (!running.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   const std::uint64_t chunks = header.chunk_count();
+  const std::uint64_t ack_every = header.ack_every();
   for (std::uint64_t index = 0; index < chunks; ++index) {
     auto next = co_await read_frame(connection, timeout, timeout);
     if (!next) co_return outcome::failure(next.error());
@@ -251,16 +267,19 @@ asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const En
     if (!got) co_return got;
     const auto chunk = decode_chunk_header(chunk_header_bytes);
     if (chunk.transfer_id != header.id || chunk.index != index) {
-      co_return fail(ErrorCode::kProtocol,
-                     fmt::format("chunk {} of transfer {} out of order", chunk.index, chunk.transfer_id));
+      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} of stream {} out of order (expected {} of {})",
+                                                       chunk.index, chunk.transfer_id, index, header.id));
     }
     const auto received = std::as_bytes(std::span(destination, static_cast<std::size_t>(expected)));
-    if (checksum_chunk_into(whole, received) != chunk.checksum) {
-      co_return fail(ErrorCode::kChecksumMismatch, fmt::format("chunk {} checksum mismatch", index));
+    if (running_checksum(running, received, nullptr) != chunk.checksum) {
+      co_return fail(ErrorCode::kChecksumMismatch,
+                     fmt::format("chunk {} of stream {}: checksum mismatch", index, header.id));
     }
-  }
-  if (whole.digest() != header.frame_checksum) {
-    co_return fail(ErrorCode::kChecksumMismatch, "encoded entry checksum mismatch");
+    const bool last = index + 1 == chunks;
+    if (last ? !acknowledge_last : (index + 1) % ack_every != 0) continue;
+    const auto ack = encode_chunk_ack(header.id, static_cast<std::uint32_t>(index));
+    if (auto sent = co_await write_all(connection, asio::buffer(ack), asio::const_buffer{}, timeout); !sent)
+      co_return sent;
   }
   co_return ok();
 }

@@ -11,6 +11,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -77,17 +78,6 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
 asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buffer first, asio::mutable_buffer second,
                                    std::chrono::milliseconds timeout);
 
-// The chunk's own XXH3, with the chunk also fed into `whole`: one sweep in L1-sized pieces, each
-// hashed twice while it is in cache, instead of two passes over the chunk. With `copy_to`, the
-// chunk is also copied there, in the same pass as its first hash (staged chunks, below).
-[[nodiscard]] std::uint64_t checksum_chunk_into(BulkHashStream& whole, std::span<const std::byte> chunk,
-                                                std::byte* copy_to = nullptr);
-
-// Feeds the chunk into `running` and returns the checksum of everything fed so far (the
-// running checksums of kBeginRunning). `copy_to` as above.
-[[nodiscard]] std::uint64_t running_checksum(BulkHashStream& running, std::span<const std::byte> chunk,
-                                             std::byte* copy_to = nullptr);
-
 // Staged chunks: the kernel copies chunk data to and from one small reused buffer, and the
 // checksum pass moves it between that buffer and the entry in user space. On hosts that build
 // page tables lazily (shadow paging) a kernel copy into or out of a large, rarely touched
@@ -100,7 +90,7 @@ asio::awaitable<Status> read_exact(PeerConnection& connection, asio::mutable_buf
 // lists here: GCC 12 miscompiles braced lists inside co_await expressions.)
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   std::chrono::milliseconds timeout);
-// Three buffers: a Begin, then the first chunk's header and body, in one system call.
+// Three buffers: an announcement, then the first chunk's header and body, in one system call.
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   asio::const_buffer third, std::chrono::milliseconds timeout);
 
@@ -109,29 +99,35 @@ struct PeerFrame {
   std::vector<std::byte> payload;  // empty for kChunk: its body is read by the caller
 };
 // Reads one header (waiting up to `first_byte_timeout`), then the payload of any non-chunk
-// frame (within `timeout`).
+// frame (within `timeout`). `at_hello`: a hello, hello reply or error of another wire version
+// is read too (frame.header.version says which), so the caller can refuse it clearly.
 asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::chrono::milliseconds first_byte_timeout,
-                                              std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout, bool at_hello = false);
 
-// xxh3_64 of every chunk and of the whole, in one pass over `bytes` (each chunk is hashed
-// twice, the second time from cache).
-struct ChunkChecksums {
-  std::uint64_t whole = 0;
-  std::vector<std::uint64_t> chunks;
+// The sending end of a chunk stream (EncodedEntryHeader in peer_protocol.h).
+struct ChunkStreamOptions {
+  // Staged chunks (above): each chunk is copied here by its checksum pass and written from here.
+  // nullptr: written straight from the frame.
+  std::vector<std::byte>* staging = nullptr;
+  std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
+  // After each acknowledgement: (bytes acknowledged, total bytes).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
 };
-[[nodiscard]] ChunkChecksums checksum_chunks(std::span<const std::byte> bytes, std::uint64_t chunk_bytes);
 
-// Sends an encoded KV frame as kChunk frames of header.chunk_bytes (after the caller sent the
-// announcing FetchReply/PushEncoded), each with its xxh3 from `chunk_checksums` (checksum_chunks,
-// which also gave header.frame_checksum in the same pass).
-asio::awaitable<Status> write_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                             std::span<const std::uint8_t> frame,
-                                             const std::vector<std::uint64_t>& chunk_checksums,
+// Writes `announce` (the FetchReply or PushEncoded that describes the stream; it goes out with
+// the first chunk in one system call), then `frame` as header's chunk stream, never more than
+// header.window_chunks ahead of the receiver's acknowledgements, and returns once the last chunk
+// is acknowledged. A kError from the receiver ends it with that error.
+asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<const std::byte> announce,
+                                          const EncodedEntryHeader& header, std::span<const std::uint8_t> frame,
+                                          const ChunkStreamOptions& options, std::chrono::milliseconds timeout);
+
+// Receives header's chunk stream into `frame` (exactly header.frame_bytes long: the caller sizes
+// it from the announcement, in memory it keeps warm), checking order, sizes and every running
+// checksum, and acknowledging every header.ack_every() chunks. The last chunk is acknowledged
+// here when `acknowledge_last`; otherwise the caller does (with Committed, in one write).
+asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const EncodedEntryHeader& header,
+                                             std::span<std::uint8_t> frame, bool acknowledge_last,
                                              std::chrono::milliseconds timeout);
-// Receives them into `frame` (exactly header.frame_bytes long: the caller sizes it from the
-// announcement, in memory it keeps warm), checking order, sizes, every chunk's checksum and the
-// whole frame's (hashed chunk by chunk while each is in cache).
-asio::awaitable<Status> read_encoded_chunks(PeerConnection& connection, const EncodedEntryHeader& header,
-                                            std::span<std::uint8_t> frame, std::chrono::milliseconds timeout);
 
 }  // namespace kvrelay::peer::detail

@@ -9,32 +9,86 @@
 
 namespace kvrelay::peer {
 
+bool known_peer_message(std::uint16_t type) noexcept {
+  switch (static_cast<PeerMessage>(type)) {
+    case PeerMessage::kHello:
+    case PeerMessage::kHelloOk:
+    case PeerMessage::kChunk:
+    case PeerMessage::kChunkAck:
+    case PeerMessage::kCommitted:
+    case PeerMessage::kError:
+    case PeerMessage::kPing:
+    case PeerMessage::kPong:
+    case PeerMessage::kStats:
+    case PeerMessage::kStatsReply:
+    case PeerMessage::kFetch:
+    case PeerMessage::kFetchReply:
+    case PeerMessage::kPushEncoded:
+    case PeerMessage::kSummary:
+    case PeerMessage::kSummaryReply:
+      return true;
+  }
+  return false;
+}
 
-Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderBytes> bytes) {
+namespace {
+
+bool version_stable(PeerMessage type) {
+  return type == PeerMessage::kHello || type == PeerMessage::kHelloOk || type == PeerMessage::kError;
+}
+
+Result<PeerHeader> decode_header(std::span<const std::byte, kPeerHeaderBytes> bytes, bool any_version_at_hello) {
   ByteReader reader(bytes);
   const auto magic = reader.get<std::uint32_t>().value_or(0);
   const auto version = reader.get<std::uint16_t>().value_or(0);
   const auto type = reader.get<std::uint16_t>().value_or(0);
   const auto length = reader.get<std::uint32_t>().value_or(0);
   if (magic != kPeerMagic) return fail(ErrorCode::kBadMagic, fmt::format("bad peer frame magic 0x{:08x}", magic));
-  if (version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer protocol version {}", version));
-  if (type < static_cast<std::uint16_t>(PeerMessage::kHello) || type > static_cast<std::uint16_t>(kLastPeerMessage)) {
+  const auto message = static_cast<PeerMessage>(type);
+  const bool other_version_allowed = any_version_at_hello && version_stable(message);
+  if (version != kPeerVersion && !other_version_allowed) {
+    return fail(ErrorCode::kBadVersion,
+                fmt::format("peer frame of wire version {} (this kvrelay speaks {})", version, kPeerVersion));
+  }
+  if (version == kPeerVersion && !known_peer_message(type)) {
     return fail(ErrorCode::kProtocol, fmt::format("unknown peer message type {}", type));
   }
-  const auto message = static_cast<PeerMessage>(type);
   const std::uint64_t limit =
       message == PeerMessage::kChunk ? kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes} : kMaxControlPayload;
   if (length > limit)
     return fail(ErrorCode::kProtocol, fmt::format("peer frame of {} bytes exceeds {}", length, limit));
-  return PeerHeader{message, length};
+  return PeerHeader{message, length, version};
+}
+
+void encode_header_with_version(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length,
+                                std::uint16_t version) {
+  const std::uint16_t type_value = static_cast<std::uint16_t>(type);
+  std::memcpy(out.data(), &kPeerMagic, 4);
+  std::memcpy(out.data() + 4, &version, 2);
+  std::memcpy(out.data() + 6, &type_value, 2);
+  std::memcpy(out.data() + 8, &length, 4);
+}
+
+}  // namespace
+
+Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderBytes> bytes) {
+  return decode_header(bytes, false);
+}
+
+Result<PeerHeader> decode_hello_header(std::span<const std::byte, kPeerHeaderBytes> bytes) {
+  return decode_header(bytes, true);
+}
+
+Error wire_version_mismatch(std::uint16_t theirs, std::string_view who) {
+  return Error{ErrorCode::kBadVersion,
+               fmt::format("{} speaks peer wire version {} and this kvrelay speaks {}: both ends of a peer link "
+                           "must run a kvrelay release of the same wire version (docs/wire-format.md, "
+                           "\"Wire versions\")",
+                           who, theirs, kPeerVersion)};
 }
 
 void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length) {
-  const std::uint16_t type_value = static_cast<std::uint16_t>(type);
-  std::memcpy(out.data(), &kPeerMagic, 4);
-  std::memcpy(out.data() + 4, &kPeerVersion, 2);
-  std::memcpy(out.data() + 6, &type_value, 2);
-  std::memcpy(out.data() + 8, &length, 4);
+  encode_header_with_version(out, type, length, kPeerVersion);
 }
 
 std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload) {
@@ -63,7 +117,7 @@ Result<Hello> decode_hello(std::span<const std::byte> payload) {
   if (!version || !capabilities || !node || !max_chunk || !socket || reader.remaining() != 0) {
     return fail(ErrorCode::kProtocol, "malformed hello");
   }
-  if (*version != kPeerVersion) return fail(ErrorCode::kBadVersion, fmt::format("peer speaks version {}", *version));
+  if (*version != kPeerVersion) return wire_version_mismatch(static_cast<std::uint16_t>(*version), "the peer's hello");
   if (*max_chunk == 0 || *max_chunk > kMaxChunkBytes) return fail(ErrorCode::kProtocol, "bad max chunk size");
   hello.protocol_version = *version;
   hello.capabilities = *capabilities;
@@ -71,56 +125,6 @@ Result<Hello> decode_hello(std::span<const std::byte> payload) {
   hello.max_chunk_bytes = *max_chunk;
   hello.shm_socket = std::move(*socket);
   return hello;
-}
-
-std::vector<std::byte> encode_begin(const Begin& begin) {
-  ByteWriter writer;
-  writer.put(begin.transfer_id);
-  kv_store::encode_key(writer, begin.key);
-  kv_store::encode_layout(writer, begin.info.layout);
-  writer.put(begin.info.bytes).put(begin.running_checksums ? std::uint64_t{0} : begin.info.checksum);
-  writer.put(begin.chunk_bytes);
-  if (begin.running_checksums) writer.put(begin.eager_chunks);
-  return encode_peer_frame(begin.running_checksums ? PeerMessage::kBeginRunning : PeerMessage::kBegin, writer.bytes());
-}
-
-Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type) {
-  if (type != PeerMessage::kBegin && type != PeerMessage::kBeginRunning) {
-    return fail(ErrorCode::kInvalidArgument, "not a begin message");
-  }
-  ByteReader reader(payload);
-  Begin begin;
-  const auto transfer_id = reader.get<std::uint64_t>();
-  const auto key = kv_store::decode_key(reader);
-  if (!transfer_id || !key) return fail(ErrorCode::kTruncated, "begin truncated");
-  KVRELAY_TRY(const auto layout, kv_store::decode_layout(reader));
-  const auto bytes = reader.get<std::uint64_t>();
-  const auto checksum = reader.get<std::uint64_t>();
-  const auto chunk_bytes = reader.get<std::uint32_t>();
-  const auto eager_chunks =
-      type == PeerMessage::kBeginRunning ? reader.get<std::uint32_t>() : std::optional<std::uint32_t>(0);
-  if (!bytes || !checksum || !chunk_bytes || !eager_chunks || reader.remaining() != 0) {
-    return fail(ErrorCode::kProtocol, "malformed begin");
-  }
-  if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
-    return fail(ErrorCode::kProtocol, fmt::format("chunk size {} out of range", *chunk_bytes));
-  }
-  begin.transfer_id = *transfer_id;
-  begin.key = *key;
-  begin.info = kv_store::EntryInfo{layout, *bytes, *checksum};
-  begin.chunk_bytes = *chunk_bytes;
-  begin.running_checksums = type == PeerMessage::kBeginRunning;
-  if (begin.running_checksums && begin.info.checksum != 0) {
-    return fail(ErrorCode::kProtocol, "a begin with running checksums must carry checksum 0");
-  }
-  KVRELAY_TRY(kv_store::validate_entry_info(begin.info));
-  if (begin.chunk_count() > UINT32_MAX) return fail(ErrorCode::kOverflow, "too many chunks");
-  begin.eager_chunks = *eager_chunks;
-  if (begin.eager_chunks > begin.chunk_count()) {
-    return fail(ErrorCode::kProtocol,
-                fmt::format("{} eager chunks in a transfer of {}", begin.eager_chunks, begin.chunk_count()));
-  }
-  return begin;
 }
 
 void encode_chunk_header(std::span<std::byte, kChunkHeaderBytes> out, const ChunkHeader& chunk) {
@@ -144,38 +148,68 @@ std::uint32_t transfer_chunk_bytes(std::uint32_t configured, std::uint64_t bytes
   return static_cast<std::uint32_t>((half + kPage - 1) / kPage * kPage);
 }
 
+std::vector<std::byte> encode_chunk_ack(std::uint64_t id, std::uint32_t index) {
+  ByteWriter writer;
+  writer.put(id).put(index);
+  return encode_peer_frame(PeerMessage::kChunkAck, writer.bytes());
+}
+
+Result<ChunkAck> decode_chunk_ack(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto id = reader.get<std::uint64_t>();
+  const auto index = reader.get<std::uint32_t>();
+  if (!id || !index || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed chunk acknowledgement");
+  return ChunkAck{*id, *index};
+}
+
+std::vector<std::byte> encode_committed(std::uint64_t id) {
+  ByteWriter writer;
+  writer.put(id);
+  return encode_peer_frame(PeerMessage::kCommitted, writer.bytes());
+}
+
+Result<std::uint64_t> decode_committed(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto id = reader.get<std::uint64_t>();
+  if (!id || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed committed");
+  return *id;
+}
+
 std::vector<std::byte> encode_peer_stats(const PeerServerStats& stats) {
   ByteWriter writer;
   writer.put(stats.sessions).put(stats.active_transfers).put(stats.committed_transfers);
   writer.put(stats.duplicate_transfers).put(stats.failed_transfers).put(stats.bytes_received);
-  writer.put(stats.chunks_received);
+  writer.put(stats.chunks_received).put(stats.fetches_served);
   return encode_peer_frame(PeerMessage::kStatsReply, writer.bytes());
 }
 
 Result<PeerServerStats> decode_peer_stats(std::span<const std::byte> payload) {
   ByteReader reader(payload);
   PeerServerStats stats;
-  for (std::uint64_t* field : {&stats.sessions, &stats.active_transfers, &stats.committed_transfers,
-                               &stats.duplicate_transfers, &stats.failed_transfers, &stats.bytes_received}) {
+  for (std::uint64_t* field :
+       {&stats.sessions, &stats.active_transfers, &stats.committed_transfers, &stats.duplicate_transfers,
+        &stats.failed_transfers, &stats.bytes_received, &stats.chunks_received, &stats.fetches_served}) {
     const auto value = reader.get<std::uint64_t>();
     if (!value) return fail(ErrorCode::kTruncated, "peer stats truncated");
     *field = *value;
-  }
-  // Added later: a reply without it comes from an older peer.
-  if (reader.remaining() != 0) {
-    const auto chunks = reader.get<std::uint64_t>();
-    if (!chunks) return fail(ErrorCode::kTruncated, "peer stats truncated in chunks_received");
-    stats.chunks_received = *chunks;
   }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "trailing bytes in peer stats");
   return stats;
 }
 
-std::vector<std::byte> encode_peer_error(const Error& error) {
+std::vector<std::byte> encode_peer_error_for_version(const Error& error, std::uint16_t version) {
   ByteWriter writer;
   writer.put(static_cast<std::uint16_t>(error.code));
   writer.put_string(std::string_view(error.message).substr(0, 4000));
-  return encode_peer_frame(PeerMessage::kError, writer.bytes());
+  std::vector<std::byte> frame(kPeerHeaderBytes + writer.bytes().size());
+  encode_header_with_version(std::span<std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes),
+                             PeerMessage::kError, static_cast<std::uint32_t>(writer.bytes().size()), version);
+  std::memcpy(frame.data() + kPeerHeaderBytes, writer.bytes().data(), writer.bytes().size());
+  return frame;
+}
+
+std::vector<std::byte> encode_peer_error(const Error& error) {
+  return encode_peer_error_for_version(error, kPeerVersion);
 }
 
 Error decode_peer_error(std::span<const std::byte> payload) {
@@ -225,7 +259,7 @@ namespace {
 
 void put_encoded_fields(ByteWriter& writer, const EncodedEntryHeader& header) {
   kv_store::encode_key(writer, header.key);
-  writer.put(header.frame_bytes).put(header.frame_checksum).put(header.chunk_bytes);
+  writer.put(header.frame_bytes).put(header.chunk_bytes).put(header.window_chunks);
 }
 
 Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id) {
@@ -233,18 +267,23 @@ Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t 
   header.id = id;
   const auto key = kv_store::decode_key(reader);
   const auto frame_bytes = reader.get<std::uint64_t>();
-  const auto checksum = reader.get<std::uint64_t>();
   const auto chunk_bytes = reader.get<std::uint32_t>();
-  if (!key || !frame_bytes || !checksum || !chunk_bytes || reader.remaining() != 0)
+  const auto window_chunks = reader.get<std::uint32_t>();
+  if (!key || !frame_bytes || !chunk_bytes || !window_chunks || reader.remaining() != 0)
     return fail(ErrorCode::kProtocol, "malformed encoded entry header");
+  if (*window_chunks == 0 || *window_chunks > kMaxWindowChunks) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("window of {} chunks outside 1..{}", *window_chunks, kMaxWindowChunks));
+  }
   if (*chunk_bytes == 0 || *chunk_bytes > kMaxChunkBytes) {
     return fail(ErrorCode::kProtocol, fmt::format("chunk size {} outside 1..{}", *chunk_bytes, kMaxChunkBytes));
   }
   if (*frame_bytes == 0) return fail(ErrorCode::kProtocol, "encoded entry of 0 bytes");
   header.key = *key;
   header.frame_bytes = *frame_bytes;
-  header.frame_checksum = *checksum;
   header.chunk_bytes = *chunk_bytes;
+  header.window_chunks = *window_chunks;
+  if (header.chunk_count() > UINT32_MAX) return fail(ErrorCode::kOverflow, "too many chunks");
   return header;
 }
 

@@ -213,7 +213,7 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
     peer_options.warm_buffer_bytes = policy->limits.peer_buffer_bytes;
     if (shm_server) peer_options.arena = shm_server->arena();
-    peer_options.stage_arena_chunks = policy->limits.peer_staging;
+    peer_options.stage_chunks = policy->limits.peer_staging;
     peer_options.codecs = codecs;
     peer_options.on_kv_bytes = [path = kv_path.get()](const peer::KvBytesEvent& event) { path->record_peer_kv(event); };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);

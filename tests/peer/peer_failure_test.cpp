@@ -26,8 +26,7 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-
-constexpr std::size_t kFileBytes = 16U << 20;
+constexpr std::size_t kFrameBytes = 16U << 20;
 constexpr std::uint32_t kChunkBytes = 256U << 10;
 
 // Last "progress DONE TOTAL" fraction a sender printed, 0 when none yet.
@@ -93,11 +92,11 @@ std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t trans
 // A hand-driven peer connection for sending frames the real client never would.
 class RawPeer {
  public:
-  explicit RawPeer(const PeerDaemon& daemon, std::uint64_t extra_capabilities = 0) : socket_(io_) {
+  explicit RawPeer(const PeerDaemon& daemon) : socket_(io_) {
     socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), daemon.peer_address().port));
     peer::Hello hello;
     hello.node_id = "raw";
-    hello.capabilities |= extra_capabilities;
+    hello.capabilities |= peer::kCapFidelity;
     write(peer::encode_hello(peer::PeerMessage::kHello, hello));
     REQUIRE(read_frame().first == peer::PeerMessage::kHelloOk);
   }
@@ -141,14 +140,38 @@ class RawPeer {
   tcp::socket socket_;
 };
 
+// A push of `frame` in chunks of `chunk_bytes`, chunk i carrying the running xxh3 of chunks 0..i.
+struct HandPush {
+  peer::EncodedEntryHeader header;
+  std::span<const std::byte> bytes;
+  HandPush(std::uint64_t id, const kv_store::EntryKey& key, const KvFrame& frame, std::uint32_t chunk_bytes,
+           std::uint32_t window)
+      : bytes(std::as_bytes(std::span(frame.frame))) {
+    header.id = id;
+    header.key = key;
+    header.frame_bytes = frame.frame.size();
+    header.chunk_bytes = chunk_bytes;
+    header.window_chunks = window;
+  }
+  [[nodiscard]] std::span<const std::byte> chunk(std::uint32_t index) const {
+    const std::size_t offset = index * std::size_t{header.chunk_bytes};
+    return bytes.subspan(offset, std::min<std::size_t>(header.chunk_bytes, bytes.size() - offset));
+  }
+  [[nodiscard]] std::uint64_t running(std::uint32_t index) const {
+    return XXH3_64bits(bytes.data(),
+                       std::min<std::size_t>(bytes.size(), (index + 1) * std::size_t{header.chunk_bytes}));
+  }
+  [[nodiscard]] std::uint32_t chunks() const { return static_cast<std::uint32_t>(header.chunk_count()); }
+};
+
 }  // namespace
 
-TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps nothing, retry lands once",
+TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps nothing, a retry lands",
           "[peer][crash]") {
   PeerDaemon daemon;
   TempDir dir;
-  const auto bytes = peer_pattern(kFileBytes, 9);
-  write_file(dir / "payload", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  const auto frame = kv_frame(kFrameBytes, 9);
+  write_frame_file(dir / "kv.frame", frame);
   auto local = daemon.data_plane();
   std::uint64_t failures_before = 0;
   std::uint64_t transfer_id = 500;
@@ -156,52 +179,47 @@ TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps
     INFO("killed at " << percent * 100 << "%");
     ++transfer_id;
     const auto arena_before = local.stats().value().arena_bytes_in_use;
-    ChildProcess sender(send_argv(daemon, transfer_id, dir / "payload", true), dir.path());
+    std::vector<std::string> argv = send_argv(daemon, transfer_id, dir / "kv.frame", true);
+    ChildProcess sender(argv, dir.path());
     REQUIRE(
         wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); }, std::chrono::seconds(30)));
     REQUIRE(sender.running());
     sender.send_signal(SIGKILL);
     REQUIRE(sender.wait_for_exit(std::chrono::seconds(5)).has_value());
-    // The receiver sees the dead connection at once and fails the transfer (goal: within 1 s).
+    // The receiver sees the dead connection at once and fails the push (goal: within 1 s).
     REQUIRE(wait_until([&] { return daemon.peer_stats().failed_transfers == failures_before + 1; },
                        std::chrono::seconds(1)));
     failures_before += 1;
     CHECK(daemon.peer_stats().active_transfers == 0);
     CHECK(local.lookup({1, transfer_id}).error().code == ErrorCode::kNotFound);
-    // The half-received entry's arena block went back with the failed transfer.
     CHECK(local.stats().value().arena_bytes_in_use == arena_before);
 
-    const auto retry = run_command(send_argv(daemon, transfer_id, dir / "payload", false), dir.path());
+    const auto retry = run_command(send_argv(daemon, transfer_id, dir / "kv.frame", false), dir.path());
     REQUIRE(retry.exit_status == 0);
     CHECK(nlohmann::json::parse(retry.out.substr(retry.out.rfind("{")))["outcome"] == "committed");
-    const auto again = run_command(send_argv(daemon, transfer_id, dir / "payload", false), dir.path());
-    REQUIRE(again.exit_status == 0);
-    CHECK(nlohmann::json::parse(again.out.substr(again.out.rfind("{")))["outcome"] == "already_committed");
     auto entry = local.lookup({1, transfer_id});
     REQUIRE(entry.has_value());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(same_bytes(entry.value().bytes(), frame.kv));
   }
   const auto stats = daemon.peer_stats();
   CHECK(stats.committed_transfers == 3);
-  CHECK(stats.duplicate_transfers == 3);
+  CHECK(stats.failed_transfers == 3);
   CHECK(local.stats().value().entries == 3);
 }
 
-TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, retry lands once", "[peer][crash]") {
+TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a retry lands", "[peer][crash]") {
   TempDir dir;
-  const auto bytes = peer_pattern(kFileBytes, 10);
-  write_file(dir / "payload", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  const auto frame = kv_frame(kFrameBytes, 10);
+  write_frame_file(dir / "kv.frame", frame);
   for (const double percent : {0.10, 0.50, 0.90}) {
     INFO("receiver killed at " << percent * 100 << "%");
     const std::uint64_t transfer_id = 900;
     {
       // Every core busy while the receiver runs and dies, as on a loaded node: the kernel closes a
-      // killed process's sockets only once each of its threads has run to its exit, so a
-      // background thread starved of CPU (as SCHED_IDLE ones are) would hold the connection open
-      // for seconds.
+      // killed process's sockets only once each of its threads has run to its exit.
       CpuHogs hogs;
       PeerDaemon doomed;
-      ChildProcess sender(send_argv(doomed, transfer_id, dir / "payload", true), dir.path());
+      ChildProcess sender(send_argv(doomed, transfer_id, dir / "kv.frame", true), dir.path());
       REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); },
                          std::chrono::seconds(30)));
       REQUIRE(sender.running());
@@ -214,243 +232,96 @@ TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, ret
       CHECK(sender.stderr_text().find("kvrelay peer:") != std::string::npos);
     }
     PeerDaemon fresh;
-    const auto retry = run_command(send_argv(fresh, transfer_id, dir / "payload", false), dir.path());
+    const auto retry = run_command(send_argv(fresh, transfer_id, dir / "kv.frame", false), dir.path());
     REQUIRE(retry.exit_status == 0);
-    const auto again = run_command(send_argv(fresh, transfer_id, dir / "payload", false), dir.path());
-    REQUIRE(again.exit_status == 0);
-    CHECK(nlohmann::json::parse(again.out.substr(again.out.rfind("{")))["outcome"] == "already_committed");
     auto local = fresh.data_plane();
     auto entry = local.lookup({1, transfer_id});
     REQUIRE(entry.has_value());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(same_bytes(entry.value().bytes(), frame.kv));
     CHECK(local.stats().value().entries == 1);
     CHECK(fresh.peer_stats().committed_transfers == 1);
   }
 }
 
-TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clean retry lands", "[peer][hostile]") {
-  PeerDaemon daemon;
-  const auto bytes = peer_pattern(2 * kChunkBytes, 77);
-  peer::Begin begin;
-  begin.transfer_id = 4242;
-  begin.key = {1, 4242};
-  begin.info = kv_store::EntryInfo{KvLayout{}, bytes.size(), XXH3_64bits(bytes.data(), bytes.size())};
-  begin.chunk_bytes = kChunkBytes;
-  {
-    RawPeer raw(daemon);
-    raw.write(peer::encode_begin(begin));
-    REQUIRE(raw.read_frame().first == peer::PeerMessage::kBeginOk);
-    const std::span first(bytes.data(), kChunkBytes);
-    raw.send_chunk(begin.transfer_id, 0, first, XXH3_64bits(first.data(), first.size()));
-    auto second = std::vector<std::byte>(bytes.begin() + kChunkBytes, bytes.end());
-    const auto checksum = XXH3_64bits(second.data(), second.size());
-    second[12345] ^= std::byte{0x10};  // one bit flipped "in transit"
-    raw.send_chunk(begin.transfer_id, 1, second, checksum);
-    CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
-  }
-  auto local = daemon.data_plane();
-  CHECK(local.lookup(begin.key).error().code == ErrorCode::kNotFound);
-  REQUIRE(wait_until([&] { return daemon.peer_stats().failed_transfers == 1; }, std::chrono::seconds(5)));
-
-  SECTION("a whole-entry checksum that does not match the chunks is refused too") {
-    RawPeer raw(daemon);
-    auto lying = begin;
-    lying.info.checksum ^= 1U;
-    raw.write(peer::encode_begin(lying));
-    REQUIRE(raw.read_frame().first == peer::PeerMessage::kBeginOk);
-    for (std::uint32_t index = 0; index < 2; ++index) {
-      const std::span chunk(bytes.data() + index * kChunkBytes, kChunkBytes);
-      raw.send_chunk(begin.transfer_id, index, chunk, XXH3_64bits(chunk.data(), chunk.size()));
-    }
-    CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
-    CHECK(local.lookup(begin.key).error().code == ErrorCode::kNotFound);
-  }
-  SECTION("the same transfer id sent cleanly commits once") {
-    auto client = peer::PeerClient::connect(daemon.peer_address(), {});
-    REQUIRE(client.has_value());
-    REQUIRE(client.value().send(begin.transfer_id, begin.key, KvLayout{}, bytes).value() ==
-            peer::TransferOutcome::kCommitted);
-    auto entry = local.lookup(begin.key);
-    REQUIRE(entry.has_value());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
-  }
-}
-
-TEST_CASE("running chunk checksums: a flipped bit or a chunk's own checksum is refused, the entry gets the whole one",
+TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead of the running one, is never filed",
           "[peer][hostile]") {
   PeerDaemon daemon;
-  const auto bytes = peer_pattern(3 * kChunkBytes + 7, 91);
-  const auto whole = XXH3_64bits(bytes.data(), bytes.size());
-  peer::Begin begin;
-  begin.transfer_id = 5151;
-  begin.key = {1, 5151};
-  begin.info = kv_store::EntryInfo{KvLayout{}, bytes.size(), 0};
-  begin.chunk_bytes = kChunkBytes;
-  begin.running_checksums = true;
-  // Chunk i's checksum: the xxh3 of chunks 0..i.
-  const auto running = [&](std::uint32_t index) {
-    return XXH3_64bits(bytes.data(), std::min<std::size_t>(bytes.size(), (index + 1) * std::size_t{kChunkBytes}));
-  };
-  const auto chunk = [&](std::uint32_t index) {
-    const std::size_t offset = index * std::size_t{kChunkBytes};
-    return std::vector<std::byte>(
-        bytes.begin() + static_cast<std::ptrdiff_t>(offset),
-        bytes.begin() + static_cast<std::ptrdiff_t>(std::min(bytes.size(), offset + kChunkBytes)));
-  };
+  const auto frame = kv_frame(3 * kChunkBytes + 7, 77);
+  const HandPush push(4242, {1, 4242}, frame, kChunkBytes, 8);
   auto local = daemon.data_plane();
-
-  SECTION("the receiver announces running checksums and the client uses them") {
-    auto client = peer::PeerClient::connect(daemon.peer_address(), {});
-    REQUIRE(client.has_value());
-    CHECK((client.value().remote().capabilities & peer::kCapRunningChecksums) != 0);
-    REQUIRE(client.value().send(begin.transfer_id, begin.key, KvLayout{}, bytes).value() ==
-            peer::TransferOutcome::kCommitted);
-    auto entry = local.lookup(begin.key);
-    REQUIRE(entry.has_value());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
-    CHECK(entry.value().info.checksum == whole);
-  }
   SECTION("a bit flipped in the third chunk") {
     RawPeer raw(daemon);
-    raw.write(peer::encode_begin(begin));
-    REQUIRE(raw.read_frame().first == peer::PeerMessage::kBeginOk);
-    for (std::uint32_t index = 0; index < 4; ++index) {
-      auto data = chunk(index);
+    raw.write(peer::encode_push_encoded(push.header));
+    for (std::uint32_t index = 0; index < 3; ++index) {
+      auto data = std::vector<std::byte>(push.chunk(index).begin(), push.chunk(index).end());
       if (index == 2) data[999] ^= std::byte{0x01};
-      raw.send_chunk(begin.transfer_id, index, data, running(index));
-      if (index == 2) break;
+      raw.send_chunk(push.header.id, index, data, push.running(index));
     }
     CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
-    CHECK(local.lookup(begin.key).error().code == ErrorCode::kNotFound);
   }
-  SECTION("chunks carrying their own checksums instead of the running ones") {
+  SECTION("chunks carrying their own checksums") {
     RawPeer raw(daemon);
-    raw.write(peer::encode_begin(begin));
-    REQUIRE(raw.read_frame().first == peer::PeerMessage::kBeginOk);
-    const auto first = chunk(0);
-    raw.send_chunk(begin.transfer_id, 0, first, running(0));  // the first chunk's are the same
-    const auto second = chunk(1);
-    raw.send_chunk(begin.transfer_id, 1, second, XXH3_64bits(second.data(), second.size()));
+    raw.write(peer::encode_push_encoded(push.header));
+    raw.send_chunk(push.header.id, 0, push.chunk(0), push.running(0));  // the first chunk's are the same
+    const auto second = push.chunk(1);
+    raw.send_chunk(push.header.id, 1, second, XXH3_64bits(second.data(), second.size()));
     CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
-    CHECK(local.lookup(begin.key).error().code == ErrorCode::kNotFound);
   }
-  SECTION("a running begin that also carries a whole checksum is malformed") {
-    RawPeer raw(daemon);
-    auto frame = peer::encode_begin(begin);
-    // Payload: transfer id (8), key (16), layout (24), bytes (8), then the checksum.
-    std::memcpy(frame.data() + peer::kPeerHeaderBytes + 56, &whole, sizeof(whole));
-    raw.write(frame);
-    CHECK(raw.error_then_close() == ErrorCode::kProtocol);
-  }
-  REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
+  CHECK(local.lookup(push.header.key).error().code == ErrorCode::kNotFound);
+  REQUIRE(wait_until([&] { return daemon.peer_stats().failed_transfers == 1; }, std::chrono::seconds(5)));
+  CHECK(daemon.peer_stats().active_transfers == 0);
+  // The same push sent cleanly is filed.
+  auto client = peer::PeerClient::connect(daemon.peer_address(), {});
+  REQUIRE(client.has_value());
+  REQUIRE(client.value().push_encoded(push.header.id, push.header.key, frame.bytes()).has_value());
+  CHECK(same_bytes(local.lookup(push.header.key).value().bytes(), frame.kv));
 }
 
-TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and answers in step", "[peer][hostile]") {
+TEST_CASE("chunk acknowledgements come every half window, the last one with Committed", "[peer]") {
   PeerDaemon daemon;
-  auto local = daemon.data_plane();
-  peer::PeerClientOptions options;
-  options.chunk_bytes = 64 * 1024;  // 4 chunks, all of them eager (window 8)
-  const auto first = peer_pattern(3 * options.chunk_bytes + 5, 31);
-  const auto second = peer_pattern(2 * options.chunk_bytes, 32);
-
-  SECTION("a retried id: its eager chunks are dropped, and the same connection carries the next transfer") {
-    auto client = peer::PeerClient::connect(daemon.peer_address(), options);
-    REQUIRE(client.has_value());
-    REQUIRE(client.value().send(70, {1, 70}, KvLayout{}, first).value() == peer::TransferOutcome::kCommitted);
-    REQUIRE(client.value().send(70, {1, 70}, KvLayout{}, first).value() == peer::TransferOutcome::kAlreadyCommitted);
-    REQUIRE(client.value().send(71, {1, 71}, KvLayout{}, second).value() == peer::TransferOutcome::kCommitted);
-    CHECK(same_bytes(local.lookup({1, 70}).value().bytes(), first));
-    CHECK(same_bytes(local.lookup({1, 71}).value().bytes(), second));
-    const auto stats = daemon.peer_stats();
-    CHECK(stats.committed_transfers == 2);
-    CHECK(stats.duplicate_transfers == 1);
-  }
-  SECTION("a transfer over the receiver's limit: its eager chunks are read, then the refusal arrives") {
+  const auto frame = kv_frame(4 * kChunkBytes - 100, 93);
+  // What the receiver answers a push of four chunks in a window of `window`, as (type, index or id).
+  const auto answers = [&](std::uint32_t window, std::uint64_t id) {
+    const HandPush push(id, {1, id}, frame, kChunkBytes, window);
+    REQUIRE(push.chunks() == 4);
     RawPeer raw(daemon);
-    peer::Begin huge;
-    huge.transfer_id = 72;
-    huge.key = {1, 72};
-    huge.info = kv_store::EntryInfo{KvLayout{}, 3ULL << 30, 0};  // over the fixture's 2 GiB store
-    huge.chunk_bytes = 1U << 20;
-    huge.running_checksums = true;
-    huge.eager_chunks = 2;
-    raw.write(peer::encode_begin(huge));
-    const auto chunk = peer_pattern(huge.chunk_bytes, 72);
-    raw.send_chunk(huge.transfer_id, 0, chunk, XXH3_64bits(chunk.data(), chunk.size()));
-    raw.send_chunk(huge.transfer_id, 1, chunk, 0);
-    CHECK(raw.error_then_close() == ErrorCode::kResourceExhausted);
-    CHECK(local.lookup(huge.key).error().code == ErrorCode::kNotFound);
-  }
-  SECTION("more eager chunks than the transfer has is malformed") {
-    RawPeer raw(daemon);
-    peer::Begin lying;
-    lying.transfer_id = 73;
-    lying.info = kv_store::EntryInfo{KvLayout{}, 10, 0};
-    lying.chunk_bytes = 4;
-    lying.running_checksums = true;
-    lying.eager_chunks = 4;  // 10 bytes in chunks of 4: 3 chunks
-    raw.write(peer::encode_begin(lying));
-    CHECK(raw.error_then_close() == ErrorCode::kProtocol);
-  }
-  REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
-}
-
-TEST_CASE("chunk acknowledgements: each chunk for a sender without cumulative acks, every half window with them",
-          "[peer]") {
-  PeerDaemon daemon;
-  const auto bytes = peer_pattern(4 * kChunkBytes, 93);
-  peer::Begin begin;
-  begin.key = {1, 0};
-  begin.info = kv_store::EntryInfo{KvLayout{}, bytes.size(), 0};
-  begin.chunk_bytes = kChunkBytes;
-  begin.running_checksums = true;
-  begin.eager_chunks = 4;  // the sender's window: the whole transfer
-  // What the receiver answers after Begin and four chunks, as (type, chunk index or id).
-  const auto answers = [&](std::uint64_t capabilities, std::uint64_t transfer_id) {
-    RawPeer raw(daemon, capabilities);
-    begin.transfer_id = transfer_id;
-    begin.key.context_hash = transfer_id;
-    raw.write(peer::encode_begin(begin));
-    for (std::uint32_t index = 0; index < 4; ++index) {
-      const auto end = (index + 1) * std::size_t{kChunkBytes};
-      raw.send_chunk(transfer_id, index, std::span(bytes).subspan(index * std::size_t{kChunkBytes}, kChunkBytes),
-                     XXH3_64bits(bytes.data(), end));
-    }
+    raw.write(peer::encode_push_encoded(push.header));
+    for (std::uint32_t index = 0; index < push.chunks(); ++index)
+      raw.send_chunk(id, index, push.chunk(index), push.running(index));
     std::vector<std::pair<peer::PeerMessage, std::uint64_t>> seen;
     while (seen.empty() || seen.back().first != peer::PeerMessage::kCommitted) {
       auto [type, payload] = raw.read_frame();
       REQUIRE(type != peer::PeerMessage::kError);
       ByteReader reader(payload);
-      const auto id = reader.get<std::uint64_t>();
-      REQUIRE(id.has_value());
-      CHECK(*id == transfer_id);
-      std::uint64_t value = *id;
+      const auto got = reader.get<std::uint64_t>();
+      REQUIRE(got.has_value());
+      CHECK(*got == id);
+      std::uint64_t value = *got;
       if (type == peer::PeerMessage::kChunkAck) value = reader.get<std::uint32_t>().value();
       seen.emplace_back(type, value);
     }
-    auto entry = daemon.data_plane().lookup(begin.key);
-    REQUIRE(entry.has_value());
-    CHECK(same_bytes(entry.value().bytes(), bytes));
+    CHECK(same_bytes(daemon.data_plane().lookup({1, id}).value().bytes(), frame.kv));
     return seen;
   };
   using peer::PeerMessage;
-  SECTION("a sender that did not announce them hears about every chunk") {
-    const std::vector<std::pair<PeerMessage, std::uint64_t>> expected{
-        {PeerMessage::kBeginOk, 801}, {PeerMessage::kChunkAck, 0}, {PeerMessage::kChunkAck, 1},
-        {PeerMessage::kChunkAck, 2},  {PeerMessage::kChunkAck, 3}, {PeerMessage::kCommitted, 801}};
-    CHECK(answers(0, 801) == expected);
-  }
-  SECTION("a sender that announced them hears every half window, and about the last chunk with Committed") {
-    const std::vector<std::pair<PeerMessage, std::uint64_t>> expected{{PeerMessage::kBeginOk, 802},
+  SECTION("a window of one: every chunk") {
+    const std::vector<std::pair<PeerMessage, std::uint64_t>> expected{{PeerMessage::kChunkAck, 0},
                                                                       {PeerMessage::kChunkAck, 1},
+                                                                      {PeerMessage::kChunkAck, 2},
                                                                       {PeerMessage::kChunkAck, 3},
-                                                                      {PeerMessage::kCommitted, 802}};
-    CHECK(answers(peer::kCapCumulativeAcks, 802) == expected);
+                                                                      {PeerMessage::kCommitted, 801}};
+    CHECK(answers(1, 801) == expected);
+  }
+  SECTION("a window of four: every second chunk") {
+    const std::vector<std::pair<PeerMessage, std::uint64_t>> expected{
+        {PeerMessage::kChunkAck, 1}, {PeerMessage::kChunkAck, 3}, {PeerMessage::kCommitted, 802}};
+    CHECK(answers(4, 802) == expected);
   }
 }
 
-TEST_CASE("peer refuses malformed frames and out-of-order chunks", "[peer][hostile]") {
+TEST_CASE("peer refuses malformed frames, out-of-order chunks and retired messages", "[peer][hostile]") {
   PeerDaemon daemon;
+  const auto frame = kv_frame(200, 1);
   SECTION("bad magic before the hello") {
     asio::io_context io;
     tcp::socket socket(io);
@@ -463,38 +334,136 @@ TEST_CASE("peer refuses malformed frames and out-of-order chunks", "[peer][hosti
   }
   SECTION("a frame longer than its type allows") {
     RawPeer raw(daemon);
-    std::vector<std::byte> frame(peer::kPeerHeaderBytes);
-    peer::encode_peer_header(std::span<std::byte, peer::kPeerHeaderBytes>(frame.data(), peer::kPeerHeaderBytes),
+    std::vector<std::byte> bytes(peer::kPeerHeaderBytes);
+    peer::encode_peer_header(std::span<std::byte, peer::kPeerHeaderBytes>(bytes.data(), peer::kPeerHeaderBytes),
                              peer::PeerMessage::kPing, 1U << 30);
-    raw.write(frame);
+    raw.write(bytes);
     CHECK(raw.error_then_close() == ErrorCode::kProtocol);
   }
-  SECTION("a chunk with no transfer begun, and a chunk out of order") {
+  SECTION("a chunk outside any stream, and a chunk out of order") {
     RawPeer raw(daemon);
     const auto data = peer_pattern(100, 1);
     raw.send_chunk(1, 0, data, XXH3_64bits(data.data(), data.size()));
     CHECK(raw.error_then_close() == ErrorCode::kProtocol);
     RawPeer second(daemon);
-    peer::Begin begin;
-    begin.transfer_id = 2;
-    begin.key = {1, 2};
-    begin.info = kv_store::EntryInfo{KvLayout{}, 200, 0};
-    begin.chunk_bytes = 100;
-    second.write(peer::encode_begin(begin));
-    REQUIRE(second.read_frame().first == peer::PeerMessage::kBeginOk);
-    second.send_chunk(2, 1, data, XXH3_64bits(data.data(), data.size()));
+    const HandPush push(2, {1, 2}, frame, 100, 8);
+    second.write(peer::encode_push_encoded(push.header));
+    second.send_chunk(2, 1, push.chunk(1), push.running(1));
     CHECK(second.error_then_close() == ErrorCode::kProtocol);
   }
-  SECTION("a layout that does not describe the announced size") {
+  SECTION("version 1's Begin, which no version 2 sidecar takes") {
     RawPeer raw(daemon);
-    peer::Begin begin;
-    begin.transfer_id = 3;
-    begin.info = kv_store::EntryInfo{KvLayout{2, 2, 2, DType::kFloat32, 2}, 100, 0};
-    raw.write(peer::encode_begin(begin));
-    CHECK(raw.error_then_close() == ErrorCode::kLayoutMismatch);
+    raw.write(peer::encode_peer_frame(static_cast<peer::PeerMessage>(3), std::vector<std::byte>(64)));
+    CHECK(raw.error_then_close() == ErrorCode::kProtocol);
+  }
+  SECTION("a push larger than the receiver takes") {
+    RawPeer raw(daemon);
+    HandPush huge(3, {1, 3}, frame, 1U << 20, 8);
+    huge.header.frame_bytes = 3ULL << 30;  // over the fixture's 2 GiB store
+    raw.write(peer::encode_push_encoded(huge.header));
+    CHECK(raw.error_then_close() == ErrorCode::kResourceExhausted);
+  }
+  SECTION("a push whose chunks hold no KV frame") {
+    RawPeer raw(daemon);
+    const auto junk = peer_pattern(200, 5);
+    peer::EncodedEntryHeader header;
+    header.id = 4;
+    header.key = {1, 4};
+    header.frame_bytes = junk.size();
+    header.chunk_bytes = 1U << 20;
+    raw.write(peer::encode_push_encoded(header));
+    raw.send_chunk(4, 0, junk, XXH3_64bits(junk.data(), junk.size()));
+    CHECK(raw.error_then_close().has_value());
   }
   REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
   CHECK(daemon.data_plane().stats().value().entries == 0);
+}
+
+namespace {
+
+// A listener in the test process that answers one connection the way a kvrelay of wire
+// version 1 did: it could not read a version 2 header and said so in a version 1 error.
+class VersionOneSidecar {
+ public:
+  VersionOneSidecar() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    thread_ = std::thread([this] {
+      boost::system::error_code ec;
+      tcp::socket socket(io_);
+      acceptor_.accept(socket, ec);
+      if (ec) return;
+      std::array<std::byte, peer::kPeerHeaderBytes> header{};
+      asio::read(socket, asio::buffer(header), ec);
+      const auto refusal =
+          peer::encode_peer_error_for_version(Error{ErrorCode::kBadVersion, "peer protocol version 2"}, 1);
+      asio::write(socket, asio::buffer(refusal), ec);
+    });
+  }
+  ~VersionOneSidecar() {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    thread_.join();
+  }
+  VersionOneSidecar(const VersionOneSidecar&) = delete;
+  VersionOneSidecar& operator=(const VersionOneSidecar&) = delete;
+  [[nodiscard]] HostPort address() const { return {"127.0.0.1", acceptor_.local_endpoint().port()}; }
+
+ private:
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("wire versions: a version 1 peer and this one refuse each other by name, in words each can read",
+          "[peer][hostile]") {
+  SECTION("a version 1 hello to this sidecar gets a version 1 error, and the sidecar serves on") {
+    PeerDaemon daemon;
+    asio::io_context io;
+    tcp::socket socket(io);
+    socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), daemon.peer_address().port));
+    ByteWriter hello;
+    hello.put(std::uint32_t{1}).put(std::uint64_t{1}).put_string("old-node").put(std::uint32_t{16U << 20});
+    hello.put_string("");
+    std::vector<std::byte> frame(peer::kPeerHeaderBytes);
+    const std::uint32_t magic = peer::kPeerMagic;
+    const std::uint16_t version = 1;
+    const std::uint16_t type = 1;
+    const auto length = static_cast<std::uint32_t>(hello.bytes().size());
+    std::memcpy(frame.data(), &magic, 4);
+    std::memcpy(frame.data() + 4, &version, 2);
+    std::memcpy(frame.data() + 6, &type, 2);
+    std::memcpy(frame.data() + 8, &length, 4);
+    frame.insert(frame.end(), hello.bytes().begin(), hello.bytes().end());
+    asio::write(socket, asio::buffer(frame));
+    std::array<std::byte, peer::kPeerHeaderBytes> header{};
+    asio::read(socket, asio::buffer(header));
+    // What a version 1 reader checks: magic, its own version, the error type.
+    std::uint16_t reply_version = 0;
+    std::uint16_t reply_type = 0;
+    std::uint32_t reply_length = 0;
+    std::memcpy(&reply_version, header.data() + 4, 2);
+    std::memcpy(&reply_type, header.data() + 6, 2);
+    std::memcpy(&reply_length, header.data() + 8, 4);
+    CHECK(reply_version == 1);
+    CHECK(reply_type == static_cast<std::uint16_t>(peer::PeerMessage::kError));
+    std::vector<std::byte> payload(reply_length);
+    asio::read(socket, asio::buffer(payload));
+    const auto error = peer::decode_peer_error(payload);
+    CHECK(error.code == ErrorCode::kBadVersion);
+    CHECK_THAT(error.message, Catch::Contains("wire version 2") && Catch::Contains("not version 1"));
+    auto current = peer::PeerClient::connect(daemon.peer_address(), {});
+    REQUIRE(current.has_value());
+    CHECK(current.value().ping().has_value());
+  }
+  SECTION("this client against a version 1 sidecar fails its connect with both versions named") {
+    VersionOneSidecar old;
+    auto client = peer::PeerClient::connect(old.address(), {});
+    REQUIRE_FALSE(client.has_value());
+    CHECK(client.error().code == ErrorCode::kBadVersion);
+    CHECK_THAT(client.error().message, Catch::Contains("wire version 1") && Catch::Contains("speaks 2") &&
+                                           Catch::Contains("peer protocol version 2"));
+  }
 }
 
 }  // namespace kvrelay::test

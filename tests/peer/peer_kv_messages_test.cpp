@@ -5,8 +5,8 @@
 #include <array>
 #include <cstring>
 
-#include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/core/byte_io.h"
+#include "kvrelay/peer/peer_protocol.h"
 
 using namespace kvrelay;
 using namespace kvrelay::peer;
@@ -52,9 +52,10 @@ TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[prox
   header.id = 5;
   header.key = {1, 2};
   header.frame_bytes = 3 * 1024 * 1024 + 1;
-  header.frame_checksum = 0xABCD;
   header.chunk_bytes = 1U << 20;
+  header.window_chunks = 6;
   CHECK(header.chunk_count() == 4);
+  CHECK(header.ack_every() == 3);
 
   const auto found = decode_fetch_reply(payload_of(encode_fetch_reply(5, &header)), 5);
   REQUIRE(found);
@@ -68,6 +69,12 @@ TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[prox
   const auto pushed = decode_push_encoded(payload_of(encode_push_encoded(header)));
   REQUIRE(pushed);
   CHECK(pushed.value().key == header.key);
+  CHECK(pushed.value().window_chunks == 6);
+  for (const std::uint32_t window : {0U, kMaxWindowChunks + 1}) {
+    auto bad = header;
+    bad.window_chunks = window;
+    CHECK(decode_push_encoded(payload_of(encode_push_encoded(bad))).error().code == ErrorCode::kProtocol);
+  }
   header.chunk_bytes = kMaxChunkBytes + 1;
   CHECK_FALSE(decode_push_encoded(payload_of(encode_push_encoded(header))));
   header.chunk_bytes = 1U << 20;
@@ -135,25 +142,79 @@ TEST_CASE("a transfer that fits one chunk goes as two page-aligned halves, other
   }
 }
 
-TEST_CASE("peer stats round-trip, and a reply from a peer without chunks_received reads as 0", "[proxy][peer][unit]") {
+TEST_CASE("peer stats round-trip with every counter, and a short or long reply is refused", "[proxy][peer][unit]") {
   PeerServerStats stats;
   stats.sessions = 1;
   stats.committed_transfers = 3;
   stats.bytes_received = 1U << 20;
   stats.chunks_received = 2;
+  stats.fetches_served = 5;
   const auto payload = payload_of(encode_peer_stats(stats));
-  REQUIRE(payload.size() == 7 * sizeof(std::uint64_t));
+  REQUIRE(payload.size() == 8 * sizeof(std::uint64_t));
   const auto decoded = decode_peer_stats(payload);
   REQUIRE(decoded);
   CHECK(decoded.value().chunks_received == 2);
+  CHECK(decoded.value().fetches_served == 5);
   CHECK(decoded.value().bytes_received == 1U << 20);
-  const auto older = decode_peer_stats(std::span(payload).first(6 * sizeof(std::uint64_t)));
-  REQUIRE(older);
-  CHECK(older.value().chunks_received == 0);
-  CHECK(older.value().committed_transfers == 3);
-  CHECK(decode_peer_stats(std::span(payload).first(6 * sizeof(std::uint64_t) + 3)).error().code ==
-        ErrorCode::kTruncated);
+  CHECK(decode_peer_stats(std::span(payload).first(7 * sizeof(std::uint64_t))).error().code == ErrorCode::kTruncated);
   auto longer = payload;
   longer.push_back(std::byte{0});
   CHECK(decode_peer_stats(longer).error().code == ErrorCode::kProtocol);
+}
+
+TEST_CASE("acknowledgements and commits round-trip and refuse torn payloads", "[proxy][peer][unit]") {
+  const auto ack = payload_of(encode_chunk_ack(77, 12));
+  REQUIRE(ack.size() == 12);
+  CHECK(decode_chunk_ack(ack).value().id == 77);
+  CHECK(decode_chunk_ack(ack).value().index == 12);
+  CHECK_FALSE(decode_chunk_ack(std::span(ack).first(11)));
+  const auto committed = payload_of(encode_committed(77));
+  CHECK(decode_committed(committed).value() == 77);
+  CHECK_FALSE(decode_committed(std::span(committed).first(7)));
+}
+
+namespace {
+
+std::array<std::byte, kPeerHeaderBytes> header_of(std::uint16_t version, std::uint16_t type, std::uint32_t length) {
+  std::array<std::byte, kPeerHeaderBytes> bytes{};
+  std::memcpy(bytes.data(), &kPeerMagic, 4);
+  std::memcpy(bytes.data() + 4, &version, 2);
+  std::memcpy(bytes.data() + 6, &type, 2);
+  std::memcpy(bytes.data() + 8, &length, 4);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("wire versions: only hello, hello reply and error are read across versions, retired types are unknown",
+          "[proxy][peer][unit]") {
+  for (const std::uint16_t type : {std::uint16_t{1}, std::uint16_t{2}, std::uint16_t{8}}) {
+    INFO("type " << type);
+    CHECK(decode_peer_header(header_of(1, type, 10)).error().code == ErrorCode::kBadVersion);
+    const auto at_hello = decode_hello_header(header_of(1, type, 10));
+    REQUIRE(at_hello);
+    CHECK(at_hello.value().version == 1);
+  }
+  // Anything else of another version is refused even at the hello.
+  CHECK(decode_hello_header(header_of(1, 13, 10)).error().code == ErrorCode::kBadVersion);
+  CHECK(decode_hello_header(header_of(3, 5, 10)).error().code == ErrorCode::kBadVersion);
+  // Version 1's Begin messages are gone for good.
+  for (const std::uint16_t retired : {std::uint16_t{3}, std::uint16_t{4}, std::uint16_t{18}}) {
+    CHECK_FALSE(known_peer_message(retired));
+    CHECK(decode_peer_header(header_of(kPeerVersion, retired, 10)).error().code == ErrorCode::kProtocol);
+  }
+  // A refusal for a version-1 peer is a version-1 error frame.
+  const auto refusal = encode_peer_error_for_version(wire_version_mismatch(1, "a test peer"), 1);
+  const auto header =
+      decode_hello_header(std::span<const std::byte, kPeerHeaderBytes>(refusal.data(), kPeerHeaderBytes));
+  REQUIRE(header);
+  CHECK(header.value().version == 1);
+  CHECK(header.value().type == PeerMessage::kError);
+  const auto error = decode_peer_error(payload_of(refusal));
+  CHECK(error.code == ErrorCode::kBadVersion);
+  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 2"));
+  // A hello that claims another version in its payload is refused by name too.
+  Hello old;
+  old.protocol_version = 1;
+  CHECK(decode_hello(payload_of(encode_hello(PeerMessage::kHello, old))).error().code == ErrorCode::kBadVersion);
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/peer/peer_client.h"
 #include "kvrelay/shm_transport/client.h"
 
@@ -75,6 +77,44 @@ inline std::vector<std::byte> peer_pattern(std::size_t size, std::uint64_t seed)
 
 inline bool same_bytes(std::span<const std::byte> left, std::span<const std::byte> right) {
   return left.size() == right.size() && (left.empty() || std::memcmp(left.data(), right.data(), left.size()) == 0);
+}
+
+// Raw KV of a small model's layout, at least `at_least_bytes` of it, and its raw-codec frame:
+// what a sidecar pushes and fetches.
+struct KvFrame {
+  KvLayout layout;
+  std::vector<std::byte> kv;
+  std::vector<std::uint8_t> frame;
+  [[nodiscard]] std::span<const std::uint8_t> bytes() const { return frame; }
+};
+inline KvFrame kv_frame(std::size_t at_least_bytes, std::uint64_t seed, std::string_view codec = "raw") {
+  KvFrame out;
+  out.layout = KvLayout{2, 2, 64, DType::kFloat16, 1};
+  const std::uint64_t per_token = out.layout.total_bytes().value();
+  out.layout.tokens = std::max<std::uint64_t>(1, (at_least_bytes + per_token - 1) / per_token);
+  out.kv = peer_pattern(static_cast<std::size_t>(out.layout.total_bytes().value()), seed);
+  const auto registry = codec::CodecRegistry::with_builtins();
+  auto spec = codec::resolve_codec(registry, codec);
+  if (!spec) FAIL("codec " << codec << ": " << spec.error().to_string());
+  auto frame = codec::encode_frame(*spec.value().codec, out.layout,
+                                   std::span(reinterpret_cast<const std::uint8_t*>(out.kv.data()), out.kv.size()));
+  if (!frame) FAIL("encode: " << frame.error().to_string());
+  out.frame = std::move(frame).value();
+  return out;
+}
+
+// The raw KV a fetched or pushed frame decodes to.
+inline std::vector<std::byte> decoded_kv(std::span<const std::uint8_t> frame) {
+  const auto registry = codec::CodecRegistry::with_builtins();
+  auto kv = codec::decode_frame(registry, frame, std::uint64_t{1} << 32);
+  if (!kv) FAIL("decode: " << kv.error().to_string());
+  const auto& bytes = kv.value();
+  return {reinterpret_cast<const std::byte*>(bytes.data()),
+          reinterpret_cast<const std::byte*>(bytes.data()) + bytes.size()};
+}
+
+inline void write_frame_file(const std::filesystem::path& path, const KvFrame& frame) {
+  write_file(path, std::string(reinterpret_cast<const char*>(frame.frame.data()), frame.frame.size()));
 }
 
 }  // namespace kvrelay::test

@@ -1,5 +1,6 @@
 // `kvrelay peer send` and `kvrelay peer probe`: the peer plane from the command line, for
 // operators checking links and for tests that kill a real sender or receiver mid-transfer.
+// `send` pushes a KV frame exactly as a sidecar's push does (PeerClient::push_encoded).
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,9 +13,10 @@
 #include <memory>
 #include <vector>
 
+#include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/core/policy.h"
-#include "kvrelay/peer/peer_client.h"
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/peer/peer_client.h"
 
 #include "commands.h"
 
@@ -24,7 +26,7 @@ namespace {
 
 struct SendOptions {
   std::string to;
-  std::string config;  // with peer_id: address and same_host come from the policy
+  std::string config;  // with peer_id: the address comes from the policy
   std::string peer_id;
   std::uint64_t transfer_id = 0;
   std::uint64_t model_id = 1;
@@ -32,7 +34,6 @@ struct SendOptions {
   std::uint32_t chunk_bytes = 1U << 20;
   std::uint32_t window = 8;
   double rate_limit_mib_per_s = 0;
-  bool same_host = false;
   bool progress = false;
   bool no_staging = false;
   bool no_split = false;
@@ -59,7 +60,7 @@ int run_send(const SendOptions& options) {
     if (!policy) return fail_with(policy.error().message);
     const PeerPolicy* peer = policy.value().find_peer(options.peer_id);
     if (peer == nullptr) return fail_with("no peer '" + options.peer_id + "' in " + options.config);
-    client_options = peer::peer_client_options(policy.value(), *peer);
+    client_options = peer::peer_client_options(policy.value());
     target = peer->address;
   } else {
     if (options.to.empty()) return fail_with("give --to HOST:PORT or --config with --peer ID");
@@ -67,14 +68,19 @@ int run_send(const SendOptions& options) {
     if (!address) return fail_with(address.error().to_string());
     target = address.value();
     client_options.node_id = options.node_id;
-    client_options.allow_shared_memory = options.same_host;
   }
   UniqueFd file(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!file) return fail_with("cannot open " + options.file);
   struct stat info {};
   if (::fstat(file.get(), &info) != 0) return fail_with("cannot stat " + options.file);
+  if (info.st_size == 0) return fail_with(options.file + " is empty, not a KV frame");
   auto mapping = kv_store::Mapping::map(file.get(), static_cast<std::uint64_t>(info.st_size), false);
   if (!mapping) return fail_with(mapping.error().to_string());
+  const auto frame =
+      std::span(reinterpret_cast<const std::uint8_t*>(mapping.value().bytes().data()), mapping.value().bytes().size());
+  // Refused here with the frame's own error, before a peer has to refuse it.
+  auto header = codec::inspect_frame(frame);
+  if (!header) return fail_with(options.file + " is not a KV frame: " + header.error().to_string());
 
   client_options.chunk_bytes = options.chunk_bytes;
   client_options.window_chunks = options.window;
@@ -91,14 +97,13 @@ int run_send(const SendOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   auto client = peer::PeerClient::connect(target, client_options);
   if (!client) return fail_with(client.error().to_string());
-  const kv_store::EntryKey key{options.model_id, options.context_hash != 0 ? options.context_hash : options.transfer_id};
-  auto sent = client.value().send(options.transfer_id, key, KvLayout{}, mapping.value().bytes());
-  if (!sent) return fail_with(sent.error().to_string());
+  const kv_store::EntryKey key{options.model_id,
+                               options.context_hash != 0 ? options.context_hash : options.transfer_id};
+  if (auto sent = client.value().push_encoded(options.transfer_id, key, frame); !sent) {
+    return fail_with(sent.error().to_string());
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  const char* outcome = sent.value() == peer::TransferOutcome::kCommitted          ? "committed"
-                        : sent.value() == peer::TransferOutcome::kAlreadyCommitted ? "already_committed"
-                                                                                          : "committed_shm";
-  nlohmann::json result{{"outcome", outcome},
+  nlohmann::json result{{"outcome", "committed"},
                         {"transfer_id", options.transfer_id},
                         {"bytes", mapping.value().size()},
                         {"peer", client.value().remote().node_id},
@@ -135,7 +140,8 @@ int run_probe(const ProbeOptions& options) {
                           {"duplicate_transfers", stats.value().duplicate_transfers},
                           {"failed_transfers", stats.value().failed_transfers},
                           {"bytes_received", stats.value().bytes_received},
-                          {"chunks_received", stats.value().chunks_received}}}};
+                          {"chunks_received", stats.value().chunks_received},
+                          {"fetches_served", stats.value().fetches_served}}}};
   std::printf("%s\n", result.dump().c_str());
   return 0;
 }
@@ -147,25 +153,24 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   peer->require_subcommand(1);
 
   auto send = std::make_shared<SendOptions>();
-  auto* send_command = peer->add_subcommand("send", "Transfer a file's bytes as one entry to a peer sidecar");
+  auto* send_command =
+      peer->add_subcommand("send", "Push a KV frame file (kvrelay codec encode) to a peer sidecar, which files it");
   send_command->add_option("--to", send->to, "Peer address HOST:PORT");
-  send_command->add_option("--config", send->config, "Policy file; with --peer, the peer's address and same_host");
+  send_command->add_option("--config", send->config, "Policy file; with --peer, the peer's address");
   send_command->add_option("--peer", send->peer_id, "Peer id from the policy's peers[]");
-  send_command->add_option("--transfer-id", send->transfer_id, "Id that makes a retried transfer land once")
-      ->required();
+  send_command->add_option("--transfer-id", send->transfer_id, "Id of the push (its chunks carry it)")->required();
   send_command->add_option("--model-id", send->model_id, "Entry key: model fingerprint id");
   send_command->add_option("--context-hash", send->context_hash, "Entry key: context digest (default: transfer id)");
   send_command->add_option("--chunk-bytes", send->chunk_bytes, "Chunk size")->check(CLI::Range(1U, 16U << 20));
   send_command->add_option("--window", send->window, "Unacknowledged chunks in flight")->check(CLI::Range(1U, 1024U));
   send_command->add_option("--rate-limit-mib", send->rate_limit_mib_per_s, "Pace the transfer (MiB/s, 0 = off)");
-  send_command->add_flag("--same-host", send->same_host, "Use the peer's shared-memory socket when it offers one");
   send_command->add_flag("--progress", send->progress, "Print 'progress DONE TOTAL' after each acknowledged chunk");
   send_command->add_flag("--no-staging", send->no_staging,
                          "Write chunks straight from the file's mapping, not through a reused buffer");
   send_command->add_flag("--no-split", send->no_split,
                          "Send a file that fits one chunk as one chunk, not as two halves that pipeline");
   send_command->add_option("--node-id", send->node_id, "Node id announced in the hello");
-  send_command->add_option("file", send->file, "File whose bytes are sent")->required()->check(CLI::ExistingFile);
+  send_command->add_option("file", send->file, "KV frame to push")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });
 
   auto probe = std::make_shared<ProbeOptions>();

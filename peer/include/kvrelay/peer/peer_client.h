@@ -29,19 +29,16 @@ struct PeerClientOptions {
   std::chrono::milliseconds connect_timeout{3'000};
   std::chrono::milliseconds read_timeout{5'000};
   std::uint32_t chunk_bytes = 1U << 20;
-  // Chunks sent but not yet acknowledged. Bounds what a slow receiver can make us hold in
-  // flight: window * chunk_bytes of the caller's data, which must stay valid until send returns.
+  // Chunks of a push sent but not yet acknowledged (at most kMaxWindowChunks).
   std::uint32_t window_chunks = 8;
   // Each chunk is copied by its checksum pass into one reused buffer that the socket write then
   // reads, rather than written from the caller's memory: see "staged chunks" in
   // docs/transports.md. False writes straight from the caller's memory.
   bool stage_chunks = true;
-  // A transfer that fits one chunk goes as two halves (transfer_chunk_bytes in peer_protocol.h).
+  // A push that fits one chunk goes as two halves (transfer_chunk_bytes in peer_protocol.h).
   bool split_single_chunk = true;
-  std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
-  // May publish through the receiver's Unix socket when it is on this host and offers one.
-  bool allow_shared_memory = false;
-  // Called after each acknowledged chunk with (bytes acknowledged, total bytes).
+  std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited, for pushes
+  // Called after each acknowledgement of a push with (bytes acknowledged, total bytes).
   std::function<void(std::uint64_t, std::uint64_t)> on_progress;
   // Where RTT and throughput samples go (optional); keyed by the remote node id.
   std::shared_ptr<LinkEstimator> link_estimator;
@@ -50,11 +47,9 @@ struct PeerClientOptions {
   std::shared_ptr<WarmBufferPool> frame_buffers;
 };
 
-// Client options for sending to `peer` under `policy`: our node id, the policy's read
-// timeout, and the shared-memory path only where the policy marks the peer same_host.
-[[nodiscard]] PeerClientOptions peer_client_options(const Policy& policy, const PeerPolicy& peer);
-
-enum class TransferOutcome { kCommitted, kAlreadyCommitted, kCommittedViaSharedMemory };
+// Client options for talking to `peer` under `policy`: our node id, the policy's read timeout
+// and chunk staging.
+[[nodiscard]] PeerClientOptions peer_client_options(const Policy& policy);
 
 class PeerClient {
  public:
@@ -67,8 +62,6 @@ class PeerClient {
                                                   Deadline deadline = Deadline::max());
 
   [[nodiscard]] const Hello& remote() const;
-  [[nodiscard]] Result<TransferOutcome> send(std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                                             const KvLayout& layout, std::span<const std::byte> bytes);
   [[nodiscard]] Result<std::chrono::microseconds> ping();
 
   // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
@@ -92,7 +85,9 @@ class PeerClient {
   };
   [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes,
                                                           Deadline deadline = Deadline::max());
-  // Sends an encoded KV frame ahead to the peer, which decodes and files it under `key`.
+  // Sends an encoded KV frame (codec_plugins frame format) to the peer as a chunk stream; the
+  // peer decodes it, files it under `key` by the frame's codec (lossy KV as lossy) and answers
+  // Committed. `frame` must stay valid until this returns.
   [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
                                     std::span<const std::uint8_t> frame);
   // The keys the peer holds, most recently used first.

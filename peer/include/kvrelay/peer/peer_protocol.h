@@ -17,21 +17,18 @@
 namespace kvrelay::peer {
 
 inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-endian byte order
-inline constexpr std::uint16_t kPeerVersion = 1;
+// The wire version, in every frame header and in the hello. Two sidecars of different versions
+// refuse each other at the hello with a kError that the other side can read (see
+// "Wire versions" in docs/wire-format.md); 1 was the Begin/Chunk protocol of kvrelay <= 0.1.
+inline constexpr std::uint16_t kPeerVersion = 2;
 inline constexpr std::size_t kPeerHeaderBytes = 12;
-inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, checksum
+inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, running checksum
 inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;
 inline constexpr std::uint32_t kMaxControlPayload = 64 * 1024;
+inline constexpr std::uint32_t kMaxWindowChunks = 1024;
 
 // Capability bits announced in the hello.
-inline constexpr std::uint64_t kCapChunkedTransfer = 1U << 0;
 inline constexpr std::uint64_t kCapSharedMemory = 1U << 1;  // hello carries a Unix socket path
-// Accepts kBeginRunning: each chunk carries the running checksum of the transfer so far, so
-// both sides hash every byte once, as it goes out or comes in (see Begin::running_checksums).
-inline constexpr std::uint64_t kCapRunningChecksums = 1U << 2;
-// Announced by a sender: it takes a ChunkAck as acknowledging every chunk up to its index, so a
-// receiver may acknowledge every few chunks instead of each one (each ack wakes the sender).
-inline constexpr std::uint64_t kCapCumulativeAcks = 1U << 3;
 // This sidecar records fidelity: it serves a lossless Fetch exact KV only, and its pushes say by
 // their codec what they are. KV from a peer without it cannot be trusted as exact (an older
 // sidecar files KV its workers computed over lossy imports as exact).
@@ -39,44 +36,53 @@ inline constexpr std::uint64_t kCapFidelity = 1U << 4;
 // The fidelity "codec" of KV from a peer without kCapFidelity: lossy, matching no real codec.
 inline constexpr std::string_view kUnverifiedFidelity = "unverified-peer";
 
+// Numbers 3, 4 and 18 belonged to version 1's Begin transfers and are never reused. kHello,
+// kHelloOk and kError keep their numbers and layouts in every version, so that two versions can
+// always tell each other why they refuse.
 enum class PeerMessage : std::uint16_t {
   kHello = 1,
   kHelloOk = 2,
-  kBegin = 3,
-  kBeginOk = 4,
   kChunk = 5,
-  kChunkAck = 6,
-  kCommitted = 7,
+  kChunkAck = 6,   // receiver -> sender of a chunk stream: every chunk up to this index arrived intact
+  kCommitted = 7,  // a pushed frame was filed
   kError = 8,
   kPing = 9,
   kPong = 10,
   kStats = 11,
   kStatsReply = 12,
-  // KV path: fetch a chain's longest held prefix encoded with a codec, push an encoded entry,
-  // and ask which chains a peer holds.
+  // The KV path: fetch a chain's longest held prefix encoded with a codec, push an encoded
+  // entry, and ask which chains a peer holds.
   kFetch = 13,
   kFetchReply = 14,
   kPushEncoded = 15,
   kSummary = 16,
   kSummaryReply = 17,
-  // A Begin with running chunk checksums (Begin::running_checksums).
-  kBeginRunning = 18,
 };
-inline constexpr PeerMessage kLastPeerMessage = PeerMessage::kBeginRunning;
+// A message this version knows (numbers outside it, or retired ones, are protocol errors).
+[[nodiscard]] bool known_peer_message(std::uint16_t type) noexcept;
 
 struct PeerHeader {
   PeerMessage type{};
   std::uint32_t length = 0;
+  std::uint16_t version = kPeerVersion;
 };
 
 // Validates magic, version, type and a length within that type's bound.
 [[nodiscard]] Result<PeerHeader> decode_peer_header(std::span<const std::byte, kPeerHeaderBytes> bytes);
+// The same, except that a header of another wire version is accepted when its type is one that
+// every version shares (kHello, kHelloOk, kError): how a hello learns the other side's version.
+[[nodiscard]] Result<PeerHeader> decode_hello_header(std::span<const std::byte, kPeerHeaderBytes> bytes);
+// A frame stamped with another wire version: the kError that refuses a peer of that version,
+// in a header it can decode.
+[[nodiscard]] std::vector<std::byte> encode_peer_error_for_version(const Error& error, std::uint16_t version);
+// The refusal both sides report when the versions differ.
+[[nodiscard]] Error wire_version_mismatch(std::uint16_t theirs, std::string_view who);
 [[nodiscard]] std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload);
 void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length);
 
 struct Hello {
   std::uint32_t protocol_version = kPeerVersion;
-  std::uint64_t capabilities = kCapChunkedTransfer;
+  std::uint64_t capabilities = 0;
   std::string node_id;
   std::uint32_t max_chunk_bytes = kMaxChunkBytes;
   std::string shm_socket;  // only with kCapSharedMemory
@@ -84,38 +90,15 @@ struct Hello {
 [[nodiscard]] std::vector<std::byte> encode_hello(PeerMessage type, const Hello& hello);
 [[nodiscard]] Result<Hello> decode_hello(std::span<const std::byte> payload);
 
-struct Begin {
-  std::uint64_t transfer_id = 0;
-  kv_store::EntryKey key;
-  kv_store::EntryInfo info;  // layout, total bytes, xxh3 of all bytes (0 with running_checksums)
-  std::uint32_t chunk_bytes = 1U << 20;
-  // Sent as kBeginRunning: chunk i's checksum is the xxh3 of chunks 0..i, so the last one is
-  // the entry's and neither side reads the bytes twice (kBegin: each chunk's own xxh3, and the
-  // whole one here up front, which costs the sender a pass before the first chunk).
-  bool running_checksums = false;
-  // kBeginRunning only: this many chunks follow the Begin before the sender waits for BeginOk
-  // (at most the chunk count), saving a round trip per transfer. A receiver that will not take
-  // the transfer reads and drops them before it answers, so the stream stays in step.
-  std::uint32_t eager_chunks = 0;
-  [[nodiscard]] std::uint64_t chunk_count() const {
-    return info.bytes == 0 ? 0 : (info.bytes + chunk_bytes - 1) / chunk_bytes;
-  }
-};
-// The chunk size a transfer of `bytes` goes in: `configured`, except that a transfer that would
-// be a single chunk of at least kSplitTransferMinBytes goes as two halves (4 KiB multiples), so
+// The chunk size a stream of `bytes` goes in: `configured`, except that a stream that would be
+// a single chunk of at least kSplitTransferMinBytes goes as two halves (4 KiB multiples), so
 // that the sender hashes and stages the second while the first is on the wire and the receiver
-// checks the first while the second arrives. Measured on loopback (docs/transports.md): 1 MiB
-// transfers 0.97-1.17x a raw socket in halves against 0.80-0.95x whole; transfers of several
-// chunks gained nothing from smaller chunks, so they keep `configured`.
+// checks the first while the second arrives.
 inline constexpr std::uint64_t kSplitTransferMinBytes = 256U << 10;
 [[nodiscard]] std::uint32_t transfer_chunk_bytes(std::uint32_t configured, std::uint64_t bytes) noexcept;
 
-[[nodiscard]] std::vector<std::byte> encode_begin(const Begin& begin);
-// Also validates the entry info and chunk size. `type`: kBegin or kBeginRunning.
-[[nodiscard]] Result<Begin> decode_begin(std::span<const std::byte> payload, PeerMessage type = PeerMessage::kBegin);
-
-enum class BeginState : std::uint8_t { kProceed = 0, kAlreadyCommitted = 1 };
-
+// A chunk's checksum is the running xxh3_64 of the stream's bytes up to and including it, so
+// the last chunk's is the whole frame's and neither side reads a byte twice.
 struct ChunkHeader {
   std::uint64_t transfer_id = 0;
   std::uint32_t index = 0;
@@ -138,17 +121,22 @@ struct FetchRequest {
 [[nodiscard]] std::vector<std::byte> encode_fetch(const FetchRequest& request);
 [[nodiscard]] Result<FetchRequest> decode_fetch(std::span<const std::byte> payload);
 
-// An encoded KV frame that follows as chunks (kChunk frames, index 0.., no acknowledgements;
-// TCP's flow control paces them). Used by FetchReply (found) and PushEncoded.
+// An encoded KV frame that follows as a chunk stream: kChunk frames with index 0.. and running
+// checksums, at most `window_chunks` of them ahead of the receiver's last kChunkAck. The
+// receiver acknowledges every window_chunks / 2 chunks (at least every chunk) and the last one.
+// Used by FetchReply (found; the asker acknowledges) and PushEncoded (the peer acknowledges,
+// then answers Committed).
 struct EncodedEntryHeader {
-  std::uint64_t id = 0;              // request id (fetch) or transfer id (push)
-  kv_store::EntryKey key;                 // what the entry is filed under
-  std::uint64_t frame_bytes = 0;     // the KV frame (codec_plugins frame format)
-  std::uint64_t frame_checksum = 0;  // xxh3_64 of the whole frame
+  std::uint64_t id = 0;           // request id (fetch) or transfer id (push)
+  kv_store::EntryKey key;         // what the entry is filed under
+  std::uint64_t frame_bytes = 0;  // the KV frame (codec_plugins frame format)
   std::uint32_t chunk_bytes = 1U << 20;
+  std::uint32_t window_chunks = 8;
   [[nodiscard]] std::uint64_t chunk_count() const {
     return frame_bytes == 0 ? 0 : (frame_bytes + chunk_bytes - 1) / chunk_bytes;
   }
+  // How often the receiver acknowledges: half a window, so the sender never stalls on a full one.
+  [[nodiscard]] std::uint64_t ack_every() const { return window_chunks >= 2 ? window_chunks / 2 : 1; }
 };
 // FetchReply: u64 request id, u8 found, and when found the EncodedEntryHeader fields after the id.
 [[nodiscard]] std::vector<std::byte> encode_fetch_reply(std::uint64_t request_id, const EncodedEntryHeader* found);
@@ -162,15 +150,27 @@ inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - 4) / kv_sto
 [[nodiscard]] std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys);
 [[nodiscard]] Result<std::vector<kv_store::EntryKey>> decode_summary(std::span<const std::byte> payload);
 
-// Receiver counters, returned by kStats (tests and `kvrelay peer probe`).
+// ChunkAck: u64 stream id, u32 index of the last chunk received intact.
+[[nodiscard]] std::vector<std::byte> encode_chunk_ack(std::uint64_t id, std::uint32_t index);
+struct ChunkAck {
+  std::uint64_t id = 0;
+  std::uint32_t index = 0;
+};
+[[nodiscard]] Result<ChunkAck> decode_chunk_ack(std::span<const std::byte> payload);
+// Committed: u64 push id.
+[[nodiscard]] std::vector<std::byte> encode_committed(std::uint64_t id);
+[[nodiscard]] Result<std::uint64_t> decode_committed(std::span<const std::byte> payload);
+
+// Receiver counters, returned by kStats (tests and `kvrelay peer probe`). Transfers are pushes.
 struct PeerServerStats {
   std::uint64_t sessions = 0;
   std::uint64_t active_transfers = 0;
   std::uint64_t committed_transfers = 0;
-  std::uint64_t duplicate_transfers = 0;  // retried ids answered "already committed"
+  std::uint64_t duplicate_transfers = 0;  // pushes of KV this node already held as exactly
   std::uint64_t failed_transfers = 0;
   std::uint64_t bytes_received = 0;
-  std::uint64_t chunks_received = 0;  // checked and stored; 0 from a peer too old to count them
+  std::uint64_t chunks_received = 0;  // checked
+  std::uint64_t fetches_served = 0;   // fetch replies that carried KV, acknowledged to the end
 };
 [[nodiscard]] std::vector<std::byte> encode_peer_stats(const PeerServerStats& stats);
 [[nodiscard]] Result<PeerServerStats> decode_peer_stats(std::span<const std::byte> payload);

@@ -1,10 +1,9 @@
 #pragma once
 
-// Receiving end of the TCP peer plane: accepts sidecar connections, answers hellos, pings and
-// stats, and receives chunked transfers straight into a sealed memfd. A transfer becomes
-// visible in the entry store only after every chunk and the whole-entry checksum verified;
-// a transfer id that already committed is answered "already committed", so a retry lands
-// exactly once.
+// Serving end of the TCP peer plane: accepts sidecar connections, answers hellos, pings, stats
+// and summaries, serves fetches as chunk streams, and receives pushed KV frames. A pushed frame
+// is decoded and filed in the entry store only after every chunk's running checksum verified,
+// so the store never holds part of one.
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -19,8 +18,8 @@
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
-#include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/kv_store/entry_store.h"
+#include "kvrelay/peer/peer_protocol.h"
 
 namespace kvrelay::peer {
 
@@ -40,7 +39,6 @@ struct PeerServerOptions {
   std::chrono::milliseconds handshake_timeout{5'000};
   std::chrono::milliseconds read_timeout{5'000};   // inside a frame or a transfer
   std::chrono::milliseconds idle_timeout{60'000};  // between frames outside transfers
-  std::size_t remembered_transfers = 65'536;       // committed ids kept for exactly-once
   std::uint64_t max_entry_bytes = 64ULL << 30;     // larger transfers are refused up front
   // Buffers that fetches are read and encoded into (and pushed frames received into) are kept
   // for the next one up to this many bytes in all (at most 4 buffers): fresh ones cost a
@@ -48,10 +46,11 @@ struct PeerServerOptions {
   std::uint64_t warm_buffer_bytes = 192ULL << 20;
   // Where received entries go when it has room (the shm server's arena); else sealed memfds.
   std::shared_ptr<kv_store::ShmArena> arena;
-  // Chunks bound for the arena land in a reused one-chunk buffer and are copied into their
-  // block by the checksum pass, rather than received straight into the block: see "staged
-  // chunks" in docs/transports.md. False receives into the block.
-  bool stage_arena_chunks = true;
+  // Fetch replies: chunk size (at most what the asker's hello allows), chunks in flight, and
+  // whether each chunk is staged through a reused buffer (see "staged chunks" in peer_io.h).
+  std::uint32_t chunk_bytes = 1U << 20;
+  std::uint32_t window_chunks = 8;
+  bool stage_chunks = true;
   // Encodes fetched entries and decodes pushed ones; without it Fetch and PushEncoded are refused.
   std::shared_ptr<const codec::CodecRegistry> codecs;
   // Encoded KV that left ("served") or arrived ("received"), with what its codec cost here.
