@@ -264,6 +264,69 @@ def local_hit(cluster, b_prompt, primed=False):
             "primed_by": "tokens run" if primed else "prime"}
 
 
+class LengthRun:
+    """One context length's handoff on one cluster, run one label at a time: A answers at once,
+    then `run(label)` measures B under one medium ("engine": left to the decision engine;
+    "kv_raw_shm": B-local over shared memory; "local_hit": see `local_hit`), and `result()`
+    returns what `run_length` returns. Lets a caller interleave the runs of several clusters."""
+
+    def __init__(self, cluster, length, seed, with_local_hit=True):
+        self.cluster = cluster
+        self.length = length
+        self.b_prompt = handoff_prompt(cluster, length, seed)
+        self.runs = {}
+        self.last_on_b = []
+        self.node_b_labels = FORCED_MEDIA + ["engine"]
+        if with_local_hit:
+            self.node_b_labels.insert(1, "local_hit")
+        # The tokens run leaves B's whole prompt on node-b when what B's worker published ends in
+        # the prompt's last whole block (its answer's KV does not start a new one).
+        self.tokens_run_primes = ((len(self.b_prompt) + B_ANSWER_TOKENS - 1) // BLOCK_TOKENS ==
+                                  len(self.b_prompt) // BLOCK_TOKENS)
+
+    def order(self, rng=None):
+        """Every label once: node-b's (shuffled with `rng`), then B-local's kv_raw_shm."""
+        labels = list(self.node_b_labels)
+        if rng is not None:
+            rng.shuffle(labels)
+        return labels + ["kv_raw_shm"]
+
+    def run(self, label):
+        if label == "local_hit":
+            primed = self.tokens_run_primes and self.last_on_b[-1:] == ["tokens"]
+            self.runs[label] = local_hit(self.cluster, self.b_prompt, primed=primed)
+            self.last_on_b.append(label)
+        elif label == "kv_raw_shm":
+            self._run_b(label, "node-a", "agent-b-local", "a-to-b-local", "kv_raw")
+        else:
+            self._run_b(label, "node-b", "agent-b", "a-to-b", None if label == "engine" else label)
+
+    def _run_b(self, label, node, agent, route, medium):
+        cluster = self.cluster
+        cluster.force(node, route, medium)
+        if node == "node-b":
+            cluster.flush("node-b")
+            self.last_on_b.append(label)
+        reply = cluster.complete(node, agent, self.b_prompt, B_ANSWER_TOKENS)
+        stats = reply["kvrelay"]
+        decision = cluster.last_decision(node) if medium != "tokens" else {}
+        self.runs[label] = {"ttft_ms": stats["ttft_ms"], "cached_tokens": stats.get("cached_tokens", 0),
+                            "prefill_tokens": stats.get("prefill_tokens", 0),
+                            # Where B's time to first token went: the sidecar's Resolve (choice, fetch,
+                            # handoff), loading the prefix into the KV cache, the prefill of the rest.
+                            "phases_ms": {**{phase: stats.get(f"{phase}_ms", 0.0)
+                                             for phase in ("queue", "lookup", "import", "prefill")},
+                                          **sidecar_phases(decision)},
+                            "token_ids": reply["choices"][0]["token_ids"],
+                            "medium": decision.get("medium", medium) if medium is None else medium}
+
+    def result(self):
+        reference = self.runs["tokens"]["token_ids"]
+        for run in self.runs.values():
+            run["top1_agreement"] = sum(x == y for x, y in zip(run["token_ids"], reference)) / max(1, len(reference))
+        return {"length": self.length, "b_prompt_tokens": len(self.b_prompt), "runs": self.runs}
+
+
 def run_length(cluster, length, seed, rng=None, with_local_hit=True):
     """B's time to first token under every medium for one context length. With `rng` (a
     random.Random) the forced media and the engine's run go in a shuffled order, so neither a
@@ -271,44 +334,7 @@ def run_length(cluster, length, seed, rng=None, with_local_hit=True):
     engine learns from every handoff measured before it, as it would from live traffic). With
     `with_local_hit` B's local hit (`local_hit`) is measured too, as "local_hit", in the same
     order: unshuffled it follows the tokens run, which leaves node-b holding what it needs."""
-    b_prompt = handoff_prompt(cluster, length, seed)
-    runs = {}
-    last_on_b = []
-
-    def run_b(label, node, agent, route, medium):
-        cluster.force(node, route, medium)
-        if node == "node-b":
-            cluster.flush("node-b")
-            last_on_b.append(label)
-        reply = cluster.complete(node, agent, b_prompt, B_ANSWER_TOKENS)
-        stats = reply["kvrelay"]
-        decision = cluster.last_decision(node) if medium != "tokens" else {}
-        runs[label] = {"ttft_ms": stats["ttft_ms"], "cached_tokens": stats.get("cached_tokens", 0),
-                       "prefill_tokens": stats.get("prefill_tokens", 0),
-                       # Where B's time to first token went: the sidecar's Resolve (choice, fetch,
-                       # handoff), loading the prefix into the KV cache, the prefill of the rest.
-                       "phases_ms": {**{phase: stats.get(f"{phase}_ms", 0.0)
-                                        for phase in ("queue", "lookup", "import", "prefill")},
-                                     **sidecar_phases(decision)},
-                       "token_ids": reply["choices"][0]["token_ids"],
-                       "medium": decision.get("medium", medium) if medium is None else medium}
-
-    # The tokens run leaves B's whole prompt on node-b when what B's worker published ends in
-    # the prompt's last whole block (its answer's KV does not start a new one).
-    tokens_run_primes = (len(b_prompt) + B_ANSWER_TOKENS - 1) // BLOCK_TOKENS == len(b_prompt) // BLOCK_TOKENS
-    order = [(medium, medium) for medium in FORCED_MEDIA] + [("engine", None)]
-    if with_local_hit:
-        order.insert(1, ("local_hit", None))
-    if rng is not None:
-        rng.shuffle(order)
-    for label, medium in order:
-        if label == "local_hit":
-            runs[label] = local_hit(cluster, b_prompt, primed=tokens_run_primes and last_on_b[-1:] == ["tokens"])
-            last_on_b.append(label)
-        else:
-            run_b(label, "node-b", "agent-b", "a-to-b", medium)
-    run_b("kv_raw_shm", "node-a", "agent-b-local", "a-to-b-local", "kv_raw")
-    reference = runs["tokens"]["token_ids"]
-    for run in runs.values():
-        run["top1_agreement"] = sum(x == y for x, y in zip(run["token_ids"], reference)) / max(1, len(reference))
-    return {"length": length, "b_prompt_tokens": len(b_prompt), "runs": runs}
+    handoff = LengthRun(cluster, length, seed, with_local_hit)
+    for label in handoff.order(rng):
+        handoff.run(label)
+    return handoff.result()

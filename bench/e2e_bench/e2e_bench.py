@@ -29,6 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import handoff  # noqa: E402
 
 KV_MEDIA = ["kv_raw", "kv_lossless", "kv_fp8", "kv_int8", "kv_int4"]
+LABELS = ["tokens"] + KV_MEDIA + ["engine", "kv_raw_shm", "local_hit"]
 
 
 def machine():
@@ -114,7 +115,7 @@ def main():
             for _ in range(args.short_repeats if length <= 512 else args.repeats):
                 samples.append(handoff.run_length(cluster, length, seed, rng))
                 seed += 1
-            labels = samples[0]["runs"].keys()
+            labels = [label for label in LABELS if label in samples[0]["runs"]]
             ttft = {label: statistics.median(s["runs"][label]["ttft_ms"] for s in samples) for label in labels}
             forced = ["tokens"] + KV_MEDIA
             best_label = min(forced, key=lambda label: ttft[label])
