@@ -16,7 +16,7 @@ answers.
 
 The floor every medium is judged against is the local hit: B's request repeated after B's own
 worker computed it, so node-b's store already holds B's whole context and nothing crosses a link
-(see `run_length`).
+(see `local_hit`).
 """
 import json
 import pathlib
