@@ -13,6 +13,10 @@ run node-b's KV store is flushed (DELETE /admin/kv) so every medium starts from 
 KV on node-a, nothing on node-b. Agents talk to each sidecar's agent listener (listen.http); forcing
 media, flushing and reloading go to its admin listener (listen.admin), the only place the admin API
 answers.
+
+The floor every medium is judged against is the local hit: B's request repeated after B's own
+worker computed it, so node-b's store already holds B's whole context and nothing crosses a link
+(see `local_hit`).
 """
 import json
 import pathlib
@@ -29,6 +33,7 @@ FORCED_MEDIA = ["tokens", "kv_raw", "kv_lossless", "kv_fp8", "kv_int8", "kv_int4
 FOLLOW_UP = [300, 301, 302, 303, 304, 305, 306, 307]
 A_ANSWER_TOKENS = 16
 B_ANSWER_TOKENS = 8
+BLOCK_TOKENS = 16  # the refworker connector's block size: KV is stored and served in whole blocks
 
 
 def shape_model(shape):
@@ -116,6 +121,7 @@ class Cluster:
             for agent, node in workers.items()}
         worker_ports = {agent: wait_ready(self.work / f"{agent}.ready", process, agent)["http"]
                         for agent, process in worker_processes.items()}
+        self.worker_ports = worker_ports
         for node in ("node-a", "node-b"):
             other = "node-b" if node == "node-a" else "node-a"
             policy = policies[node]
@@ -153,6 +159,21 @@ class Cluster:
     def complete(self, node, agent, prompt, max_tokens):
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
         return http(self.sidecar_ports[node], "POST", f"/agents/{agent}/v1/completions", body)
+
+    def complete_on_worker(self, agent, prompt, max_tokens):
+        """A completion sent to the agent's worker itself, past its sidecar's front proxy: the
+        worker's KV lookup carries no route, so its sidecar serves only what its own store holds
+        (no peer fetch, no decision engine, nothing the engine learns from)."""
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return http(self.worker_ports[agent], "POST", "/v1/completions", body)
+
+    def worker_metric(self, agent, name):
+        """The sum of one metric's samples on the agent's worker (its Prometheus page)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.worker_ports[agent]}/metrics")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "))
 
     def force(self, node, route, medium):
         http(self.admin_ports[node], "PUT", f"/admin/routes/{route}", {"forced_medium": medium})
@@ -208,38 +229,112 @@ def warm_up(cluster, length):
     cluster.complete("node-a", "agent-b-local", b_prompt, 1)
 
 
-def run_length(cluster, length, seed, rng=None):
-    """B's time to first token under every medium for one context length. With `rng` (a
-    random.Random) the forced media and the engine's run go in a shuffled order, so neither a
-    drift in the machine's load nor a position in the sequence always lands on the same one (the
-    engine learns from every handoff measured before it, as it would from live traffic)."""
-    b_prompt = handoff_prompt(cluster, length, seed)
-    runs = {}
+def local_hit(cluster, b_prompt, primed=False):
+    """B's local hit, the floor every medium is judged against: B's request once more after B's
+    own worker computed it, so node-b's store holds B's whole context and nothing crosses a link.
+    The refworker keeps no prefix cache of its own (each request starts an empty session and asks
+    its sidecar), so a hit is served from its node's store over shared memory: the lookup, the
+    import of every whole block of the prompt, and the prefill of the rest (under one block).
+    Both requests go to B's worker itself, past the front proxy: the lookup carries no route, so
+    node-b serves only what it holds and the decision engine neither decides nor learns anything.
+    With `primed` the run before was B's request with medium tokens and node-b's store still holds
+    what it published; otherwise node-b is flushed and B's worker computes the prompt first.
+    Raises RuntimeError unless the sidecar's lookup, the reply and the worker's
+    prefix-cache counter all show the whole-block prefix imported from node-b's own store."""
+    if not primed:
+        cluster.flush("node-b")
+        cluster.complete_on_worker("agent-b", b_prompt, 1)  # publishes every whole block of the prompt
+    hits_before = cluster.worker_metric("agent-b", "vllm:prefix_cache_hits_total")
+    reply = cluster.complete_on_worker("agent-b", b_prompt, B_ANSWER_TOKENS)
+    imported = cluster.worker_metric("agent-b", "vllm:prefix_cache_hits_total") - hits_before
+    stats = reply["kvrelay"]
+    decision = cluster.last_decision("node-b")
+    servable = (len(b_prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    cached = stats.get("cached_tokens", 0)
+    if decision.get("outcome") != "hit_local" or cached != servable or imported != cached:
+        raise RuntimeError(f"local hit not served from node-b's store: lookup {decision.get('outcome')} "
+                           f"({decision.get('reason')}), {cached} of {len(b_prompt)} tokens imported "
+                           f"(expected {servable}), worker counted {imported:.0f}")
+    return {"ttft_ms": stats["ttft_ms"], "cached_tokens": cached, "prefill_tokens": stats.get("prefill_tokens", 0),
+            "phases_ms": {**{phase: stats.get(f"{phase}_ms", 0.0)
+                             for phase in ("queue", "lookup", "import", "prefill")},
+                          **sidecar_phases(decision)},
+            "token_ids": reply["choices"][0]["token_ids"], "medium": decision.get("medium", "kv_raw"),
+            "kv_from": decision.get("kv_from"), "worker_prefix_cache_hits": imported,
+            "primed_by": "tokens run" if primed else "prime"}
 
-    def run_b(label, node, agent, route, medium):
+
+class LengthRun:
+    """One context length's handoff on one cluster, run one label at a time: A answers at once,
+    then `run(label)` measures B under one medium ("engine": left to the decision engine;
+    "kv_raw_shm": B-local over shared memory; "local_hit": see `local_hit`), and `result()`
+    returns what `run_length` returns. Lets a caller interleave the runs of several clusters."""
+
+    def __init__(self, cluster, length, seed, with_local_hit=True):
+        self.cluster = cluster
+        self.length = length
+        self.b_prompt = handoff_prompt(cluster, length, seed)
+        self.runs = {}
+        self.last_on_b = []
+        self.node_b_labels = FORCED_MEDIA + ["engine"]
+        if with_local_hit:
+            self.node_b_labels.insert(1, "local_hit")
+        # The tokens run leaves B's whole prompt on node-b when what B's worker published ends in
+        # the prompt's last whole block (its answer's KV does not start a new one).
+        self.tokens_run_primes = ((len(self.b_prompt) + B_ANSWER_TOKENS - 1) // BLOCK_TOKENS ==
+                                  len(self.b_prompt) // BLOCK_TOKENS)
+
+    def order(self, rng=None):
+        """Every label once: node-b's (shuffled with `rng`), then B-local's kv_raw_shm."""
+        labels = list(self.node_b_labels)
+        if rng is not None:
+            rng.shuffle(labels)
+        return labels + ["kv_raw_shm"]
+
+    def run(self, label):
+        if label == "local_hit":
+            primed = self.tokens_run_primes and self.last_on_b[-1:] == ["tokens"]
+            self.runs[label] = local_hit(self.cluster, self.b_prompt, primed=primed)
+            self.last_on_b.append(label)
+        elif label == "kv_raw_shm":
+            self._run_b(label, "node-a", "agent-b-local", "a-to-b-local", "kv_raw")
+        else:
+            self._run_b(label, "node-b", "agent-b", "a-to-b", None if label == "engine" else label)
+
+    def _run_b(self, label, node, agent, route, medium):
+        cluster = self.cluster
         cluster.force(node, route, medium)
         if node == "node-b":
             cluster.flush("node-b")
-        reply = cluster.complete(node, agent, b_prompt, B_ANSWER_TOKENS)
+            self.last_on_b.append(label)
+        reply = cluster.complete(node, agent, self.b_prompt, B_ANSWER_TOKENS)
         stats = reply["kvrelay"]
         decision = cluster.last_decision(node) if medium != "tokens" else {}
-        runs[label] = {"ttft_ms": stats["ttft_ms"], "cached_tokens": stats.get("cached_tokens", 0),
-                       "prefill_tokens": stats.get("prefill_tokens", 0),
-                       # Where B's time to first token went: the sidecar's Resolve (choice, fetch,
-                       # handoff), loading the prefix into the KV cache, the prefill of the rest.
-                       "phases_ms": {**{phase: stats.get(f"{phase}_ms", 0.0)
-                                        for phase in ("queue", "lookup", "import", "prefill")},
-                                     **sidecar_phases(decision)},
-                       "token_ids": reply["choices"][0]["token_ids"],
-                       "medium": decision.get("medium", medium) if medium is None else medium}
+        self.runs[label] = {"ttft_ms": stats["ttft_ms"], "cached_tokens": stats.get("cached_tokens", 0),
+                            "prefill_tokens": stats.get("prefill_tokens", 0),
+                            # Where B's time to first token went: the sidecar's Resolve (choice, fetch,
+                            # handoff), loading the prefix into the KV cache, the prefill of the rest.
+                            "phases_ms": {**{phase: stats.get(f"{phase}_ms", 0.0)
+                                             for phase in ("queue", "lookup", "import", "prefill")},
+                                          **sidecar_phases(decision)},
+                            "token_ids": reply["choices"][0]["token_ids"],
+                            "medium": decision.get("medium", medium) if medium is None else medium}
 
-    order = [(medium, medium) for medium in FORCED_MEDIA] + [("engine", None)]
-    if rng is not None:
-        rng.shuffle(order)
-    for label, medium in order:
-        run_b(label, "node-b", "agent-b", "a-to-b", medium)
-    run_b("kv_raw_shm", "node-a", "agent-b-local", "a-to-b-local", "kv_raw")
-    reference = runs["tokens"]["token_ids"]
-    for run in runs.values():
-        run["top1_agreement"] = sum(x == y for x, y in zip(run["token_ids"], reference)) / max(1, len(reference))
-    return {"length": length, "b_prompt_tokens": len(b_prompt), "runs": runs}
+    def result(self):
+        reference = self.runs["tokens"]["token_ids"]
+        for run in self.runs.values():
+            run["top1_agreement"] = sum(x == y for x, y in zip(run["token_ids"], reference)) / max(1, len(reference))
+        return {"length": self.length, "b_prompt_tokens": len(self.b_prompt), "runs": self.runs}
+
+
+def run_length(cluster, length, seed, rng=None, with_local_hit=True):
+    """B's time to first token under every medium for one context length. With `rng` (a
+    random.Random) the forced media and the engine's run go in a shuffled order, so neither a
+    drift in the machine's load nor a position in the sequence always lands on the same one (the
+    engine learns from every handoff measured before it, as it would from live traffic). With
+    `with_local_hit` B's local hit (`local_hit`) is measured too, as "local_hit", in the same
+    order: unshuffled it follows the tokens run, which leaves node-b holding what it needs."""
+    handoff = LengthRun(cluster, length, seed, with_local_hit)
+    for label in handoff.order(rng):
+        handoff.run(label)
+    return handoff.result()

@@ -2,14 +2,18 @@
 """End-to-end handoff benchmark: per context length, agent B's time to first token with A's context
 as tokens and as each KV medium (TCP between two sidecars, and kv_raw over shared memory on one
 node), the decision engine's choice, and its regret against the best medium measured in the same
-run. Prints one JSON object. Usage: e2e_bench.py [BUILD_DIR] [--lengths ...] [--repeats N]
+run, each next to two references measured in the same repeats: re-prefill (tokens) and the local
+hit (B's worker already holds the whole context; handoff.local_hit), the floor no medium can beat.
+Prints one JSON object, and a table of the ratios to stderr.
+Usage: e2e_bench.py [BUILD_DIR] [--lengths ...] [--repeats N]
 
 Noise control: one discarded kv_raw handoff at the longest length (the sidecars' transfer
 buffers are kept between fetches; see handoff.warm_up) and one discarded round at the first
-length (connections, the engine's first link estimates); forced media in a shuffled order per repeat; lengths up to
-512 tokens get `--short-repeats` runs (each costs well under a second, and their medians are
-what the short-length regret goal is judged on). Medians are reported with each medium's spread
-(interquartile range over the median) so a regret can be read against the noise it sits in.
+length (connections, the engine's first link estimates); forced media and the local hit in a
+shuffled order per repeat; lengths up to 512 tokens get `--short-repeats` runs (each costs well
+under a second, and their medians are what the short-length regret goal is judged on). Medians
+are reported with each medium's spread (interquartile range over the median) so a regret can be
+read against the noise it sits in.
 """
 import argparse
 import datetime
@@ -25,6 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
 import handoff  # noqa: E402
 
 KV_MEDIA = ["kv_raw", "kv_lossless", "kv_fp8", "kv_int8", "kv_int4"]
+LABELS = ["tokens"] + KV_MEDIA + ["engine", "kv_raw_shm", "local_hit"]
 
 
 def machine():
@@ -61,6 +66,31 @@ def bootstrap_regret(runs, forced, choice, rng, iterations=2000):
     return interval(own), interval(chosen)
 
 
+def local_hit_entry(samples):
+    """The local hit's own entry: its median time to first token and what shows it was a hit."""
+    runs = [s["runs"]["local_hit"] for s in samples]
+    return {"ttft_ms": statistics.median(run["ttft_ms"] for run in runs),
+            "prefill_ms": statistics.median(run["phases_ms"]["prefill"] for run in runs),
+            "import_ms": statistics.median(run["phases_ms"]["import"] for run in runs),
+            "lookup_ms": statistics.median(run["phases_ms"]["lookup"] for run in runs),
+            "prompt_tokens": samples[-1]["b_prompt_tokens"],
+            "cached_tokens": runs[-1]["cached_tokens"],
+            "prefill_tokens": runs[-1]["prefill_tokens"],
+            "kv_from": sorted({run["kv_from"] for run in runs}),
+            "worker_prefix_cache_hits": [run["worker_prefix_cache_hits"] for run in runs],
+            "primed_by_tokens_run": sum(run["primed_by"] == "tokens run" for run in runs)}
+
+
+def print_table(result, file):
+    labels = list(result["lengths"][0]["ttft_ms"])
+    print("median TTFT ms / ratio to tokens / ratio to local hit", file=file)
+    print(f"{'medium':>12} " + " ".join(f"{entry['length']:>24}" for entry in result["lengths"]), file=file)
+    for label in labels:
+        cells = [f"{entry['ttft_ms'][label]:8.1f} {entry['ratio_to_tokens'][label]:6.3f} "
+                 f"{entry['ratio_to_local_hit'][label]:7.2f}x" for entry in result["lengths"]]
+        print(f"{label:>12} " + " ".join(f"{cell:>24}" for cell in cells), file=file)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("build", nargs="?", default="build/default")
@@ -85,7 +115,7 @@ def main():
             for _ in range(args.short_repeats if length <= 512 else args.repeats):
                 samples.append(handoff.run_length(cluster, length, seed, rng))
                 seed += 1
-            labels = samples[0]["runs"].keys()
+            labels = [label for label in LABELS if label in samples[0]["runs"]]
             ttft = {label: statistics.median(s["runs"][label]["ttft_ms"] for s in samples) for label in labels}
             forced = ["tokens"] + KV_MEDIA
             best_label = min(forced, key=lambda label: ttft[label])
@@ -107,6 +137,10 @@ def main():
                 "engine_regret_90ci": own_interval,
                 "engine_choice_regret_90ci": choice_interval,
                 "engine_vs_tokens": ttft["engine"] / ttft["tokens"] - 1,
+                # Every medium's median against re-prefill and against the local hit (the floor).
+                "ratio_to_tokens": {label: ttft[label] / ttft["tokens"] for label in labels},
+                "ratio_to_local_hit": {label: ttft[label] / ttft["local_hit"] for label in labels},
+                "local_hit": local_hit_entry(samples),
                 "kv_raw_shm_speedup_vs_tokens": ttft["tokens"] / ttft["kv_raw_shm"],
                 "kv_raw_tcp_speedup_vs_tokens": ttft["tokens"] / ttft["kv_raw"],
                 "top1_agreement": {label: statistics.mean(s["runs"][label]["top1_agreement"] for s in samples)
@@ -130,6 +164,7 @@ def main():
         "engine_vs_tokens_short_max": {"goal": "<= 0.05",
                                        "value": max((entry["engine_vs_tokens"] for entry in short), default=None)},
     }
+    print_table(result, sys.stderr)
     print(json.dumps(result, indent=2))
 
 
