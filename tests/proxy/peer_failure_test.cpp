@@ -144,7 +144,7 @@ class RawPeer {
 }  // namespace
 
 TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps nothing, retry lands once",
-          "[peer][crash]") {
+          "[peer][crash][fault]") {
   PeerDaemon daemon;
   TempDir dir;
   const auto bytes = peer_pattern(kFileBytes, 9);
@@ -187,7 +187,7 @@ TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps
   CHECK(local.stats().value().entries == 3);
 }
 
-TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, retry lands once", "[peer][crash]") {
+TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, retry lands once", "[peer][crash][fault]") {
   TempDir dir;
   const auto bytes = peer_pattern(kFileBytes, 10);
   write_file(dir / "payload", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
@@ -228,7 +228,7 @@ TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, ret
   }
 }
 
-TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clean retry lands", "[peer][hostile]") {
+TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clean retry lands", "[peer][hostile][fault]") {
   PeerDaemon daemon;
   const auto bytes = peer_pattern(2 * kChunkBytes, 77);
   peer::Begin begin;
@@ -277,7 +277,7 @@ TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clea
 }
 
 TEST_CASE("running chunk checksums: a flipped bit or a chunk's own checksum is refused, the entry gets the whole one",
-          "[peer][hostile]") {
+          "[peer][hostile][fault]") {
   PeerDaemon daemon;
   const auto bytes = peer_pattern(3 * kChunkBytes + 7, 91);
   const auto whole = XXH3_64bits(bytes.data(), bytes.size());
@@ -345,7 +345,7 @@ TEST_CASE("running chunk checksums: a flipped bit or a chunk's own checksum is r
   REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
 }
 
-TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and answers in step", "[peer][hostile]") {
+TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and answers in step", "[peer][hostile][fault]") {
   PeerDaemon daemon;
   auto local = daemon.data_plane();
   peer::PeerClientOptions options;
@@ -396,7 +396,7 @@ TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and
 }
 
 TEST_CASE("chunk acknowledgements: each chunk for a sender without cumulative acks, every half window with them",
-          "[peer]") {
+          "[peer][fault]") {
   PeerDaemon daemon;
   const auto bytes = peer_pattern(4 * kChunkBytes, 93);
   peer::Begin begin;
@@ -449,7 +449,7 @@ TEST_CASE("chunk acknowledgements: each chunk for a sender without cumulative ac
   }
 }
 
-TEST_CASE("peer refuses malformed frames and out-of-order chunks", "[peer][hostile]") {
+TEST_CASE("peer refuses malformed frames and out-of-order chunks", "[peer][hostile][fault]") {
   PeerDaemon daemon;
   SECTION("bad magic before the hello") {
     asio::io_context io;
