@@ -187,7 +187,8 @@ TEST_CASE("peer sender killed at 10, 50 and 90 percent: receiver fails it, keeps
   CHECK(local.stats().value().entries == 3);
 }
 
-TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, retry lands once", "[peer][crash][fault]") {
+TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, retry lands once",
+          "[peer][crash][fault]") {
   TempDir dir;
   const auto bytes = peer_pattern(kFileBytes, 10);
   write_file(dir / "payload", std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
@@ -228,7 +229,8 @@ TEST_CASE("peer receiver killed at 10, 50 and 90 percent: sender errors out, ret
   }
 }
 
-TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clean retry lands", "[peer][hostile][fault]") {
+TEST_CASE("peer chunk with a flipped bit is detected and never committed, a clean retry lands",
+          "[peer][hostile][fault]") {
   PeerDaemon daemon;
   const auto bytes = peer_pattern(2 * kChunkBytes, 77);
   peer::Begin begin;
@@ -345,7 +347,8 @@ TEST_CASE("running chunk checksums: a flipped bit or a chunk's own checksum is r
   REQUIRE(wait_until([&] { return daemon.peer_stats().active_transfers == 0; }, std::chrono::seconds(5)));
 }
 
-TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and answers in step", "[peer][hostile][fault]") {
+TEST_CASE("eager chunks: a receiver that will not take a transfer drops them and answers in step",
+          "[peer][hostile][fault]") {
   PeerDaemon daemon;
   auto local = daemon.data_plane();
   peer::PeerClientOptions options;

@@ -243,7 +243,8 @@ TEST_CASE("shm socket is mode 0600 and refuses a foreign uid unless the policy a
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("shm connect to a sidecar whose accept backlog is full gives up after its reply timeout", "[shm][hostile][fault]") {
+TEST_CASE("shm connect to a sidecar whose accept backlog is full gives up after its reply timeout",
+          "[shm][hostile][fault]") {
   // A listener that never accepts: once its backlog is full, a further connect would wait.
   TempDir dir;
   const std::string path = (dir / "full.sock").string();
