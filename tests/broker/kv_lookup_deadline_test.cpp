@@ -125,7 +125,7 @@ struct StalledPair {
 }  // namespace
 
 TEST_CASE("a lookup's deadline ends a fetch stalled at the hello, the reply or mid-transfer: B misses and prefills",
-          "[proxy][kv_path][e2e][process][deadline]") {
+          "[proxy][kv_path][e2e][process][deadline][fault]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
   StalledPair pair(*model);
@@ -154,7 +154,7 @@ TEST_CASE("a lookup's deadline ends a fetch stalled at the hello, the reply or m
 }
 
 TEST_CASE("a lookup's deadline ends a same-host fetch whose peer data plane never answers: B misses and prefills",
-          "[proxy][kv_path][e2e][process][deadline][shm]") {
+          "[proxy][kv_path][e2e][process][deadline][shm][fault]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
   StalledPair pair(*model);
@@ -177,7 +177,7 @@ TEST_CASE("a lookup's deadline ends a same-host fetch whose peer data plane neve
 // Not a deadline, but the same relay: a peer that does not announce that it records fidelity
 // (an older sidecar, which files KV computed over lossy imports as exact) is asked for no exact KV.
 TEST_CASE("a peer without the fidelity capability serves no lossless lookup, lossy ones still fetch",
-          "[proxy][kv_path][e2e][process][fidelity]") {
+          "[proxy][kv_path][e2e][process][fidelity][fault]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
   StalledPair pair(*model);

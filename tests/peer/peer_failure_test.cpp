@@ -167,7 +167,7 @@ struct HandPush {
 }  // namespace
 
 TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps nothing, a retry lands",
-          "[peer][crash]") {
+          "[peer][crash][fault]") {
   PeerDaemon daemon;
   TempDir dir;
   const auto frame = kv_frame(kFrameBytes, 9);
@@ -207,7 +207,7 @@ TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps
   CHECK(local.stats().value().entries == 3);
 }
 
-TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a retry lands", "[peer][crash]") {
+TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a retry lands", "[peer][crash][fault]") {
   TempDir dir;
   const auto frame = kv_frame(kFrameBytes, 10);
   write_frame_file(dir / "kv.frame", frame);
@@ -244,7 +244,7 @@ TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a r
 }
 
 TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead of the running one, is never filed",
-          "[peer][hostile]") {
+          "[peer][hostile][fault]") {
   PeerDaemon daemon;
   const auto frame = kv_frame(3 * kChunkBytes + 7, 77);
   const HandPush push(4242, {1, 4242}, frame, kChunkBytes, 8);
@@ -319,7 +319,7 @@ TEST_CASE("chunk acknowledgements come every half window, the last one with Comm
   }
 }
 
-TEST_CASE("peer refuses malformed frames, out-of-order chunks and retired messages", "[peer][hostile]") {
+TEST_CASE("peer refuses malformed frames, out-of-order chunks and retired messages", "[peer][hostile][fault]") {
   PeerDaemon daemon;
   const auto frame = kv_frame(200, 1);
   SECTION("bad magic before the hello") {
@@ -416,7 +416,7 @@ class VersionOneSidecar {
 }  // namespace
 
 TEST_CASE("wire versions: a version 1 peer and this one refuse each other by name, in words each can read",
-          "[peer][hostile]") {
+          "[peer][hostile][fault]") {
   SECTION("a version 1 hello to this sidecar gets a version 1 error, and the sidecar serves on") {
     PeerDaemon daemon;
     asio::io_context io;

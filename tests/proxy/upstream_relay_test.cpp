@@ -97,7 +97,7 @@ bool upstream_timeouts_counted(std::uint16_t port) {
 }  // namespace
 
 TEST_CASE("an upstream silent after the request gets the client a 504 at the upstream deadline",
-          "[proxy][relay][process]") {
+          "[proxy][relay][process][fault]") {
   ScriptedUpstream upstream("", /*hold_open=*/true);
   DaemonUnderTest daemon(relay_policy(upstream.port()));
   const auto reply = http_request(daemon.http_port(), "POST", "/agents/a/v1/completions", R"({"prompt":[1]})");
@@ -107,7 +107,7 @@ TEST_CASE("an upstream silent after the request gets the client a 504 at the ups
 }
 
 TEST_CASE("an upstream stalling mid-stream: the events sent so far arrive, then the connection closes",
-          "[proxy][relay][process]") {
+          "[proxy][relay][process][fault]") {
   const std::string first_event = "data: {\"text\":\"first\"}\n\n";
   ScriptedUpstream upstream(
       "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(first_event),

@@ -33,7 +33,7 @@ std::byte piece_value(std::uint64_t context, std::size_t piece) {
 
 }  // namespace
 
-TEST_CASE("shm writers SIGKILLed at random points leave nothing partial and no memory behind", "[shm][crash]") {
+TEST_CASE("shm writers SIGKILLed at random points leave nothing partial and no memory behind", "[shm][crash][fault]") {
   // Without an arena every region is a memfd of its own; with one, regions are arena blocks.
   const std::uint64_t arena_bytes = GENERATE(std::uint64_t{0}, std::uint64_t{128} << 20);
   INFO("arena bytes " << arena_bytes);

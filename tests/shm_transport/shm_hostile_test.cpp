@@ -46,7 +46,7 @@ void expect_still_serving(shm::ShmClient& client) {
 
 }  // namespace
 
-TEST_CASE("shm refuses unsealed, resizable and non-memfd descriptors without leaking them", "[shm][hostile]") {
+TEST_CASE("shm refuses unsealed, resizable and non-memfd descriptors without leaking them", "[shm][hostile][fault]") {
   ServerProcess server;
   auto client = server.connect();
   const std::size_t baseline = count_fds(server.pid());
@@ -110,7 +110,7 @@ TEST_CASE("shm refuses unsealed, resizable and non-memfd descriptors without lea
   CHECK(count_fds(server.pid()) == baseline + client.stats().value().entries);
 }
 
-TEST_CASE("shm refuses malformed control messages and too many fds without leaking", "[shm][hostile]") {
+TEST_CASE("shm refuses malformed control messages and too many fds without leaking", "[shm][hostile][fault]") {
   ServerProcess server;
   auto client = server.connect();
   const std::size_t baseline = count_fds(server.pid());
@@ -199,7 +199,7 @@ TEST_CASE("shm refuses malformed control messages and too many fds without leaki
   CHECK(client.stats().value().rejected_messages > 0);
 }
 
-TEST_CASE("shm socket is mode 0600 and refuses a foreign uid unless the policy allows it", "[shm][hostile]") {
+TEST_CASE("shm socket is mode 0600 and refuses a foreign uid unless the policy allows it", "[shm][hostile][fault]") {
   ServerProcess server;
   struct stat info {};
   REQUIRE(::stat(server.socket_path().c_str(), &info) == 0);
@@ -243,7 +243,8 @@ TEST_CASE("shm socket is mode 0600 and refuses a foreign uid unless the policy a
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("shm connect to a sidecar whose accept backlog is full gives up after its reply timeout", "[shm][hostile]") {
+TEST_CASE("shm connect to a sidecar whose accept backlog is full gives up after its reply timeout",
+          "[shm][hostile][fault]") {
   // A listener that never accepts: once its backlog is full, a further connect would wait.
   TempDir dir;
   const std::string path = (dir / "full.sock").string();
