@@ -279,7 +279,7 @@ TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead o
 
 TEST_CASE("chunk acknowledgements come every half window, the last one with Committed", "[peer]") {
   PeerDaemon daemon;
-  const auto frame = kv_frame(4 * kChunkBytes - 100, 93);
+  const auto frame = kv_frame(3 * kChunkBytes + 4096, 93);  // four chunks, the last short
   // What the receiver answers a push of four chunks in a window of `window`, as (type, index or id).
   const auto answers = [&](std::uint32_t window, std::uint64_t id) {
     const HandPush push(id, {1, id}, frame, kChunkBytes, window);
