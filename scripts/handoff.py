@@ -76,9 +76,11 @@ def wait_ready(path, process, what, timeout=180):
 class Cluster:
     """Three workers and two sidecars, torn down on exit."""
 
-    def __init__(self, build, shape=DEMO_SHAPE):
+    def __init__(self, build, shape=DEMO_SHAPE, memory_strategy=None):
         self.build = pathlib.Path(build)
         self.shape = shape
+        # limits.memory_strategy of both sidecars ("portable", "prefault"); None: the binary's default.
+        self.memory_strategy = memory_strategy
         self.work = pathlib.Path(tempfile.mkdtemp(prefix="kvrelay-handoff-"))
         self.processes = []
 
@@ -107,6 +109,8 @@ class Cluster:
                 "limits": {"kv_lookup_timeout_ms": 30000, "peer_summary_interval_ms": 200},
                 "logging": {"level": "warn"},
             }
+            if self.memory_strategy is not None:
+                policies[node]["limits"]["memory_strategy"] = self.memory_strategy
             self._write(node, policies[node])
             process = self._spawn(node, [str(kvrelay), "serve", "--config", str(self.work / f"{node}.json"),
                                          "--ready-file", str(self.work / f"{node}.ready")])

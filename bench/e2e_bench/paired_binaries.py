@@ -74,6 +74,8 @@ def main():
     parser.add_argument("--tolerance", type=float, default=0.10, help="largest slowdown new/old - 1 that passes")
     parser.add_argument("--seed", type=int, default=1, help="seeds the order of the media")
     parser.add_argument("--shape", default=handoff.DEMO_SHAPE)
+    parser.add_argument("--new-memory-strategy", default=None, choices=["portable", "prefault"],
+                        help="limits.memory_strategy for the new build's sidecars (default: its own default)")
     args = parser.parse_args()
     lengths = [int(value) for value in args.lengths.split(",")]
     builds = {"old": describe(args.old), "new": describe(args.new)}
@@ -81,12 +83,13 @@ def main():
     result = {"bench": "e2e_paired", "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ"),
               "machine": e2e_bench.machine(), "shape": args.shape, "rounds": args.rounds,
               "tolerance": args.tolerance, "old": builds["old"], "new": builds["new"],
+              "new_memory_strategy": args.new_memory_strategy or "default",
               "same_binaries": all(builds["old"]["binaries"][name]["sha256"] ==
                                    builds["new"]["binaries"][name]["sha256"] for name in BINARIES),
               "lengths": []}
     samples = {(side, length): [] for side in builds for length in lengths}
-    with handoff.Cluster(builds["old"]["build"], args.shape) as old, handoff.Cluster(builds["new"]["build"],
-                                                                                     args.shape) as new:
+    with handoff.Cluster(builds["old"]["build"], args.shape) as old, \
+            handoff.Cluster(builds["new"]["build"], args.shape, args.new_memory_strategy) as new:
         clusters = {"old": old, "new": new}
         for cluster in clusters.values():
             handoff.warm_up(cluster, max(lengths))
