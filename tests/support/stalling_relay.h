@@ -448,7 +448,7 @@ class StallingRelay {
   std::array<std::atomic<std::uint64_t>, 2> chunk_body_bytes_{};
   std::mutex mutex_;
   std::condition_variable pumps_done_;
-  int live_pumps_ = 0;  // guarded by mutex_
+  int live_pumps_ = 0;                                       // guarded by mutex_
   std::vector<std::weak_ptr<Connection>> connections_open_;  // guarded by mutex_
   std::thread acceptor_;
 };
