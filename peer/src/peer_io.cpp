@@ -192,6 +192,8 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
   }
   BulkHashStream running;
   if (!running.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  const auto stream_header = stream_header_bytes(header);
+  running.update(stream_header.data(), stream_header.size());
   const std::uint64_t chunks = header.chunk_count();
   std::byte* staging = nullptr;
   if (options.staging != nullptr) {
@@ -245,6 +247,8 @@ asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const E
   }
   BulkHashStream running;
   if (!running.valid()) co_return fail(ErrorCode::kResourceExhausted, "XXH3_createState");
+  const auto stream_header = stream_header_bytes(header);
+  running.update(stream_header.data(), stream_header.size());
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   const std::uint64_t chunks = header.chunk_count();
   const std::uint64_t ack_every = header.ack_every();

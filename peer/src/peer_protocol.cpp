@@ -141,6 +141,22 @@ ChunkHeader decode_chunk_header(std::span<const std::byte, kChunkHeaderBytes> by
   return chunk;
 }
 
+std::array<std::byte, kStreamHeaderBytes> stream_header_bytes(const EncodedEntryHeader& header) {
+  std::array<std::byte, kStreamHeaderBytes> bytes{};
+  std::byte* out = bytes.data();
+  const auto put = [&out](const auto& value) {
+    std::memcpy(out, &value, sizeof(value));
+    out += sizeof(value);
+  };
+  put(header.id);
+  put(header.key.model_id);
+  put(header.key.context_hash);
+  put(header.frame_bytes);
+  put(header.chunk_bytes);
+  put(header.window_chunks);
+  return bytes;
+}
+
 std::uint32_t transfer_chunk_bytes(std::uint32_t configured, std::uint64_t bytes) noexcept {
   if (bytes > configured || bytes < kSplitTransferMinBytes) return configured;
   constexpr std::uint64_t kPage = 4096;

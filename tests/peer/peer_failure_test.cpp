@@ -140,7 +140,8 @@ class RawPeer {
   tcp::socket socket_;
 };
 
-// A push of `frame` in chunks of `chunk_bytes`, chunk i carrying the running xxh3 of chunks 0..i.
+// A push of `frame` in chunks of `chunk_bytes`, chunk i carrying the running xxh3 of the stream
+// header and chunks 0..i.
 struct HandPush {
   peer::EncodedEntryHeader header;
   std::span<const std::byte> bytes;
@@ -249,6 +250,15 @@ TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead o
   const auto frame = kv_frame(3 * kChunkBytes + 7, 77);
   const HandPush push(4242, {1, 4242}, frame, kChunkBytes, 8);
   auto local = daemon.data_plane();
+  SECTION("the announced key differs from the one the checksums cover") {
+    RawPeer raw(daemon);
+    auto lying = push.header;
+    lying.key.context_hash ^= 1U << 7;
+    raw.write(peer::encode_push_encoded(lying));
+    raw.send_chunk(push.header.id, 0, push.chunk(0), push.running(0));
+    CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);
+    CHECK(local.lookup(lying.key).error().code == ErrorCode::kNotFound);
+  }
   SECTION("a bit flipped in the third chunk") {
     RawPeer raw(daemon);
     raw.write(peer::encode_push_encoded(push.header));
@@ -262,7 +272,7 @@ TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead o
   SECTION("chunks carrying their own checksums") {
     RawPeer raw(daemon);
     raw.write(peer::encode_push_encoded(push.header));
-    raw.send_chunk(push.header.id, 0, push.chunk(0), push.running(0));  // the first chunk's are the same
+    raw.send_chunk(push.header.id, 0, push.chunk(0), push.running(0));
     const auto second = push.chunk(1);
     raw.send_chunk(push.header.id, 1, second, XXH3_64bits(second.data(), second.size()));
     CHECK(raw.error_then_close() == ErrorCode::kChecksumMismatch);

@@ -4,6 +4,7 @@
 // "Peer protocol (TCP)"). Every frame: a 12-byte header (magic, version, type, payload
 // length) and a payload whose meaning depends on the type.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -97,8 +98,9 @@ struct Hello {
 inline constexpr std::uint64_t kSplitTransferMinBytes = 256U << 10;
 [[nodiscard]] std::uint32_t transfer_chunk_bytes(std::uint32_t configured, std::uint64_t bytes) noexcept;
 
-// A chunk's checksum is the running xxh3_64 of the stream's bytes up to and including it, so
-// the last chunk's is the whole frame's and neither side reads a byte twice.
+// A chunk's checksum is the running xxh3_64 of the stream's header (stream_header_bytes, so a
+// corrupted key or size fails the first chunk) and of the frame's bytes up to and including
+// the chunk: the last chunk's covers everything, and neither side reads a byte twice.
 struct ChunkHeader {
   std::uint64_t transfer_id = 0;
   std::uint32_t index = 0;
@@ -138,6 +140,9 @@ struct EncodedEntryHeader {
   // How often the receiver acknowledges: half a window, so the sender never stalls on a full one.
   [[nodiscard]] std::uint64_t ack_every() const { return window_chunks >= 2 ? window_chunks / 2 : 1; }
 };
+// What a stream's running checksum starts from: id, key, frame_bytes, chunk_bytes, window_chunks.
+inline constexpr std::size_t kStreamHeaderBytes = 8 + 16 + 8 + 4 + 4;
+[[nodiscard]] std::array<std::byte, kStreamHeaderBytes> stream_header_bytes(const EncodedEntryHeader& header);
 // FetchReply: u64 request id, u8 found, and when found the EncodedEntryHeader fields after the id.
 [[nodiscard]] std::vector<std::byte> encode_fetch_reply(std::uint64_t request_id, const EncodedEntryHeader* found);
 [[nodiscard]] Result<std::optional<EncodedEntryHeader>> decode_fetch_reply(std::span<const std::byte> payload,
