@@ -159,8 +159,11 @@ struct HandPush {
     return bytes.subspan(offset, std::min<std::size_t>(header.chunk_bytes, bytes.size() - offset));
   }
   [[nodiscard]] std::uint64_t running(std::uint32_t index) const {
-    return XXH3_64bits(bytes.data(),
-                       std::min<std::size_t>(bytes.size(), (index + 1) * std::size_t{header.chunk_bytes}));
+    const auto stream_header = peer::stream_header_bytes(header);
+    std::vector<std::byte> covered(stream_header.begin(), stream_header.end());
+    const auto end = std::min<std::size_t>(bytes.size(), (index + 1) * std::size_t{header.chunk_bytes});
+    covered.insert(covered.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(end));
+    return XXH3_64bits(covered.data(), covered.size());
   }
   [[nodiscard]] std::uint32_t chunks() const { return static_cast<std::uint32_t>(header.chunk_count()); }
 };
