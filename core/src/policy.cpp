@@ -369,6 +369,15 @@ void read_limits(const json& value, const std::string& pointer, LimitsPolicy& ou
   reader.read_u64("peer_buffer_bytes", out.peer_buffer_bytes, 0, 1ULL << 40);
   reader.read_bool("peer_staging", out.peer_staging);
   reader.read_u64("shm_arena_bytes", out.shm_arena_bytes, 0, 1ULL << 40);
+  if (const auto* strategy = reader.field("memory_strategy", false)) {
+    const auto parsed =
+        strategy->is_string() ? parse_memory_strategy(strategy->get<std::string>()) : std::optional<MemoryStrategy>();
+    if (parsed) {
+      out.memory_strategy = *parsed;
+    } else {
+      diag.expected(reader.pointer_of("memory_strategy"), "\"portable\" or \"prefault\"", strategy);
+    }
+  }
   reader.read_millis("probe_interval_ms", out.probe_interval, 50, 3'600'000);
   reader.read_millis("kv_lookup_timeout_ms", out.kv_lookup_timeout, 1, 600'000);
   reader.read_millis("peer_summary_interval_ms", out.peer_summary_interval, 0, 3'600'000);

@@ -104,10 +104,8 @@ void ShmArena::release(std::uint64_t offset, std::uint64_t reserved) noexcept {
 }
 
 std::uint64_t ShmArena::warm(const std::atomic<bool>* stop) {
-  // User mode first (the clients' copies and the verifier), then kernel mode (the peer plane's
-  // recv into the arena): some hypervisors fault each view in separately.
-  const std::uint64_t user = touch_pages_for_write(mapping_.bytes(), stop);
-  return std::min(user, touch_pages_for_kernel_write(mapping_.bytes().first(static_cast<std::size_t>(user)), stop));
+  // Kernel mode too: the peer plane receives into arena blocks.
+  return prefault_pages(mapping_.bytes(), PrefaultViews::kUserAndKernel, stop);
 }
 
 ArenaStats ShmArena::stats() const {

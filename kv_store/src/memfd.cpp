@@ -1,11 +1,9 @@
 #include "kvrelay/kv_store/memfd.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -13,10 +11,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -157,77 +153,6 @@ Status seal_contents(int fd) {
   return ok();
 }
 
-namespace {
-
-// Set by run_as_background_work(): this thread's page-touch loops rest between MiB.
-thread_local bool t_paced = false;
-
-// Called every MiB of a touch loop: on a paced thread, sleeps twice as long as the MiB took since
-// the last call, so the loop uses at most a third of a core while running at normal priority.
-class BackgroundPace {
- public:
-  void after_piece() noexcept {
-    if (!t_paced) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (started_) std::this_thread::sleep_for(2 * (now - last_));
-    started_ = true;
-    last_ = std::chrono::steady_clock::now();
-  }
-
- private:
-  bool started_ = false;
-  std::chrono::steady_clock::time_point last_{};
-};
-
-// Calls `touch(offset)` for each page start from `first` on that has `word_bytes` left, checking
-// `stop` and pacing every MiB; stops early when `touch` fails. Returns the bytes covered.
-template <typename TouchPage>
-std::uint64_t touch_each_page(std::span<std::byte> bytes, std::uint64_t first, std::uint64_t word_bytes,
-                              const std::atomic<bool>* stop, TouchPage touch) noexcept {
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  const std::uint64_t step = page_size > 0 ? static_cast<std::uint64_t>(page_size) : 4096;
-  BackgroundPace pace;
-  std::uint64_t offset = first;
-  for (; offset + word_bytes <= bytes.size(); offset += step) {
-    if (((offset - first) & 0xFFFFF) == 0) {
-      if (stop != nullptr && stop->load(std::memory_order_relaxed)) break;
-      pace.after_piece();
-    }
-    if (!touch(offset)) break;
-  }
-  return std::min<std::uint64_t>(offset, bytes.size());
-}
-
-}  // namespace
-
-std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
-  return touch_each_page(bytes, 0, 1, stop, [&](std::uint64_t offset) {
-    __atomic_fetch_or(reinterpret_cast<unsigned char*>(bytes.data() + offset), 0, __ATOMIC_RELAXED);
-    return true;
-  });
-}
-
-std::uint64_t touch_pages_for_kernel_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept {
-  // futex words are 4-byte aligned; mappings start on a page, so every page start qualifies.
-  const auto misalignment = reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(std::uint32_t);
-  const std::uint64_t first = misalignment == 0 ? 0 : alignof(std::uint32_t) - misalignment;
-  std::uint32_t unused_futex = 0;  // FUTEX_WAKE_OP wakes waiters on it: there are none
-  constexpr int kOrWithZero = FUTEX_OP(FUTEX_OP_OR, 0, FUTEX_OP_CMP_EQ, 0);
-  return touch_each_page(bytes, first, sizeof(std::uint32_t), stop, [&](std::uint64_t offset) {
-    return ::syscall(SYS_futex, &unused_futex, FUTEX_WAKE_OP | FUTEX_PRIVATE_FLAG, 0, 0, bytes.data() + offset,
-                     kOrWithZero) >= 0;
-  });
-}
-
-void run_as_background_work() noexcept {
-  // Paced, not lowered in priority. The kernel closes a killed process's sockets only after each
-  // of its threads has run to its exit, and the last one out also tears down the address space.
-  // Beside busy cores a SCHED_IDLE warmer held a dead sidecar's connections open for 3-5 s (the
-  // peers noticed only at their read timeouts), nice 19 as well, and nice 10 still missed 1 s
-  // under ASan. A thread at normal priority that mostly sleeps gets the CPU at once when killed.
-  t_paced = true;
-}
-
 Mapping::Mapping(Mapping&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
@@ -248,8 +173,7 @@ Result<Mapping> Mapping::map(int fd, std::uint64_t size, bool writable) {
   if (size == 0) return mapping;  // mmap of 0 bytes is EINVAL; an empty view needs no memory
   if (size > static_cast<std::uint64_t>(SIZE_MAX / 2)) return fail(ErrorCode::kOverflow, "mapping too large");
   const int protection = writable ? (PROT_READ | PROT_WRITE) : PROT_READ;
-  // MAP_POPULATE maps every page in one call instead of one fault per 4 KiB page, which is
-  // most of the cost of touching a fresh segment (especially in VMs).
+  // MAP_POPULATE maps every page in one call instead of taking one fault per page later.
   void* base = ::mmap(nullptr, static_cast<std::size_t>(size), protection, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base == MAP_FAILED) return fail(ErrorCode::kIo, fmt::format("mmap {} bytes: {}", size, errno_text(errno)));
   mapping.base_ = base;

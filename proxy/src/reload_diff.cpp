@@ -73,6 +73,7 @@ void visit_limits(Visit&& visit) {
   visit(kRestart, "/limits/peer_buffer_bytes", &LimitsPolicy::peer_buffer_bytes);
   visit(kRestart, "/limits/peer_staging", &LimitsPolicy::peer_staging);
   visit(kRestart, "/limits/shm_arena_bytes", &LimitsPolicy::shm_arena_bytes);
+  visit(kRestart, "/limits/memory_strategy", &LimitsPolicy::memory_strategy);
   visit(kLive, "/limits/probe_interval_ms", &LimitsPolicy::probe_interval);
   visit(kLive, "/limits/kv_lookup_timeout_ms", &LimitsPolicy::kv_lookup_timeout);
   visit(kLive, "/limits/peer_summary_interval_ms", &LimitsPolicy::peer_summary_interval);

@@ -23,10 +23,96 @@ struct kvrelay_entry {
 namespace {
 
 using kvrelay::Error;
+using kvrelay::ErrorCode;
+
+// The C name of every ErrorCode. A code added to core without one here fails the build
+// (-Wswitch, warnings are errors), and the static_asserts keep the numbers equal.
+constexpr int c_error_code(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kOk:
+      return KVRELAY_OK;
+    case ErrorCode::kInvalidArgument:
+      return KVRELAY_E_INVALID_ARGUMENT;
+    case ErrorCode::kOverflow:
+      return KVRELAY_E_OVERFLOW;
+    case ErrorCode::kOutOfRange:
+      return KVRELAY_E_OUT_OF_RANGE;
+    case ErrorCode::kTruncated:
+      return KVRELAY_E_TRUNCATED;
+    case ErrorCode::kBadMagic:
+      return KVRELAY_E_BAD_MAGIC;
+    case ErrorCode::kBadVersion:
+      return KVRELAY_E_BAD_VERSION;
+    case ErrorCode::kUnknownCodec:
+      return KVRELAY_E_UNKNOWN_CODEC;
+    case ErrorCode::kLayoutMismatch:
+      return KVRELAY_E_LAYOUT_MISMATCH;
+    case ErrorCode::kChecksumMismatch:
+      return KVRELAY_E_CHECKSUM_MISMATCH;
+    case ErrorCode::kCorrupt:
+      return KVRELAY_E_CORRUPT;
+    case ErrorCode::kNotFound:
+      return KVRELAY_E_NOT_FOUND;
+    case ErrorCode::kAlreadyExists:
+      return KVRELAY_E_ALREADY_EXISTS;
+    case ErrorCode::kPermissionDenied:
+      return KVRELAY_E_PERMISSION_DENIED;
+    case ErrorCode::kResourceExhausted:
+      return KVRELAY_E_RESOURCE_EXHAUSTED;
+    case ErrorCode::kTimeout:
+      return KVRELAY_E_TIMEOUT;
+    case ErrorCode::kIo:
+      return KVRELAY_E_IO;
+    case ErrorCode::kProtocol:
+      return KVRELAY_E_PROTOCOL;
+    case ErrorCode::kUnsupported:
+      return KVRELAY_E_UNSUPPORTED;
+    case ErrorCode::kCancelled:
+      return KVRELAY_E_CANCELLED;
+    case ErrorCode::kInternal:
+      return KVRELAY_E_INTERNAL;
+  }
+  return -1;
+}
+
+// Every ErrorCode value (the enum is 16 bits wide) that has a C name crosses as its own number.
+constexpr bool codes_cross_unchanged() noexcept {
+  for (int value = 0; value <= 0xFFFF; ++value) {
+    const int c_code = c_error_code(static_cast<ErrorCode>(value));
+    if (c_code != -1 && c_code != value) return false;
+  }
+  return true;
+}
+static_assert(codes_cross_unchanged(), "a KVRELAY_E_ code differs from its kvrelay::ErrorCode");
+
+// The C values of kvrelay_client_options.memory_strategy are MemoryStrategy's, in order.
+static_assert(KVRELAY_MEMORY_PORTABLE == static_cast<int>(kvrelay::MemoryStrategy::kPortable));
+static_assert(KVRELAY_MEMORY_PREFAULT == static_cast<int>(kvrelay::MemoryStrategy::kPrefault));
 
 int record(kvrelay_client* client, const Error& error) {
   if (client != nullptr) client->last_error = error.to_string();
-  return static_cast<int>(error.code);
+  return c_error_code(error.code);
+}
+
+// NULL is the defaults.
+kvrelay::Result<kvrelay::shm::ShmClientOptions> to_client_options(const kvrelay_client_options* options) {
+  kvrelay::shm::ShmClientOptions out;
+  if (options == nullptr) return out;
+  if (options->struct_size != sizeof(kvrelay_client_options)) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument,
+                         "kvrelay_client_options.struct_size is not sizeof(kvrelay_client_options)");
+  }
+  switch (options->memory_strategy) {
+    case KVRELAY_MEMORY_PORTABLE:
+      out.memory_strategy = kvrelay::MemoryStrategy::kPortable;
+      break;
+    case KVRELAY_MEMORY_PREFAULT:
+      out.memory_strategy = kvrelay::MemoryStrategy::kPrefault;
+      break;
+    default:
+      return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_client_options.memory_strategy is unknown");
+  }
+  return out;
 }
 
 int invalid(kvrelay_client* client, const char* what) {
@@ -49,7 +135,6 @@ bool valid_dtype(const kvrelay_layout& layout) {
 
 // NULL is exact. The codec spec must be NUL-terminated inside its array.
 kvrelay::Result<kvrelay::Fidelity> to_fidelity(const kvrelay_fidelity* fidelity) {
-  using kvrelay::ErrorCode;
   if (fidelity == nullptr) return kvrelay::Fidelity::exact();
   if (fidelity->struct_size != sizeof(kvrelay_fidelity)) {
     return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_fidelity.struct_size is not sizeof(kvrelay_fidelity)");
@@ -73,10 +158,17 @@ int kvrelay_abi_version(void) {
 }
 
 int kvrelay_client_connect(const char* socket_path, kvrelay_client** out) {
+  return kvrelay_client_connect_with_options(socket_path, nullptr, out);
+}
+
+int kvrelay_client_connect_with_options(const char* socket_path, const kvrelay_client_options* options,
+                                        kvrelay_client** out) {
   if (socket_path == nullptr || out == nullptr) return KVRELAY_E_INVALID_ARGUMENT;
   *out = nullptr;
-  auto connected = kvrelay::shm::ShmClient::connect(socket_path);
-  if (!connected) return static_cast<int>(connected.error().code);
+  const auto parsed = to_client_options(options);
+  if (!parsed) return c_error_code(parsed.error().code);
+  auto connected = kvrelay::shm::ShmClient::connect(socket_path, parsed.value());
+  if (!connected) return c_error_code(connected.error().code);
   auto* client = new (std::nothrow) kvrelay_client{std::move(connected).value(), {}};
   if (client == nullptr) return KVRELAY_E_RESOURCE_EXHAUSTED;
   *out = client;

@@ -34,19 +34,6 @@ std::uint64_t checksum_bytes(std::span<const std::byte> bytes) {
   return bulk_hash64(bytes.data(), bytes.size());
 }
 
-ClientArena::~ClientArena() {
-  stop_warming_ = true;
-  if (warmer_.joinable()) warmer_.join();
-}
-
-void ClientArena::start_warming() {
-  if (warmer_.joinable() || mapping.size() == 0) return;
-  warmer_ = std::thread([this] {
-    kv_store::run_as_background_work();
-    (void)kv_store::touch_pages_for_write(mapping.bytes(), &stop_warming_);
-  });
-}
-
 ArenaLease::~ArenaLease() {
   std::lock_guard lock(returns_->mutex);
   returns_->ids.push_back(id_);
@@ -65,6 +52,14 @@ ShmClient::~ShmClient() = default;
 
 Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32_t protocol_version,
                                      std::chrono::milliseconds reply_timeout) {
+  ShmClientOptions options;
+  options.protocol_version = protocol_version;
+  options.reply_timeout = reply_timeout;
+  return connect(socket_path, options);
+}
+
+Result<ShmClient> ShmClient::connect(const std::string& socket_path, const ShmClientOptions& options) {
+  const std::uint32_t protocol_version = options.protocol_version;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(address.sun_path)) {
@@ -74,7 +69,7 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32
   ShmClient client;
   client.socket_.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!client.socket_) return fail(ErrorCode::kIo, fmt::format("socket: {}", std::strerror(errno)));
-  const auto wait_us = std::max<std::int64_t>(1, std::chrono::microseconds(reply_timeout).count());
+  const auto wait_us = std::max<std::int64_t>(1, std::chrono::microseconds(options.reply_timeout).count());
   timeval timeout{static_cast<time_t>(wait_us / 1'000'000), static_cast<suseconds_t>(wait_us % 1'000'000)};
   // A Unix connect waits on the send timeout while the sidecar's accept backlog is full: bound it
   // too, then let sends block as before.
@@ -91,7 +86,8 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, std::uint32
     return fail(ErrorCode::kInvalidArgument, fmt::format("data-plane version {} (this client speaks 1..{})",
                                                          protocol_version, kClientProtocolVersion));
   }
-  client.use_arena_ = protocol_version >= kArenaDataPlaneVersion;
+  client.use_arena_ = options.use_arena && protocol_version >= kArenaDataPlaneVersion;
+  client.memory_strategy_ = options.memory_strategy;
   client.protocol_version_ = protocol_version;
   client.lease_returns_->connection.reset(::fcntl(client.socket_.get(), F_DUPFD_CLOEXEC, 0));
   if (!client.lease_returns_->connection) {
@@ -171,7 +167,9 @@ Result<std::shared_ptr<const ClientArena>> ShmClient::adopt_arena(UniqueFd fd, s
   arena->fd = std::move(fd);
   arena->device = info.st_dev;
   arena->inode = info.st_ino;
-  if (warm_arena_) arena->start_warming();
+  // The arena owns its warmer and joins it before unmapping, so the thread holds no owner.
+  arena->warmer.start(memory_strategy_, arena->mapping.bytes(), kv_store::PrefaultViews::kUser, nullptr,
+                      "client arena");
   arena_ = arena;
   return arena_;
 }
@@ -346,9 +344,8 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
     for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
       const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
       // One pass: each 64-byte stripe is copied with ordinary stores (so the lines stay in the
-      // shared cache for the sidecar's verifier) and hashed right after from L1. Measured on
-      // the 2-core VM: the copy and hash at 0.95-1.04x memcpy, where hashing each 4 KiB page and
-      // then copying it ran at 0.64-0.67x (docs/transports.md "Fused copy and hash").
+      // shared cache for the sidecar's verifier) and hashed right after from L1
+      // (bench/results/transports-notes.md, "Fused copy and hash").
       hash.update_copy(destination.data() + offset, piece.data(), piece.size());
       const std::size_t written = offset + piece.size();
       if (progress && written % kProgressBytes == 0 && written < bytes.size())
@@ -358,8 +355,7 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
     return std::move(*arena_region);
   }
   KVRELAY_TRY(auto region, allocate_unmapped(bytes.size()));
-  // The kernel writes into a fresh segment through its own mapping; mapping it here would cost
-  // a page fault per 4 KiB (~4 ms/MiB on hosts with lazily built page tables).
+  // The kernel writes into a fresh segment through its own mapping: no mapping here, no faults.
   for (std::size_t offset = 0; offset < bytes.size(); offset += kPiece) {
     const auto piece = bytes.subspan(offset, std::min(kPiece, bytes.size() - offset));
     hash.update(piece.data(), piece.size());

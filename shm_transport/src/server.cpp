@@ -240,14 +240,9 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
           const auto alive = store.lock();
           return alive && alive->make_arena_room(*arena, bytes);
         });
-    if (server->options_.warm_arena) {
-      server->arena_warmer_ = std::thread([arena = server->arena_, stop = &server->stop_warming_] {
-        // Only spare CPU: whatever the sidecar or its workers need comes first.
-        kv_store::run_as_background_work();
-        const auto warmed = arena->warm(stop);
-        spdlog::debug("shm arena: warmed {} of {} bytes", warmed, arena->capacity());
-      });
-    }
+    // Kernel mode too: the peer plane receives into arena blocks.
+    server->arena_warmer_.start(server->options_.memory_strategy, server->arena_->bytes(),
+                                kv_store::PrefaultViews::kUserAndKernel, server->arena_, "shm arena");
   }
   if (server->options_.resolve_threads > 0) {
     server->resolve_pool_ = std::make_unique<ResolvePool>(server->options_.resolve_threads);
@@ -264,8 +259,7 @@ void ShmServer::stop() {
     const std::uint64_t one = 1;
     [[maybe_unused]] const auto written = ::write(stop_fd_.get(), &one, sizeof(one));
   }
-  stop_warming_ = true;
-  if (arena_warmer_.joinable()) arena_warmer_.join();
+  arena_warmer_.stop();
   if (thread_.joinable()) thread_.join();
   // Pooled resolves hold connection pointers: they finish before any connection is destroyed.
   if (resolve_pool_) resolve_pool_->pool.join();

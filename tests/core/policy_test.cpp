@@ -129,6 +129,36 @@ TEST_CASE("the shared-memory arena has a size, and 0 turns it off", "[core][poli
   CHECK_THAT(rejection(document), Catch::Contains("/limits/shm_arena_bytes: expected integer"));
 }
 
+TEST_CASE("memory strategy is portable unless limits.memory_strategy asks for prefault", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  CHECK(defaults.value().limits.memory_strategy == kvrelay::MemoryStrategy::kPortable);
+  document["limits"] = {{"memory_strategy", "prefault"}};
+  const auto prefault = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(prefault);
+  CHECK(prefault.value().limits.memory_strategy == kvrelay::MemoryStrategy::kPrefault);
+  document["limits"] = {{"memory_strategy", "portable"}};
+  CHECK(parse_policy(document.dump(), "config/x.json").value().limits.memory_strategy ==
+        kvrelay::MemoryStrategy::kPortable);
+  document["limits"] = {{"memory_strategy", "lazy"}};
+  CHECK_THAT(
+      rejection(document),
+      Catch::Contains("config/x.json: /limits/memory_strategy: expected \"portable\" or \"prefault\", got \"lazy\""));
+  document["limits"] = {{"memory_strategy", true}};
+  CHECK_THAT(rejection(document), Catch::Contains("/limits/memory_strategy: expected \"portable\" or \"prefault\""));
+}
+
+TEST_CASE("memory strategy names round-trip and nothing else parses", "[core][policy]") {
+  using kvrelay::MemoryStrategy;
+  for (const auto strategy : {MemoryStrategy::kPortable, MemoryStrategy::kPrefault}) {
+    CHECK(kvrelay::parse_memory_strategy(kvrelay::to_string(strategy)) == strategy);
+  }
+  static_assert(kvrelay::to_string(MemoryStrategy::kPrefault) == "prefault");
+  CHECK_FALSE(kvrelay::parse_memory_strategy("Prefault"));
+  CHECK_FALSE(kvrelay::parse_memory_strategy(""));
+}
+
 TEST_CASE("unknown keys are rejected, listing what is allowed", "[core][policy]") {
   auto document = minimal_policy();
   document["routes"][1]["colour"] = "blue";

@@ -39,6 +39,7 @@ bad_variants = {
     "bad dtype": lambda d: d["agents"][0]["model"].update(dtype="fp64"),
     "missing schema_version": lambda d: d.pop("schema_version"),
     "unknown codec device": lambda d: d.setdefault("codecs", {}).update(device="tpu"),
+    "unknown memory strategy": lambda d: d.setdefault("limits", {}).update(memory_strategy="lazy"),
 }
 for name, mutate in bad_variants.items():
     document = copy.deepcopy(base)

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/core/memory_strategy.h"
 #include "kvrelay/core/model_fingerprint.h"
 #include "kvrelay/core/result.h"
 
@@ -120,6 +121,9 @@ struct LimitsPolicy {
   bool peer_staging = true;
   // The shared-memory arena entries live in (0: one sealed memfd per entry); read at start.
   std::uint64_t shm_arena_bytes = 256ULL << 20;
+  // Whether long-lived shared memory is prefaulted by background threads (memory_strategy.h);
+  // read at start.
+  MemoryStrategy memory_strategy = kDefaultMemoryStrategy;
   std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url
   // Longest a worker's KV lookup may wait on peers before the sidecar answers "miss".
   std::chrono::milliseconds kv_lookup_timeout{2'000};

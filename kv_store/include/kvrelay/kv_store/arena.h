@@ -3,12 +3,11 @@
 // A sidecar-owned shared-memory arena: one memfd, allocated once (fallocate) and mapped for the
 // process's lifetime, cut into granule-aligned blocks for entries.
 //
-// Why: a fresh segment per entry pays for new pages and, on hosts that build page tables
-// lazily (shadow or nested paging), a fault per 4 KiB page on every new mapping (~4 ms/MiB).
-// Blocks of an arena that stays mapped in the sidecar and in each worker are written and read
-// at memcpy speed once their pages are warm. The price is isolation: the arena cannot be sealed
-// against writes, so workers that map it must be trusted not to write outside the blocks they
-// were granted (limits.shm_arena_bytes = 0 keeps one sealed memfd per entry instead).
+// Why: a fresh segment per entry pays for new pages and a new mapping every time; blocks of an
+// arena that stays mapped in the sidecar and in each worker reuse pages that are already mapped.
+// The price is isolation: the arena cannot be sealed against writes, so workers that map it must
+// be trusted not to write outside the blocks they were granted (limits.shm_arena_bytes = 0
+// keeps one sealed memfd per entry instead).
 
 #include <atomic>
 #include <cstdint>
@@ -20,8 +19,9 @@
 #include <string>
 
 #include "kvrelay/core/result.h"
-#include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/core/unique_fd.h"
+#include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/kv_store/memory_strategy.h"
 
 namespace kvrelay::kv_store {
 
@@ -81,12 +81,12 @@ class ShmArena : public std::enable_shared_from_this<ShmArena> {
   // Whether a block of `bytes` would fit now.
   [[nodiscard]] bool fits(std::uint64_t bytes) const;
 
-  // Touches every page once for writing through this process's mapping without changing a byte
-  // (an atomic OR with 0, safe beside any concurrent writer). On hosts that build page tables
-  // lazily the first write to a page through a mapping costs ~100x a later one (~3 ms/MiB
-  // against ~0.07); warming moves that cost off the first transfers. Then the same from kernel
-  // mode (touch_pages_for_kernel_write), for the peer plane's recv into the arena. Stops early
-  // when `stop` becomes true. Returns the bytes covered by both.
+  // The whole mapping as one span (what a PageWarmer prefaults).
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return mapping_.bytes(); }
+
+  // Prefaults every page now, on the calling thread, from user and then kernel mode
+  // (prefault_pages, PrefaultViews::kUserAndKernel): what MemoryStrategy::kPrefault does in the
+  // background. Stops early when `stop` becomes true; returns the bytes covered by both.
   std::uint64_t warm(const std::atomic<bool>* stop = nullptr);
 
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }

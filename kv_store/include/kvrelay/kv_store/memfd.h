@@ -4,7 +4,6 @@
 // another process. Seals make the size immutable, so a peer cannot SIGBUS us by truncating
 // a file we have mapped; F_SEAL_WRITE (added at commit) makes the contents immutable too.
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,19 +27,17 @@ inline constexpr unsigned kSizeSeals = 0x0002U | 0x0004U;  // F_SEAL_SHRINK | F_
 // ENOSPC rather than a later SIGBUS), so reserving them first would only cost a second pass.
 [[nodiscard]] Result<UniqueFd> create_sealed_memfd_to_fill(const std::string& name, std::uint64_t size);
 
-// Writes `bytes` at `offset` with pwrite. Filling a segment through the kernel instead of a
-// new mapping matters on hosts that build page tables lazily (shadow/nested paging): there the
-// first write through any new user mapping costs ~4 ms/MiB, while the kernel writes through
-// its own permanent mapping at several GB/s (measured in bench/transport_bench).
+// Writes `bytes` at `offset` with pwrite. Segments are filled through the kernel, never through
+// a new mapping: the kernel's copy costs the same on every host, a first write through a fresh
+// mapping does not (bench/results/memory_strategy-notes.md).
 [[nodiscard]] Status write_memfd(int fd, std::uint64_t offset, std::span<const std::byte> bytes);
 
-// Reads `out.size()` bytes at `offset` with pread: the kernel copies from the segment's pages
-// into memory the caller keeps warm, where mapping the segment would pay a first touch per
-// page on every read.
+// Reads `out.size()` bytes at `offset` with pread, into memory the caller reuses, for the same
+// reason: no read maps the segment anew.
 [[nodiscard]] Status read_memfd(int fd, std::uint64_t offset, std::span<std::byte> out);
 
 // xxh3_64 of the first `size` bytes of `fd`, read with pread through a small per-thread
-// buffer that stays mapped (and warm) across calls, for the same reason.
+// buffer that stays mapped across calls, for the same reason.
 [[nodiscard]] Result<std::uint64_t> checksum_memfd(int fd, std::uint64_t size);
 
 // Validates an fd received from another process: a regular file created by memfd_create,
@@ -54,26 +51,6 @@ inline constexpr unsigned kSizeSeals = 0x0002U | 0x0004U;  // F_SEAL_SHRINK | F_
 // Adds F_SEAL_WRITE (+ F_SEAL_SEAL). Fails with kPermissionDenied while anyone still holds a
 // writable shared mapping of the file: the kernel checks that for us across processes.
 [[nodiscard]] Status seal_contents(int fd);
-
-// Touches each page of `bytes` once for writing without changing a byte (an atomic OR with 0:
-// it never loses a concurrent write, from this process or another). On hosts that build page
-// tables lazily the first write to a page through a mapping costs ~100x a later one; the arena
-// pays that here, in the background. Checks `stop` every MiB; returns the bytes covered.
-std::uint64_t touch_pages_for_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept;
-
-// The same from kernel mode: for each page a futex FUTEX_WAKE_OP whose operation is an atomic OR
-// with 0, which the kernel performs on the user address (no byte changes, no concurrent write
-// lost, nobody woken). Hypervisors that shadow the guest kernel's view of user memory apart from
-// user mode's (PVM, which the CI VMs run under) charge the first kernel write to each page
-// (recv's copy into an arena) ~5 us even after user space wrote it: 0.75 GB/s where a warm page
-// takes 22. Elsewhere it costs one cheap system call per page. Returns the bytes covered; stops
-// at the first failing call (a kernel without FUTEX_WAKE_OP, an address not mapped writable).
-std::uint64_t touch_pages_for_kernel_write(std::span<std::byte> bytes, const std::atomic<bool>* stop) noexcept;
-
-// Marks the calling thread as background work: its page-touch loops (above) sleep twice as long
-// as each MiB took, so they use at most a third of a core, at normal priority so the thread
-// still exits promptly when its process is killed (see the definition).
-void run_as_background_work() noexcept;
 
 // A mapping of a whole segment; unmapped on destruction.
 class Mapping {

@@ -15,39 +15,48 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "kvrelay/core/memory_strategy.h"
 #include "kvrelay/core/result.h"
-#include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/kv_store/entry.h"
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/kv_store/memory_strategy.h"
+#include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/shm_transport/spsc_ring.h"
 
 namespace kvrelay::shm {
 
 // The sidecar's arena as this process maps it: once, for as long as any region or entry in it
-// lives, so its pages stay warm across publishes and reads.
+// lives, so its pages stay mapped across publishes and reads.
 struct ClientArena {
   ClientArena() = default;
-  ~ClientArena();  // stops and joins the warmer
+  ~ClientArena() { warmer.stop(); }  // before the mapping goes
   ClientArena(const ClientArena&) = delete;
   ClientArena& operator=(const ClientArena&) = delete;
-
-  // Touches every page of the mapping once for writing, as paced background work, without changing a
-  // byte (an atomic OR with 0, safe beside other processes' writes). On hosts that build page
-  // tables lazily the first write to a page through a mapping costs ~100x a later one; this
-  // pays it in the background instead of in the first publishes.
-  void start_warming();
 
   UniqueFd fd;
   kv_store::Mapping mapping;
   std::uint64_t device = 0;
   std::uint64_t inode = 0;
+  // Started only under MemoryStrategy::kPrefault (ShmClientOptions::memory_strategy).
+  kv_store::PageWarmer warmer;
+};
 
- private:
-  std::atomic<bool> stop_warming_{false};
-  std::thread warmer_;
+// How a client talks to its sidecar, and what it may do inside the caller's process.
+struct ShmClientOptions {
+  // Below kDataPlaneVersion the client behaves as an older one (compatibility tests; a strictly
+  // isolated client can also say 2 to keep out of the arena).
+  std::uint32_t protocol_version = kDataPlaneVersion;
+  // How long any reply, the hello's included, is waited for (SO_RCVTIMEO on socket_fd(), which a
+  // caller may later set per call).
+  std::chrono::milliseconds reply_timeout = std::chrono::seconds(60);
+  // Whether allocate()/publish() use the sidecar's arena (version 3 and it has one).
+  bool use_arena = true;
+  // kPortable (the default) starts no thread in the caller's process. kPrefault starts one paced
+  // background thread per mapped arena that touches each page of this process's mapping once
+  // (kv_store/memory_strategy.h): pass the sidecar's limits.memory_strategy.
+  MemoryStrategy memory_strategy = kDefaultMemoryStrategy;
 };
 
 // Arena entries this process holds; the client gives them back to the sidecar on its next call
@@ -118,10 +127,8 @@ class ShmClient {
   ShmClient& operator=(ShmClient&&) noexcept = default;
   ~ShmClient();
 
-  // `protocol_version` below kDataPlaneVersion makes this client behave as an older one (tests
-  // of compatibility; a strictly isolated client can also say 2 to keep out of the arena).
-  // `reply_timeout`: how long any reply, the hello's included, is waited for (SO_RCVTIMEO on
-  // socket_fd(), which a caller may later set per call).
+  [[nodiscard]] static Result<ShmClient> connect(const std::string& socket_path, const ShmClientOptions& options);
+  // The same with default options but these two (see ShmClientOptions).
   [[nodiscard]] static Result<ShmClient> connect(const std::string& socket_path,
                                                  std::uint32_t protocol_version = kDataPlaneVersion,
                                                  std::chrono::milliseconds reply_timeout = std::chrono::seconds(60));
@@ -149,8 +156,8 @@ class ShmClient {
   [[nodiscard]] std::uint32_t server_version() const { return server_version_; }
   // Version 2. kNotFound on a miss (the message says why: medium tokens, nothing held, ...).
   [[nodiscard]] Result<ResolvedPrefix> resolve(const ResolveRequest& request);
-  // The same, leaving the entry unmapped: a reader that copies it once into memory of its own
-  // (pread on entry.fd) skips the mapping's page faults, ~1 ms per MiB on a VM.
+  // The same, leaving the entry unmapped, for a reader that copies it once into memory of its
+  // own (pread on entry.fd) and so needs no mapping.
   [[nodiscard]] Result<ResolvedPrefix> resolve_unmapped(const ResolveRequest& request);
   // Version 2: publish with the request's params, so the sidecar can push the KV ahead; with
   // how faithful the KV is (version 4): a worker that imported a lossy prefix says so, and the
@@ -164,11 +171,13 @@ class ShmClient {
   [[nodiscard]] Result<std::vector<std::byte>> ping(std::span<const std::byte> payload);
   // Gives back the arena entries this client has destroyed (also done before every call).
   [[nodiscard]] Status release_leases();
-  // Whether allocate()/publish() use the sidecar's arena (version 3 and it has one); they fall
-  // back to regions of their own when it is full. Settable off for a strictly isolated client.
+  // ShmClientOptions::use_arena, after connecting; allocate()/publish() fall back to regions of
+  // their own when the arena is full.
   void set_use_arena(bool use) { use_arena_ = use; }
-  // Whether a newly mapped arena is warmed in the background (ClientArena::start_warming).
-  void set_warm_arena(bool warm) { warm_arena_ = warm; }
+  // ShmClientOptions::memory_strategy for arenas mapped from now on.
+  void set_memory_strategy(MemoryStrategy strategy) { memory_strategy_ = strategy; }
+  // Compatibility spelling of set_memory_strategy: true is kPrefault.
+  void set_warm_arena(bool warm) { memory_strategy_ = warm ? MemoryStrategy::kPrefault : MemoryStrategy::kPortable; }
 
   // Small messages over the shared-memory ring (opened on first use).
   [[nodiscard]] Status open_ring();
@@ -217,7 +226,7 @@ class ShmClient {
   UniqueFd wake_server_;
   UniqueFd wake_client_;
   bool use_arena_ = true;
-  bool warm_arena_ = true;
+  MemoryStrategy memory_strategy_ = kDefaultMemoryStrategy;
   std::shared_ptr<const ClientArena> arena_;
   std::shared_ptr<LeaseReturns> lease_returns_ = std::make_shared<LeaseReturns>();
 };

@@ -1,7 +1,13 @@
 /* C ABI of the kvrelay worker client (libkvrelay_client.so), for engines that cannot link C++
  * and for Python via ctypes. Handles are opaque; every call returns KVRELAY_OK (0) or one of
- * the error codes below (the same numbers as kvrelay::ErrorCode), and kvrelay_last_error()
- * gives the message of the client's last failure. A handle is used by one thread at a time. */
+ * the error codes below (the same numbers as kvrelay::ErrorCode, checked at compile time in
+ * c_api.cpp), and kvrelay_last_error() gives the message of the client's last failure. A handle
+ * is used by one thread at a time. The library starts no thread in the caller's process unless
+ * kvrelay_client_options asks for one.
+ *
+ * Compatibility: functions, codes and struct fields are only ever added; each addition names the
+ * KVRELAY_CLIENT_ABI_VERSION that brought it. A struct that starts with struct_size is extended at
+ * its end, and calls accept the sizes of every version that had it. */
 #ifndef KVRELAY_SHM_TRANSPORT_KVRELAY_CLIENT_H_
 #define KVRELAY_SHM_TRANSPORT_KVRELAY_CLIENT_H_
 
@@ -12,7 +18,7 @@
 extern "C" {
 #endif
 
-#define KVRELAY_CLIENT_ABI_VERSION 2
+#define KVRELAY_CLIENT_ABI_VERSION 3
 
 enum {
   KVRELAY_OK = 0,
@@ -59,7 +65,23 @@ typedef struct kvrelay_layout {
 
 int kvrelay_abi_version(void);
 
+/* kvrelay_client_connect_with_options with every option at its default. */
 int kvrelay_client_connect(const char* socket_path, kvrelay_client** out);
+
+/* kvrelay_client_options.memory_strategy (ABI version 3), the sidecar's limits.memory_strategy. */
+enum {
+  KVRELAY_MEMORY_PORTABLE = 0, /* plain memory; the library starts no thread (the default) */
+  KVRELAY_MEMORY_PREFAULT = 1  /* one background thread per mapped arena touches each of its pages once,
+                                  for hosts that build page tables lazily */
+};
+/* Zero-initialise, set struct_size, then the fields to change (ABI version 3). */
+typedef struct kvrelay_client_options {
+  uint32_t struct_size;     /* sizeof(kvrelay_client_options) */
+  uint32_t memory_strategy; /* KVRELAY_MEMORY_PORTABLE or KVRELAY_MEMORY_PREFAULT */
+} kvrelay_client_options;
+/* options NULL: the defaults. KVRELAY_E_INVALID_ARGUMENT for an unknown struct_size or value. */
+int kvrelay_client_connect_with_options(const char* socket_path, const kvrelay_client_options* options,
+                                        kvrelay_client** out);
 void kvrelay_client_close(kvrelay_client* client);
 /* Message of the last failed call on this client (valid until the next call), or "". */
 const char* kvrelay_last_error(const kvrelay_client* client);

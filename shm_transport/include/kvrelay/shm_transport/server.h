@@ -15,10 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/core/memory_strategy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/arena.h"
-#include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/kv_store/entry_store.h"
+#include "kvrelay/kv_store/memory_strategy.h"
+#include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/shm_transport/spsc_ring.h"
 
 namespace kvrelay::shm {
@@ -36,8 +38,8 @@ struct ShmServerOptions {
   std::uint32_t resolve_threads = 4;
   // Bytes of the shared arena (0: none; every entry gets its own sealed memfd). See arena.h.
   std::uint64_t arena_bytes = 0;
-  // Write each arena page once in the background (paced), see kv_store::ShmArena::warm.
-  bool warm_arena = true;
+  // kPrefault: one paced background thread prefaults the arena (kv_store/memory_strategy.h).
+  MemoryStrategy memory_strategy = kDefaultMemoryStrategy;
   // Arena entries one connection may hold at once; past this it gets sealed copies.
   std::uint32_t max_leases_per_connection = 4096;
 };
@@ -133,9 +135,8 @@ class ShmServer {
   ShmServerOptions options_;
   std::shared_ptr<kv_store::EntryStore> store_;
   std::shared_ptr<kv_store::ShmArena> arena_;
-  // Warms the arena's pages once, paced (kv_store::ShmArena::warm), stopped by stop().
-  std::thread arena_warmer_;
-  std::atomic<bool> stop_warming_{false};
+  // Prefaults the arena under MemoryStrategy::kPrefault; stopped by stop().
+  kv_store::PageWarmer arena_warmer_;
   SmallMessageHandler small_handler_;
   std::shared_ptr<DataPlaneHooks> hooks_;
   UniqueFd listen_fd_;
