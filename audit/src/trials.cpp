@@ -15,8 +15,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::string_view kSpans[] = {"none", "prompt", "generated", "all"};
-
 // Reads one line's fields, remembering the first problem with the line number and field name.
 class LineReader {
  public:
@@ -141,11 +139,19 @@ struct PendingOutcome {
 
 std::vector<Treatment> standard_treatments(std::string_view kv_medium) {
   const std::string medium(kv_medium);
-  return {{"T0", "tokens", "none"}, {"T1", medium, "prompt"}, {"T2", medium, "generated"}, {"T3", medium, "all"}};
+  return {{"T0", "tokens", KvSpan::kNone, std::nullopt},
+          {"T1", medium, KvSpan::kPrompt, std::nullopt},
+          {"T2", medium, KvSpan::kGenerated, std::nullopt},
+          {"T3", medium, KvSpan::kAll, std::nullopt}};
+}
+
+Treatment treatment_from_policy(const AuditTreatment& treatment) {
+  // The policy reader accepts only the four span names; anything else moves nothing.
+  return {treatment.name, treatment.medium, parse_span(treatment.span).value_or(KvSpan::kNone), std::nullopt};
 }
 
 bool is_known_span(std::string_view span) noexcept {
-  return std::find(std::begin(kSpans), std::end(kSpans), span) != std::end(kSpans);
+  return parse_span(span).has_value();
 }
 
 json trial_to_json(const Trial& trial) {

@@ -70,8 +70,7 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
   const std::string address = peer_policy->address.to_string();
   if (slot.client && slot.address != address) slot.client.reset();  // a reload moved the peer
   if (!slot.client) {
-    peer::PeerClientOptions options;
-    options.node_id = policy->node_id;
+    auto options = peer::peer_client_options(*policy);  // node id and chunk staging
     options.connect_timeout = timeout;
     options.read_timeout = timeout;
     options.link_estimator = estimator_;

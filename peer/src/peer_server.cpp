@@ -24,6 +24,7 @@
 #include "kvrelay/core/byte_io.h"
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/kv_store/prefix_scan.h"
 #include "kvrelay/peer/fetch_encoding.h"
 
 #include "peer_io.h"
@@ -93,15 +94,16 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   if (!options.codecs) co_return fail(ErrorCode::kUnsupported, "this sidecar has no codecs for fetches");
   auto spec = codec::resolve_codec(*options.codecs, request.codec);
   if (!spec) co_return outcome::failure(spec.error());
-  std::shared_ptr<const kv_store::StoredEntry> entry;
-  kv_store::EntryKey key;
-  for (const std::uint64_t hash : request.hashes) {
-    key = kv_store::EntryKey{request.model_id, hash};
-    // A lossless fetch is served exact KV only: the asker files it as exact.
-    entry = spec.value().codec->lossless() ? shared->store->get_exact(key) : shared->store->get(key);
-    if (entry && entry->info.layout.layers != 0) break;
-    entry = nullptr;
-  }
+  // A lossless fetch is served exact KV only (the asker files it as exact); a lossy one exact KV
+  // or KV its own codec made, never another lossy codec's relabelled.
+  const std::vector<std::uint64_t> chain(request.hashes.rbegin(), request.hashes.rend());  // first block first
+  const bool lossless = spec.value().codec->lossless();
+  const auto held = kv_store::longest_held_prefix(
+      *shared->store, {request.model_id, chain, chain.size(), 0,
+                       lossless ? kv_store::FidelityRule::exact_only()
+                                : kv_store::FidelityRule::exact_or_lossy(codec::spec_name(spec.value()))});
+  const std::shared_ptr<const kv_store::StoredEntry> entry = held.entry;
+  const kv_store::EntryKey key = held ? kv_store::EntryKey{request.model_id, chain[held.blocks - 1]} : kv_store::EntryKey{};
   // A held prefix that adds nothing to what the asker has is a miss, like no prefix at all.
   if (!entry || entry->info.layout.tokens <= request.skip_tokens) {
     const auto miss = encode_fetch_reply(request.request_id, nullptr);

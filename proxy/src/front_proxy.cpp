@@ -6,6 +6,7 @@
 #include <array>
 #include <random>
 
+#include "kvrelay/broker/request_context.h"
 #include "kvrelay/proxy/upstream_relay.h"
 
 namespace kvrelay::proxy {
@@ -151,12 +152,13 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
 
   bool audited = false;
   if (agent->kv_connector && is_generation_endpoint(target->upstream_path)) {
-    nlohmann::json routes = nlohmann::json::array();
+    broker::RequestContext context;
+    context.request_id = request_id;
+    context.agent = agent->id;
+    context.node = policy->node_id;
     for (const auto& route : policy->routes) {
-      if (route.to_agent == agent->id && route.enabled) routes.push_back(route.id);
+      if (route.to_agent == agent->id && route.enabled) context.routes.push_back(route.id);
     }
-    nlohmann::json params{
-        {"request_id", request_id}, {"agent", agent->id}, {"node", policy->node_id}, {"routes", routes}};
     const RoutePolicy* route = audit_ ? audited_route_into(*policy, agent->id) : nullptr;
     const auto treatment =
         route != nullptr && !client_sent_treatment(request.body()) ? audit_->draw(*route) : std::nullopt;
@@ -171,10 +173,10 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       covariates.load = metrics_.in_flight.get().value();
       // The assignment is on disk before the request leaves (no post-hoc selection).
       audit_->record_assignment(*route, request_id, *treatment, std::move(covariates));
-      params["treatment"] = {{"name", treatment->name}, {"medium", treatment->medium}, {"span", treatment->span}};
+      context.treatment = *treatment;
       audited = true;
     }
-    auto body = inject_kv_transfer_params(request.body(), params.dump());
+    auto body = inject_kv_transfer_params(request.body(), broker::request_context_json(context).dump());
     if (!body) {
       if (audited) audit_->record_outcome(request_id, AuditOutcome{0.0, 0.0, 400, {}, {}});
       metrics_.requests.with({agent->id, target->upstream_path, "400"}).inc();

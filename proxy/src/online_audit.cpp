@@ -10,7 +10,7 @@ namespace kvrelay::proxy {
 OnlineAudit::OnlineAudit(std::size_t max_trials_in_memory, std::uint64_t seed)
     : max_trials_(max_trials_in_memory), generator_(seed) {}
 
-std::optional<AuditTreatment> OnlineAudit::draw(const RoutePolicy& route) {
+std::optional<Treatment> OnlineAudit::draw(const RoutePolicy& route) {
   const auto& policy = route.audit;
   if (!(policy.fraction > 0.0) || policy.treatments.empty()) return std::nullopt;
   const std::lock_guard lock(mutex_);
@@ -20,18 +20,18 @@ std::optional<AuditTreatment> OnlineAudit::draw(const RoutePolicy& route) {
     return std::nullopt;
   }
   std::uniform_int_distribution<std::size_t> pick(0, policy.treatments.size() - 1);
-  return policy.treatments[pick(generator_)];
+  return audit::treatment_from_policy(policy.treatments[pick(generator_)]);
 }
 
-void OnlineAudit::record_assignment(const RoutePolicy& route, const std::string& request_id,
-                                    const AuditTreatment& treatment, audit::Trial covariates) {
+void OnlineAudit::record_assignment(const RoutePolicy& route, const std::string& request_id, const Treatment& treatment,
+                                    audit::Trial covariates) {
   const auto& policy = route.audit;
   const std::lock_guard lock(mutex_);
   covariates.route = route.id;
   covariates.request_id = request_id;
   covariates.treatment = treatment.name;
   covariates.medium = treatment.medium;
-  covariates.span = treatment.span;
+  covariates.span = std::string(span_name(treatment.span));
   covariates.pair_id.reset();  // online trials are independent requests
   if (!policy.trials_file.empty()) append_line(policy.trials_file, audit::assignment_line(covariates));
   pending_[request_id] = {std::move(covariates), policy.trials_file};

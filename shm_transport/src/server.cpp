@@ -26,6 +26,7 @@
 #include "kvrelay/core/byte_io.h"
 #include "kvrelay/shm_transport/fd_passing.h"
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/kv_store/prefix_scan.h"
 
 namespace kvrelay::shm {
 
@@ -89,15 +90,14 @@ void refuse_connection(UniqueFd& client, const Error& error) {
 }  // namespace
 
 Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const ResolveRequest& request) {
-  // Longest prefix first; one covering the whole prompt would leave nothing to prefill.
-  for (std::size_t blocks = request.block_hashes.size(); blocks > 0; --blocks) {
-    if (blocks * request.block_tokens >= request.prompt_tokens) continue;
-    // Served as kv_raw: only exact KV answers.
-    if (auto entry = store.get_exact({request.model_id, request.block_hashes[blocks - 1]})) {
-      return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(blocks), "kv_raw", {}}};
-    }
-  }
-  return fail(ErrorCode::kNotFound, "no stored prefix of this prompt");
+  // Served as kv_raw: only exact KV answers, and never the whole prompt (its last token is
+  // prefilled for the logits).
+  const std::size_t max_blocks =
+      request.prompt_tokens == 0 ? 0 : static_cast<std::size_t>((request.prompt_tokens - 1) / request.block_tokens);
+  auto held = kv_store::longest_held_prefix(store, {request.model_id, request.block_hashes, max_blocks,
+                                                    request.block_tokens, kv_store::FidelityRule::exact_only()});
+  if (!held) return fail(ErrorCode::kNotFound, "no stored prefix of this prompt");
+  return ResolvedEntry{std::move(held.entry), ResolvedMeta{static_cast<std::uint32_t>(held.blocks), "kv_raw", {}}};
 }
 
 struct ShmServer::Connection {

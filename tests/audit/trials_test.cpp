@@ -98,3 +98,15 @@ TEST_CASE("Online assignments join their outcomes by request id", "[audit][trial
   CHECK(parsed.value().assignments_without_outcome == 1);
   CHECK(parsed.value().failed_outcomes == 1);
 }
+
+TEST_CASE("Treatments: the standard set and the policy's spelling share one type", "[audit][trials]") {
+  const auto standard = standard_treatments("kv_int8");
+  REQUIRE(standard.size() == 4);
+  CHECK(standard[0] == Treatment{"T0", "tokens", kvrelay::KvSpan::kNone, std::nullopt});
+  CHECK(standard[1].span == kvrelay::KvSpan::kPrompt);
+  CHECK(standard[3].medium == "kv_int8");
+  CHECK(treatment_from_policy(kvrelay::AuditTreatment{"T2", "kv_raw", "generated"}) ==
+        Treatment{"T2", "kv_raw", kvrelay::KvSpan::kGenerated, std::nullopt});
+  CHECK(is_known_span("all"));
+  CHECK_FALSE(is_known_span("most"));
+}

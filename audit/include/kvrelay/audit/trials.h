@@ -14,16 +14,17 @@
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/core/treatment.h"
 
 namespace kvrelay::audit {
 
-// A treatment: what span of A's context moves as KV, and through which medium.
-struct Treatment {
-  std::string name;               // "T0".."T3" or any identifier
-  std::string medium = "tokens";  // tokens, kv_raw, kv_int8, ... (policy medium names)
-  std::string span = "none";      // none, prompt, generated, all
-};
+// A treatment: what span of A's context moves as KV, and through which medium (core's type,
+// shared with the front proxy and the KV path).
+using Treatment = kvrelay::Treatment;
+// A route's audit treatment as the policy spells it (core/policy.h) as the shared type.
+[[nodiscard]] Treatment treatment_from_policy(const AuditTreatment& treatment);
 
 // The standard treatments of the design: T0 tokens only, T1 A's prompt KV, T2 A's generated KV,
 // T3 all of A's KV (raw by default).

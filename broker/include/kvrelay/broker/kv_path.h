@@ -7,6 +7,8 @@
 // encoded with the medium's codec and decoded here. Media that need KV never cross models with
 // different fingerprints; "tokens" is a miss (the worker prefills). Every decision is logged
 // with its cost breakdown. On publish, routes marked push send the KV ahead to the destination.
+// KvPath only orchestrates the four stages (docs/architecture.md, "The broker's stages"):
+// plan (src/plan.h), fetch (src/fetcher.h), materialize (src/materialize.h), record (src/record.h).
 
 #include <nlohmann/json.hpp>
 
@@ -20,41 +22,25 @@
 #include <string>
 #include <thread>
 
+#include "kvrelay/broker/decision_log.h"
+#include "kvrelay/broker/engine_advisor.h"
+#include "kvrelay/broker/handoff_outcomes.h"
+#include "kvrelay/broker/kv_path_metrics.h"
+#include "kvrelay/broker/peer_links.h"
+#include "kvrelay/broker/policy_source.h"
+#include "kvrelay/broker/request_context.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/decision/decision_engine.h"
 #include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/peer/peer_server.h"
-#include "kvrelay/broker/policy_source.h"
 #include "kvrelay/shm_transport/server.h"
-
-#include "kvrelay/broker/decision_log.h"
-#include "kvrelay/broker/handoff_outcomes.h"
-#include "kvrelay/broker/peer_links.h"
 
 namespace kvrelay::broker {
 
-// An audit treatment as the front proxy injects it (kv_transfer_params.kvrelay.treatment).
-struct Treatment {
-  std::string name;                            // "T0", "T1", ...
-  std::string medium;                          // "tokens", "kv_raw", "kv_int8", ...; "" keeps the route's choice
-  std::string span;                            // "none", "prompt", "generated", "all" ("" = all)
-  std::optional<std::uint64_t> prompt_tokens;  // A's prompt length; needed by span "prompt"
-};
+class Fetcher;
 
-// kv_transfer_params.kvrelay as the KV path reads it.
-struct RequestContext {
-  std::string request_id;
-  std::string agent;
-  std::string route;                // explicit route id, if the caller named one
-  std::vector<std::string> routes;  // the front proxy's candidate routes into this agent
-  std::optional<Treatment> treatment;
-  std::optional<std::uint32_t> max_tokens;  // the request's answer budget, when the client set one
-};
-// "" parses to an empty context. Every field is type-checked; errors name the field.
-[[nodiscard]] Result<RequestContext> parse_request_context(std::string_view params_json);
-
-class KvPath final : public shm::DataPlaneHooks {
+class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
  public:
   KvPath(std::shared_ptr<PolicySource> policy, std::shared_ptr<kv_store::EntryStore> store,
          std::shared_ptr<const codec::CodecRegistry> codecs, std::shared_ptr<PeerLinks> peers,
@@ -94,15 +80,6 @@ class KvPath final : public shm::DataPlaneHooks {
                      std::optional<double> encode_s, std::optional<double> decode_s);
 
   std::shared_ptr<kv_store::ShmArena> arena_;
-  struct Choice {
-    std::string medium;
-    std::string source;  // treatment, forced, engine, default
-    std::string reason;
-    nlohmann::json cost;  // the engine's breakdown (chosen vs alternatives), null without a route
-    // The engine chose tokens for what the receiver lacks: the prefix this node already holds is
-    // still served (the engine priced tokens as a prefill of the missing part only).
-    bool serve_held_prefix = false;
-  };
   struct PushJob {
     std::string route;
     std::string peer;
@@ -112,54 +89,23 @@ class KvPath final : public shm::DataPlaneHooks {
     std::shared_ptr<const kv_store::StoredEntry> entry;
     nlohmann::json record;
   };
-  struct Metrics {
-    explicit Metrics(metrics::Registry& registry);
-    metrics::Family<metrics::Counter>& decisions;
-    metrics::Family<metrics::Histogram>& decision_seconds;
-    metrics::Family<metrics::Counter>& lookups;
-    metrics::Family<metrics::Counter>& wire_bytes;
-    metrics::Family<metrics::Counter>& raw_bytes;
-    metrics::Family<metrics::Histogram>& fetch_seconds;
-    metrics::Family<metrics::Counter>& pushes;
-    metrics::Family<metrics::Counter>& prefill_reports;
-  };
-
-  // `held_tokens`: the leading part of the context this node's store already holds.
-  [[nodiscard]] Choice choose(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
-                              std::uint64_t context_tokens, std::uint64_t held_tokens);
-  struct EngineChoice {
-    std::string medium;
-    std::string reason;
-  };
-  // The engine's view of `route` for `tokens`; decide() only when the engine's choice is used.
-  [[nodiscard]] std::optional<EngineChoice> run_engine(const Policy& policy, const RoutePolicy& route,
-                                                       decision::TransferShape shape, bool commit,
-                                                       nlohmann::json& cost);
+  // The engine's view of `route` for a transfer; decide() only when the engine's choice is used.
+  [[nodiscard]] std::optional<EngineAdvice> advise(const Policy& policy, const RoutePolicy& route,
+                                                   decision::TransferShape shape, bool commit,
+                                                   nlohmann::json& cost) override;
   void ensure_engine_locked(const Policy& policy);
   // Brings the engine up to `policy`: its live settings applied, or a new engine when the
   // topology changed or the settings did not apply (learned estimates reset).
   [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
   [[nodiscard]] EngineUpdate update_engine_locked(const Policy& policy);  // refresh's work, unrecorded
-  struct Fetched {
-    std::shared_ptr<const kv_store::StoredEntry> entry;
-    std::size_t blocks = 0;
-    std::string peer;
-  };
-  // Fetches the blocks after the `held_blocks` this sidecar holds (`held`, may be null) and returns
-  // the whole prefix: a delta fetch joined to what was held, or a full fetch without a held prefix.
-  // Everything, from connecting to decoding, by `deadline` (the lookup's); past it, nullopt.
-  [[nodiscard]] std::optional<Fetched> fetch_from_peers(const Policy& policy, const shm::ResolveRequest& request,
-                                                        const std::shared_ptr<const kv_store::StoredEntry>& held,
-                                                        std::size_t held_blocks, const std::string& codec,
-                                                        const std::string& medium, const std::string& route,
-                                                        peer::Deadline deadline, nlohmann::json& record);
   void run_pusher();
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<kv_store::EntryStore> store_;
   std::shared_ptr<const codec::CodecRegistry> codecs_;
   std::shared_ptr<PeerLinks> peers_;
-  Metrics metrics_;
+  std::unique_ptr<Fetcher> fetcher_;  // the peers, behind the fetch stage's interface
+  KvPathMetrics metrics_;
   DecisionLog log_;
   HandoffOutcomes outcomes_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

@@ -22,6 +22,7 @@
 #include "kvrelay/audit/analysis.h"
 #include "kvrelay/audit/trials.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/core/treatment.h"
 
 namespace kvrelay::proxy {
 
@@ -40,9 +41,9 @@ class OnlineAudit {
 
   // Draws whether a request is audited (probability route.audit.fraction) and, if so, its
   // treatment, uniformly from the route's list.
-  [[nodiscard]] std::optional<AuditTreatment> draw(const RoutePolicy& route);
+  [[nodiscard]] std::optional<Treatment> draw(const RoutePolicy& route);
   // Records the assignment (trials file first, flushed); call before forwarding the request.
-  void record_assignment(const RoutePolicy& route, const std::string& request_id, const AuditTreatment& treatment,
+  void record_assignment(const RoutePolicy& route, const std::string& request_id, const Treatment& treatment,
                          audit::Trial covariates);
 
   void record_outcome(const std::string& request_id, const AuditOutcome& outcome);

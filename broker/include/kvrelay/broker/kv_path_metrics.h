@@ -1,0 +1,21 @@
+#pragma once
+
+// The KV path's metric families (kvrelay_kv_*), registered once per daemon.
+
+#include "kvrelay/core/metrics.h"
+
+namespace kvrelay::broker {
+
+struct KvPathMetrics {
+  explicit KvPathMetrics(metrics::Registry& registry);
+  metrics::Family<metrics::Counter>& decisions;
+  metrics::Family<metrics::Histogram>& decision_seconds;
+  metrics::Family<metrics::Counter>& lookups;
+  metrics::Family<metrics::Counter>& wire_bytes;
+  metrics::Family<metrics::Counter>& raw_bytes;
+  metrics::Family<metrics::Histogram>& fetch_seconds;
+  metrics::Family<metrics::Counter>& pushes;
+  metrics::Family<metrics::Counter>& prefill_reports;
+};
+
+}  // namespace kvrelay::broker

@@ -1,0 +1,39 @@
+#pragma once
+
+// What a request carries for the KV path, kv_transfer_params.kvrelay: the front proxy writes it
+// (to_json) into the request it forwards, and the KV path reads it back (parse_request_context)
+// from the worker's lookups, publishes and prefill reports. One type for both ends.
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvrelay/core/result.h"
+#include "kvrelay/core/treatment.h"
+
+namespace kvrelay::broker {
+
+struct RequestContext {
+  std::string request_id;
+  std::string agent;
+  std::string node;                 // the sidecar that forwarded the request
+  std::string route;                // explicit route id, if the caller named one
+  std::vector<std::string> routes;  // the front proxy's candidate routes into this agent
+  std::optional<Treatment> treatment;
+  std::optional<std::uint32_t> max_tokens;  // the request's answer budget, when the client set one
+};
+
+// "" parses to an empty context. Every field is type-checked; errors name the field. A
+// treatment without a medium keeps the route's choice, without a span moves all of A's KV.
+[[nodiscard]] Result<RequestContext> parse_request_context(std::string_view params_json);
+// The kvrelay object as the front proxy injects it (empty fields left out).
+[[nodiscard]] nlohmann::json request_context_json(const RequestContext& context);
+[[nodiscard]] nlohmann::json treatment_json(const Treatment& treatment);
+// A treatment object of kv_transfer_params.kvrelay (a client's own, or the proxy's).
+[[nodiscard]] Result<Treatment> parse_treatment(const nlohmann::json& value);
+
+}  // namespace kvrelay::broker

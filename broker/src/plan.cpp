@@ -1,0 +1,184 @@
+#include "plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kv_media.h"
+
+namespace kvrelay::broker {
+
+namespace {
+
+// A delta fetch moves only the k blocks the peer adds, but joining them to the N held blocks
+// writes all N + k into a new entry (fresh memory), and a fetch has fixed costs that weigh more
+// at short lengths: with a local prefix in hand it pays only when the peer adds a good share.
+// Measured on the demo shape: without this rule a same-node hit fetched 32 MiB to save 16
+// tokens of prefill (before deltas); half keeps clear of that and of short-context losses.
+constexpr std::size_t kPeerFetchMinGainDivisor = 2;
+
+bool same_fingerprint(const Policy& policy, const RoutePolicy& route) {
+  const auto* from = policy.find_agent(route.from_agent);
+  const auto* to = policy.find_agent(route.to_agent);
+  return from != nullptr && to != nullptr && from->model.id() == to->model.id();
+}
+
+// Held entries are exact KV: serving one is what kv_raw over shared memory would deliver.
+bool allows_exact_kv(const RoutePolicy& route) {
+  const auto& allowed = route.allowed_media;
+  return allowed.empty() || std::find(allowed.begin(), allowed.end(), "kv_raw") != allowed.end() ||
+         std::find(allowed.begin(), allowed.end(), "kv_lossless") != allowed.end();
+}
+
+PlanStop stop_with(std::string outcome, ErrorCode code, std::string message) {
+  return PlanStop{std::move(outcome), Error{code, std::move(message)}};
+}
+
+}  // namespace
+
+const RoutePolicy* pick_route(const Policy& policy, const RequestContext& context) {
+  if (!context.route.empty()) return policy.find_route(context.route);
+  for (const auto& id : context.routes) {
+    if (const auto* route = policy.find_route(id)) return route;
+  }
+  if (context.agent.empty()) return nullptr;
+  for (const auto& route : policy.routes) {
+    if (route.to_agent == context.agent) return &route;
+  }
+  return nullptr;
+}
+
+MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
+                           std::uint64_t context_tokens, std::uint64_t held_tokens, const codec::CodecRegistry& codecs,
+                           EngineAdvisor& engine) {
+  MediumChoice choice;
+  if (route == nullptr) {
+    // A worker used without the front proxy (or a route-less agent): plain prefix reuse.
+    choice.medium = "kv_raw";
+    choice.source = "default";
+    choice.reason = "no route names this request; serving stored KV as is";
+    return choice;
+  }
+  const auto& treatment = context.treatment;
+  const bool treatment_decides = treatment && treatment->decides_medium();
+  const bool engine_decides = !(treatment && !treatment->medium.empty()) && !route->forced_medium;
+  decision::TransferShape shape;
+  shape.tokens = context_tokens;
+  shape.receiver_cached = held_tokens;
+  if (context.max_tokens) shape.expected_output_tokens = *context.max_tokens;
+  const auto decided = engine.advise(policy, *route, shape, engine_decides, choice.cost);
+  if (treatment_decides) {
+    choice.medium = treatment->delivered_medium();
+    choice.source = "treatment";
+    choice.reason = fmt::format("audit treatment {}", treatment->name);
+  } else if (route->forced_medium) {
+    choice.medium = *route->forced_medium;
+    choice.source = "forced";
+    choice.reason = fmt::format("route {} forces {}", route->id, *route->forced_medium);
+  } else if (decided) {
+    choice.medium = decided->medium;
+    choice.source = "engine";
+    choice.reason = decided->reason;
+    choice.serve_held_prefix = choice.medium == "tokens" && held_tokens > 0 && route->enabled &&
+                               same_fingerprint(policy, *route) && allows_exact_kv(*route);
+  } else {
+    choice.medium = "kv_raw";
+    choice.source = "default";
+    choice.reason = "decision engine unavailable";
+  }
+  if (choice.medium != "tokens") {
+    if (!route->enabled) {
+      choice.reason = fmt::format("route {} is disabled: tokens only (wanted {})", route->id, choice.medium);
+      choice.medium = "tokens";
+    } else if (!same_fingerprint(policy, *route)) {
+      choice.reason = fmt::format("model fingerprints of {} and {} differ: KV cannot move (wanted {})",
+                                  route->from_agent, route->to_agent, choice.medium);
+      choice.medium = "tokens";
+    } else if (!codec_for_medium(choice.medium)) {
+      choice.reason = fmt::format("{} cannot fill a prefix cache; tokens instead", choice.medium);
+      choice.medium = "tokens";
+    } else if (!codec::resolve_codec(codecs, *codec_for_medium(choice.medium))) {
+      // A treatment or a forced plugin medium whose codec this sidecar has not loaded.
+      choice.reason = fmt::format("codec of {} is not loaded here (GET /admin/codecs); tokens instead", choice.medium);
+      choice.medium = "tokens";
+    }
+  }
+  return choice;
+}
+
+Result<std::size_t> servable_blocks(const shm::ResolveRequest& request, const RequestContext& context) {
+  if (request.block_tokens == 0) return std::size_t{0};
+  std::size_t max_blocks =
+      request.prompt_tokens == 0
+          ? 0
+          : std::min<std::size_t>(request.block_hashes.size(),
+                                  static_cast<std::size_t>((request.prompt_tokens - 1) / request.block_tokens));
+  if (context.treatment && context.treatment->span == KvSpan::kPrompt) {
+    if (!context.treatment->prompt_tokens) {
+      return fail(ErrorCode::kInvalidArgument,
+                  "kv_transfer_params.kvrelay.treatment: span \"prompt\" needs prompt_tokens");
+    }
+    max_blocks = std::min<std::size_t>(max_blocks, *context.treatment->prompt_tokens / request.block_tokens);
+  }
+  return max_blocks;
+}
+
+LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
+  const auto& request = inputs.request;
+  LookupPlan plan;
+  plan.max_blocks = max_blocks;
+  plan.route = pick_route(inputs.policy, inputs.context);
+
+  // This node's store first: the longest exact chain prefix it holds (the engine prices only
+  // the rest); a longer lossy one only a lookup with the same lossy codec may use.
+  kv_store::PrefixQuery query{request.model_id, request.block_hashes, request.block_hashes.size(), request.block_tokens,
+                              kv_store::FidelityRule::exact_only()};
+  plan.held = kv_store::longest_held_prefix(inputs.store, query);
+  plan.choice =
+      choose_medium(inputs.policy, plan.route, inputs.context, max_blocks * request.block_tokens,
+                    std::min(plan.held.blocks, max_blocks) * request.block_tokens, inputs.codecs, inputs.engine);
+  const MediumChoice& choice = plan.choice;
+  if (choice.medium == "tokens" && !choice.serve_held_prefix) {
+    plan.stop = stop_with("tokens", ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));
+    return plan;
+  }
+  if (max_blocks == 0) {
+    plan.stop = stop_with("miss", ErrorCode::kNotFound, "prompt shorter than one block plus one token");
+    return plan;
+  }
+  // The held prefix under a tokens choice is served as stored: exact, no codec.
+  plan.codec = choice.serve_held_prefix ? std::string("raw") : *codec_for_medium(choice.medium);
+  plan.lossless = codec::fidelity_of(inputs.codecs, plan.codec).is_exact();
+  if (!plan.lossless && request.client_version < shm::kFidelityDataPlaneVersion) {
+    // The worker could not say that what it computes over lossy KV is lossy: it prefills.
+    plan.choice.reason = fmt::format("{}; but the worker's data plane (version {}) cannot carry lossy KV's fidelity",
+                                     choice.reason, request.client_version);
+    plan.stop =
+        stop_with("tokens", ErrorCode::kNotFound,
+                  fmt::format("medium {} is lossy and this client speaks data-plane version {} (lossy KV needs {})",
+                              choice.medium, request.client_version, shm::kFidelityDataPlaneVersion));
+    return plan;
+  }
+  if (!plan.lossless) {
+    // KV that already went through this codec (a push, say) is what this medium delivers.
+    query.fidelity = kv_store::FidelityRule::exact_or_lossy(plan.codec);
+    auto encoded = kv_store::longest_held_prefix(inputs.store, query);
+    if (encoded.blocks > plan.held.blocks && !encoded.entry->fidelity.is_exact()) {
+      plan.held = std::move(encoded);
+      plan.held_already_encoded = true;
+    }
+  }
+  const std::size_t held_blocks = std::min(plan.held.blocks, max_blocks);
+  const bool peer_gain_worth_it =
+      plan.held.blocks == 0 || (max_blocks - held_blocks) * kPeerFetchMinGainDivisor >= plan.held.blocks;
+  plan.ask_peers = held_blocks < max_blocks && plan.route != nullptr && peer_gain_worth_it &&
+                   !choice.serve_held_prefix && !inputs.policy.peers.empty() &&
+                   request.block_hashes.size() > plan.held.blocks;
+  if (!plan.held && !plan.ask_peers) {
+    plan.stop =
+        stop_with("miss", ErrorCode::kNotFound, "neither this sidecar nor its peers hold a prefix of this prompt");
+  }
+  return plan;
+}
+
+}  // namespace kvrelay::broker

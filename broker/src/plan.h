@@ -1,0 +1,82 @@
+#pragma once
+
+// Stage one of a lookup: what to serve, decided from the policy, the request's context and what
+// this node's store holds, with no I/O. The decision engine is reached through EngineAdvisor so
+// a plan can be made (and tested) without one.
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kvrelay/broker/engine_advisor.h"
+#include "kvrelay/broker/request_context.h"
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/policy.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/decision/decision_engine.h"
+#include "kvrelay/kv_store/entry_store.h"
+#include "kvrelay/kv_store/prefix_scan.h"
+#include "kvrelay/shm_transport/control_protocol.h"
+
+namespace kvrelay::broker {
+
+// Which medium carries a handoff, and why.
+struct MediumChoice {
+  std::string medium;
+  std::string source;  // treatment, forced, engine, default
+  std::string reason;
+  nlohmann::json cost;  // the engine's breakdown (chosen vs alternatives), null without a route
+  // The engine chose tokens for what the receiver lacks: the prefix this node already holds is
+  // still served (the engine priced tokens as a prefill of the missing part only).
+  bool serve_held_prefix = false;
+};
+
+// The route the request belongs to: the one it names, else the first of its candidates the
+// policy has, else the first into its agent; null when none.
+[[nodiscard]] const RoutePolicy* pick_route(const Policy& policy, const RequestContext& context);
+
+// `held_tokens`: the leading part of the context the receiver already holds.
+[[nodiscard]] MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
+                                         std::uint64_t context_tokens, std::uint64_t held_tokens,
+                                         const codec::CodecRegistry& codecs, EngineAdvisor& engine);
+
+// Why a lookup serves nothing: its outcome ("tokens", "miss") and the worker's error.
+struct PlanStop {
+  std::string outcome;
+  Error error;
+};
+
+struct LookupPlan {
+  const RoutePolicy* route = nullptr;
+  MediumChoice choice;
+  std::size_t max_blocks = 0;  // blocks that may be served
+  std::string codec;           // the medium's codec spec ("raw" for a held prefix under tokens)
+  bool lossless = true;
+  // The local prefix: served as it is, or joined to what peers add.
+  kv_store::HeldPrefix held;
+  bool held_already_encoded = false;  // lossy KV of the plan's codec: what the medium delivers
+  bool ask_peers = false;             // peers may add blocks after `held`
+  std::optional<PlanStop> stop;       // set when nothing is served
+};
+
+struct PlanInputs {
+  const Policy& policy;
+  const shm::ResolveRequest& request;
+  const RequestContext& context;
+  kv_store::EntryStore& store;
+  const codec::CodecRegistry& codecs;
+  EngineAdvisor& engine;
+};
+
+// The blocks a lookup may serve: never the whole prompt (its last token is prefilled for
+// logits), and for a "prompt" span treatment only the blocks inside A's prompt (an error when
+// the treatment does not say how long A's prompt was).
+[[nodiscard]] Result<std::size_t> servable_blocks(const shm::ResolveRequest& request, const RequestContext& context);
+
+// `max_blocks` from servable_blocks().
+[[nodiscard]] LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks);
+
+}  // namespace kvrelay::broker

@@ -1,0 +1,110 @@
+#include "kvrelay/broker/request_context.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "kvrelay/core/policy.h"
+
+namespace kvrelay::broker {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kMaxLabelText = 128;
+
+auto context_type_error(std::string_view field, std::string_view expected, const json& got) {
+  return fail(ErrorCode::kInvalidArgument,
+              fmt::format("kv_transfer_params.kvrelay.{}: expected {}, got {}", field, expected, got.dump()));
+}
+
+Status read_label(const json& object, std::string_view field, std::string& out) {
+  const auto it = object.find(field);
+  if (it == object.end() || it->is_null()) return ok();
+  if (!it->is_string()) return context_type_error(field, "a string", *it);
+  out = it->get<std::string>().substr(0, kMaxLabelText);
+  return ok();
+}
+
+}  // namespace
+
+Result<Treatment> parse_treatment(const json& value) {
+  if (!value.is_object()) return context_type_error("treatment", "an object", value);
+  Treatment treatment;
+  treatment.medium.clear();  // absent: the route's choice
+  treatment.span = KvSpan::kAll;
+  std::string span;
+  KVRELAY_TRY(read_label(value, "name", treatment.name));
+  KVRELAY_TRY(read_label(value, "medium", treatment.medium));
+  KVRELAY_TRY(read_label(value, "span", span));
+  if (!treatment.medium.empty() && !is_known_medium(treatment.medium)) {
+    return context_type_error("treatment.medium", "a medium name", value["medium"]);
+  }
+  if (!span.empty()) {
+    const auto parsed = parse_span(span);
+    if (!parsed) return context_type_error("treatment.span", "none, prompt, generated or all", value["span"]);
+    treatment.span = *parsed;
+  }
+  if (const auto it = value.find("prompt_tokens"); it != value.end() && !it->is_null()) {
+    if (!it->is_number_unsigned()) {
+      return context_type_error("treatment.prompt_tokens", "a non-negative integer", *it);
+    }
+    treatment.prompt_tokens = it->get<std::uint64_t>();
+  }
+  return treatment;
+}
+
+json treatment_json(const Treatment& treatment) {
+  json out{{"name", treatment.name}, {"medium", treatment.medium}, {"span", span_name(treatment.span)}};
+  if (treatment.prompt_tokens) out["prompt_tokens"] = *treatment.prompt_tokens;
+  return out;
+}
+
+Result<RequestContext> parse_request_context(std::string_view params_json) {
+  RequestContext context;
+  if (params_json.empty()) return context;
+  const json params = json::parse(params_json, nullptr, false);
+  if (params.is_discarded()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params.kvrelay is not valid JSON");
+  if (params.is_null()) return context;
+  if (!params.is_object()) return context_type_error("", "an object", params);
+  KVRELAY_TRY(read_label(params, "request_id", context.request_id));
+  KVRELAY_TRY(read_label(params, "agent", context.agent));
+  KVRELAY_TRY(read_label(params, "node", context.node));
+  KVRELAY_TRY(read_label(params, "route", context.route));
+  if (const auto it = params.find("routes"); it != params.end() && !it->is_null()) {
+    if (!it->is_array()) return context_type_error("routes", "an array of route ids", *it);
+    for (const auto& route : *it) {
+      if (!route.is_string()) return context_type_error("routes[]", "a route id", route);
+      context.routes.push_back(route.get<std::string>().substr(0, kMaxLabelText));
+    }
+  }
+  if (const auto it = params.find("max_tokens"); it != params.end() && !it->is_null()) {
+    if (!it->is_number_unsigned()) return context_type_error("max_tokens", "a non-negative integer", *it);
+    context.max_tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), UINT32_MAX));
+  }
+  if (const auto it = params.find("treatment"); it != params.end() && !it->is_null()) {
+    auto treatment = parse_treatment(*it);
+    if (!treatment) return treatment.error();
+    context.treatment = std::move(treatment).value();
+  }
+  return context;
+}
+
+json request_context_json(const RequestContext& context) {
+  json out = json::object();
+  const auto put = [&](const char* key, const std::string& value) {
+    if (!value.empty()) out[key] = value;
+  };
+  put("request_id", context.request_id);
+  put("agent", context.agent);
+  put("node", context.node);
+  put("route", context.route);
+  if (!context.routes.empty()) out["routes"] = context.routes;
+  if (context.treatment) out["treatment"] = treatment_json(*context.treatment);
+  if (context.max_tokens) out["max_tokens"] = *context.max_tokens;
+  return out;
+}
+
+}  // namespace kvrelay::broker

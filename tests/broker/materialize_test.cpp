@@ -1,0 +1,60 @@
+// The materialize stage: slices to the servable blocks and the codec round trip of a lossy
+// medium on one node.
+
+#include "materialize.h"
+
+#include <catch2/catch.hpp>
+
+#include "kvrelay/codec_plugins/registry.h"
+
+#include "kv_media.h"
+#include "stage_fixture.h"
+
+using namespace kvrelay;
+using namespace kvrelay::broker;
+using namespace kvrelay::broker::stage_testing;
+
+TEST_CASE("materialize: an entry longer than the servable blocks is sliced", "[broker][materialize]") {
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  const std::string codec = "raw";
+  auto served = entry_to_serve({codecs, tiny_entry(3 * kBlockTokens), 3, 2, kBlockTokens, codec, false, 1 << 20});
+  REQUIRE(served);
+  CHECK(served.value().blocks == 2);
+  CHECK(served.value().entry->info.layout.tokens == 2 * kBlockTokens);
+  CHECK_FALSE(served.value().round_trip);
+  CHECK(served.value().entry->fidelity.is_exact());
+
+  const auto whole = tiny_entry(2 * kBlockTokens);
+  auto kept = entry_to_serve({codecs, whole, 2, 4, kBlockTokens, codec, false, 1 << 20});
+  REQUIRE(kept);
+  CHECK(kept.value().entry == whole);  // nothing to cut: the same entry
+}
+
+TEST_CASE("materialize: a lossy medium's round trip delivers what the codec delivers", "[broker][materialize]") {
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  const std::string codec = "int8";
+  auto served = entry_to_serve({codecs, tiny_entry(2 * kBlockTokens), 2, 2, kBlockTokens, codec, true, 1 << 20});
+  REQUIRE(served);
+  REQUIRE(served.value().round_trip);
+  CHECK(served.value().round_trip->frame_bytes > 0);
+  CHECK(served.value().entry->fidelity.lossy_codec == "int8");
+  CHECK(served.value().entry->info.layout.tokens == 2 * kBlockTokens);
+}
+
+TEST_CASE("materialize: a frame that does not cover its blocks is refused", "[broker][materialize]") {
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  const auto frame = encode_entry(codecs, "raw", *tiny_entry(kBlockTokens));
+  REQUIRE(frame);
+  WarmBufferPool buffers(2, 1 << 20);
+  const std::string asked = "raw";
+  const auto held = tiny_entry(kBlockTokens);
+  auto short_frame =
+      entry_from_frame({codecs, frame.value(), held.get(), 3 * kBlockTokens, asked, true, 1 << 20, buffers, nullptr});
+  REQUIRE_FALSE(short_frame);
+  CHECK(short_frame.error().message == "entry does not cover its blocks");
+  auto joined =
+      entry_from_frame({codecs, frame.value(), held.get(), 2 * kBlockTokens, asked, true, 1 << 20, buffers, nullptr});
+  REQUIRE(joined);
+  CHECK(joined.value().entry->info.layout.tokens == 2 * kBlockTokens);
+  CHECK(joined.value().raw_bytes == tiny_layout(kBlockTokens).total_bytes().value());
+}

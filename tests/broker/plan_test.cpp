@@ -1,0 +1,158 @@
+// The plan stage on its own: a store, a policy and a fixed engine in, a plan out, no I/O.
+
+#include "plan.h"
+
+#include <catch2/catch.hpp>
+
+#include "kvrelay/codec_plugins/registry.h"
+
+#include "stage_fixture.h"
+
+using namespace kvrelay;
+using namespace kvrelay::broker;
+using namespace kvrelay::broker::stage_testing;
+
+namespace {
+
+struct PlanBench {
+  explicit PlanBench(const std::string& route_extra = "", std::string engine_medium = "kv_raw")
+      : policy(parsed_policy(route_extra)), engine(std::move(engine_medium)) {}
+  std::uint64_t model_id() const { return policy.agents[0].model.id(); }
+  LookupPlan plan(const shm::ResolveRequest& request) {
+    auto parsed = parse_request_context(request.params_json);
+    REQUIRE(parsed);
+    context = parsed.value();
+    auto blocks = servable_blocks(request, context);
+    REQUIRE(blocks);
+    return plan_lookup({policy, request, context, store, codecs, engine}, blocks.value());
+  }
+  Policy policy;
+  FixedEngine engine;
+  kv_store::InMemoryEntryStore store{1 << 20};
+  codec::CodecRegistry codecs = codec::CodecRegistry::with_builtins();
+  RequestContext context;
+};
+
+constexpr const char* kToCoder = R"({"agent": "coder", "request_id": "r1"})";
+
+}  // namespace
+
+TEST_CASE("plan: the longest exact held prefix is served, and only the blocks the prompt allows", "[broker][plan]") {
+  PlanBench bench;
+  REQUIRE(bench.store.put({bench.model_id(), 1001}, tiny_entry(2 * kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), 1002}, tiny_entry(3 * kBlockTokens)));
+  // 3 blocks held, but a 40-token prompt may take only 2 (its last token is prefilled).
+  const auto plan = bench.plan(lookup_of(bench.model_id(), 3, 40, kToCoder));
+  REQUIRE_FALSE(plan.stop);
+  CHECK(plan.route != nullptr);
+  CHECK(plan.choice.medium == "kv_raw");
+  CHECK(plan.choice.source == "engine");
+  CHECK(plan.held.blocks == 3);
+  CHECK(plan.max_blocks == 2);
+  CHECK(plan.codec == "raw");
+  CHECK(plan.lossless);
+  CHECK_FALSE(plan.ask_peers);  // held covers what may be served
+  CHECK(bench.engine.last_shape.receiver_cached == 2 * kBlockTokens);
+  CHECK(bench.engine.commits == 1);
+}
+
+TEST_CASE("plan: a treatment decides the medium, and span none is a tokens stop", "[broker][plan]") {
+  PlanBench bench;
+  const auto tokens =
+      bench.plan(lookup_of(bench.model_id(), 3, 60,
+                           R"({"agent": "coder", "treatment": {"name": "T0", "medium": "tokens", "span": "none"}})"));
+  REQUIRE(tokens.stop);
+  CHECK(tokens.stop->outcome == "tokens");
+  CHECK(tokens.choice.source == "treatment");
+  CHECK(bench.engine.commits == 0);  // priced, not decided
+  CHECK(bench.engine.calls == 1);
+
+  const auto int8 =
+      bench.plan(lookup_of(bench.model_id(), 3, 60,
+                           R"({"agent": "coder", "treatment": {"name": "T3", "medium": "kv_int8", "span": "all"}})"));
+  CHECK(int8.choice.medium == "kv_int8");
+  CHECK(int8.codec == "int8");
+  CHECK_FALSE(int8.lossless);
+  CHECK_FALSE(int8.stop);
+  CHECK(int8.ask_peers);  // nothing held here: the peer may hold it
+}
+
+TEST_CASE("plan: a lossy held prefix serves only a lookup with the same codec", "[broker][plan]") {
+  PlanBench bench("", "kv_int8");
+  REQUIRE(bench.store.put({bench.model_id(), 1000}, tiny_entry(kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), 1002}, tiny_entry(3 * kBlockTokens, Fidelity::lossy("int8"))));
+  const auto same = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
+  CHECK(same.held.blocks == 3);
+  CHECK(same.held_already_encoded);
+
+  PlanBench other("", "kv_int4");
+  REQUIRE(other.store.put({other.model_id(), 1000}, tiny_entry(kBlockTokens)));
+  REQUIRE(other.store.put({other.model_id(), 1002}, tiny_entry(3 * kBlockTokens, Fidelity::lossy("int8"))));
+  const auto different = other.plan(lookup_of(other.model_id(), 4, 70, kToCoder));
+  CHECK(different.held.blocks == 1);
+  CHECK_FALSE(different.held_already_encoded);
+}
+
+TEST_CASE("plan: what asks peers, and what stops", "[broker][plan]") {
+  PlanBench bench;
+  // Nothing held, a route and a peer: ask.
+  const auto empty = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
+  CHECK_FALSE(empty.stop);
+  CHECK(empty.ask_peers);
+  // Three of four blocks held: the peer would add too little for the join.
+  REQUIRE(bench.store.put({bench.model_id(), 1002}, tiny_entry(3 * kBlockTokens)));
+  const auto mostly = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
+  CHECK_FALSE(mostly.ask_peers);
+  CHECK(mostly.held.blocks == 3);
+  // No route: served as stored, never fetched.
+  const auto routeless = bench.plan(lookup_of(bench.model_id(), 4, 70));
+  CHECK(routeless.route == nullptr);
+  CHECK(routeless.choice.source == "default");
+  CHECK_FALSE(routeless.ask_peers);
+  // A prompt of one block serves nothing.
+  const auto short_prompt = bench.plan(lookup_of(bench.model_id(), 1, 16, kToCoder));
+  REQUIRE(short_prompt.stop);
+  CHECK(short_prompt.stop->outcome == "miss");
+}
+
+TEST_CASE("plan: routes that cannot move KV fall back to tokens", "[broker][plan]") {
+  PlanBench disabled(R"(, "enabled": false)");
+  const auto off = disabled.plan(lookup_of(disabled.model_id(), 3, 60, kToCoder));
+  REQUIRE(off.stop);
+  CHECK(off.choice.medium == "tokens");
+  CHECK(off.choice.reason.find("disabled") != std::string::npos);
+
+  PlanBench forced(R"(, "forced_medium": "kv_int4")");
+  const auto int4 = forced.plan(lookup_of(forced.model_id(), 3, 60, kToCoder));
+  CHECK(int4.choice.source == "forced");
+  CHECK(int4.codec == "int4");
+
+  // An old worker cannot carry lossy KV's fidelity: it prefills.
+  auto old_client = lookup_of(forced.model_id(), 3, 60, kToCoder);
+  old_client.client_version = shm::kFidelityDataPlaneVersion - 1;
+  const auto refused = forced.plan(old_client);
+  REQUIRE(refused.stop);
+  CHECK(refused.stop->outcome == "tokens");
+  CHECK(refused.choice.reason.find("data plane") != std::string::npos);
+}
+
+TEST_CASE("plan: the engine's tokens still serves the exact held prefix", "[broker][plan]") {
+  PlanBench bench("", "tokens");
+  REQUIRE(bench.store.put({bench.model_id(), 1001}, tiny_entry(2 * kBlockTokens)));
+  const auto plan = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
+  REQUIRE_FALSE(plan.stop);
+  CHECK(plan.choice.serve_held_prefix);
+  CHECK(plan.codec == "raw");
+  CHECK_FALSE(plan.ask_peers);
+}
+
+TEST_CASE("plan: span prompt needs A's prompt length and caps the servable blocks", "[broker][plan]") {
+  RequestContext context;
+  context.treatment = Treatment{"T1", "kv_raw", KvSpan::kPrompt, std::nullopt};
+  const auto request = lookup_of(1, 4, 70);
+  CHECK_FALSE(servable_blocks(request, context));
+  context.treatment->prompt_tokens = 35;
+  CHECK(servable_blocks(request, context).value() == 2);
+  context.treatment.reset();
+  CHECK(servable_blocks(request, context).value() == 4);
+}

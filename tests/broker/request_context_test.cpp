@@ -1,0 +1,52 @@
+// kv_transfer_params.kvrelay: what the front proxy writes is what the KV path reads.
+
+#include "kvrelay/broker/request_context.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using namespace kvrelay;
+using namespace kvrelay::broker;
+
+TEST_CASE("request context: written by the front proxy, read back by the KV path", "[broker][context]") {
+  RequestContext context;
+  context.request_id = "r-1";
+  context.agent = "coder";
+  context.node = "node-a";
+  context.routes = {"plan-code"};
+  context.treatment = Treatment{"T1", "kv_int8", KvSpan::kPrompt, 48};
+  context.max_tokens = 64;
+  const auto parsed = parse_request_context(request_context_json(context).dump());
+  REQUIRE(parsed);
+  CHECK(parsed.value().request_id == "r-1");
+  CHECK(parsed.value().node == "node-a");
+  CHECK(parsed.value().routes == context.routes);
+  CHECK(parsed.value().treatment == context.treatment);
+  CHECK(parsed.value().max_tokens == 64U);
+}
+
+TEST_CASE("request context: fields are type-checked and a bare treatment keeps the route's medium",
+          "[broker][context]") {
+  CHECK(parse_request_context("").value().agent.empty());
+  CHECK(parse_request_context("null").has_value());
+  CHECK_FALSE(parse_request_context("{"));
+  CHECK(parse_request_context(R"({"agent": 3})").error().message.find("agent") != std::string::npos);
+  CHECK_FALSE(parse_request_context(R"({"treatment": {"span": "half"}})"));
+  CHECK_FALSE(parse_request_context(R"({"treatment": {"medium": "carrier-pigeon"}})"));
+  CHECK_FALSE(parse_request_context(R"({"max_tokens": -1})"));
+  const auto bare = parse_request_context(R"({"treatment": {"name": "T3"}})");
+  REQUIRE(bare);
+  CHECK(bare.value().treatment->medium.empty());
+  CHECK(bare.value().treatment->span == KvSpan::kAll);
+  CHECK_FALSE(bare.value().treatment->decides_medium());
+  const auto none = parse_request_context(R"({"treatment": {"name": "T0", "span": "none"}})");
+  CHECK(none.value().treatment->decides_medium());
+  CHECK(none.value().treatment->delivered_medium() == "tokens");
+}
+
+TEST_CASE("treatment spans have one name each", "[broker][context]") {
+  for (const auto span : {KvSpan::kNone, KvSpan::kPrompt, KvSpan::kGenerated, KvSpan::kAll}) {
+    CHECK(parse_span(span_name(span)) == span);
+  }
+  CHECK_FALSE(parse_span(""));
+}
