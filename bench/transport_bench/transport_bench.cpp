@@ -462,9 +462,9 @@ std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegist
   return sample;
 }
 
-json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::optional<std::uint64_t> peer_buffer_bytes) {
+json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint64_t peer_buffer_bytes) {
   json limits{{"shm_arena_bytes", arena_bytes}, {"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
-  if (peer_buffer_bytes) limits["peer_buffer_bytes"] = *peer_buffer_bytes;
+  if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
   if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
   return {{"schema_version", 1},
           {"node", {{"id", "kv-holder"}}},
@@ -474,9 +474,9 @@ json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::optio
           {"logging", {{"level", "warn"}}}};
 }
 
-json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::optional<std::uint64_t> peer_buffer_bytes) {
+json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::uint64_t peer_buffer_bytes) {
   json limits{{"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
-  if (peer_buffer_bytes) limits["peer_buffer_bytes"] = *peer_buffer_bytes;
+  if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
   if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
   return {{"schema_version", 1},
           {"node", {{"id", "kv-fetcher"}}},
@@ -489,7 +489,7 @@ json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::option
 // Starts the holder for `run.strategy` ("" = the field left out: the daemon's default), publishes
 // one entry of each size through its data plane, and builds the fetching side. `run.error` on failure.
 void start_strategy(StrategyRun& run, const std::string& binary, const std::vector<std::size_t>& sizes,
-                    const std::vector<std::byte>& payload, std::optional<std::uint64_t> peer_buffer_bytes) {
+                    const std::vector<std::byte>& payload, std::uint64_t peer_buffer_bytes) {
   std::uint64_t total = 0;
   for (const std::size_t bytes : sizes)
     total += bytes;
@@ -635,8 +635,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::filesystem::path base_dir = dir_template;
-  const std::optional<std::uint64_t> peer_buffer_bytes =
-      peer_buffer_mib > 0 ? std::optional<std::uint64_t>(peer_buffer_mib * kMiB) : std::nullopt;
+  const std::uint64_t peer_buffer_bytes = peer_buffer_mib * kMiB;  // 0: left out of the policies
   std::vector<std::string> wanted =
       memory_strategy == "both" ? std::vector<std::string>{"portable", "prefault"} : std::vector{memory_strategy};
   std::vector<std::unique_ptr<StrategyRun>> runs;
