@@ -1,44 +1,68 @@
-// transport_bench: throughput and latency of kvrelay's transports next to their physical
-// limits measured in the same run (memcpy for shared memory, a plain blocking loopback TCP
-// socket pair for the peer plane). Prints one JSON object.
+// transport_bench: kvrelay's transports on the paths the product runs, each next to its physical
+// limit measured in the same run, alternating run by run. Prints one JSON object.
+//
+// - KV fetch across nodes: a real `kvrelay serve` daemon (a child process) holds the KV, published
+//   into its store through its shared-memory socket; this process fetches it as a sidecar's broker
+//   does on a handoff (broker::PeerLinks::fetch over TCP, then codec::decode_frame_view, into the
+//   links' warm buffers), alternating with a plain loopback socket pair moving the same bytes into
+//   a warm buffer (the physical peer). `kv_fetch_vs_raw_tcp_paired`: raw time / fetch time per pair.
+// - Worker data plane: ShmClient::publish / commit in place against memcpy, small ring messages.
+//
+// bench/transport_bench/README.md describes every field.
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
-#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "kvrelay/audit/statistics.h"
-#include "kvrelay/peer/peer_client.h"
-#include "kvrelay/peer/peer_server.h"
-#include "kvrelay/shm_transport/client.h"
+#include "kvrelay/broker/peer_links.h"
+#include "kvrelay/broker/policy_source.h"
+#include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/metrics.h"
+#include "kvrelay/core/policy.h"
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/server.h"
 
 #include "common/spread_json.h"
+
+#ifndef KVRELAY_BENCH_DAEMON_BINARY
+#define KVRELAY_BENCH_DAEMON_BINARY "kvrelay"
+#endif
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace kvrelay;
+using json = nlohmann::json;
 
 constexpr std::size_t kMiB = 1U << 20;
-int kRepeats = 3;  // --repeats
+int kRepeats = 15;  // --repeats
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -46,27 +70,13 @@ double seconds_since(Clock::time_point start) {
 double gbps(std::size_t bytes, double seconds) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
-
-// --pin: the sending thread on one CPU and the receiving thread on another, for the raw
-// baseline and the peer plane alike. A diagnostic: in a few unpinned runs the peer plane ran at
-// a fifth of its speed for seconds while the raw baseline (a new receiving thread per run) did
-// not, and the suspect is the scheduler keeping the two long-lived threads on one CPU.
-bool pin_threads = false;
-// --serial-in-place-commit: hash, then commit (the sidecar checks only after), as before session 20.
-bool serial_in_place_commit = false;
-// --rotate-source: each TCP run (raw and peer alike) sends the next stretch of the 256 MiB payload.
-bool rotate_source = false;
-constexpr int kSenderCpu = 0;
-constexpr int kReceiverCpu = 1;
-
-void pin_this_thread(int cpu) {
-  if (!pin_threads || cpu >= static_cast<int>(std::thread::hardware_concurrency())) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(static_cast<std::size_t>(cpu), &set);
-  (void)::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set);
+double millis(std::chrono::microseconds duration) {
+  return static_cast<double>(duration.count()) / 1e3;
 }
 
+// KV as a model writes it: fp16 values of moderate magnitude (random sign and mantissa, exponent
+// within a few binades), so the lossless codec sees what it would see, not incompressible noise
+// or zeros. Raw fetches move the bytes as they are either way.
 std::vector<std::byte> make_payload(std::size_t size) {
   std::vector<std::byte> bytes(size);
   std::uint64_t state = 88172645463325252ULL;
@@ -74,54 +84,50 @@ std::vector<std::byte> make_payload(std::size_t size) {
     state ^= state << 13;
     state ^= state >> 7;
     state ^= state << 17;
-    std::memcpy(bytes.data() + offset, &state, 8);
+    std::uint64_t halves = 0;
+    for (int lane = 0; lane < 4; ++lane) {
+      const auto bits = static_cast<std::uint16_t>(state >> (16 * lane));
+      const auto exponent = static_cast<std::uint16_t>(11 + (bits >> 10) % 5);  // 2^-4 .. 2^0
+      const auto half = static_cast<std::uint16_t>((bits & 0x8000U) | (exponent << 10) | (bits & 0x3FFU));
+      halves |= static_cast<std::uint64_t>(half) << (16 * lane);
+    }
+    std::memcpy(bytes.data() + offset, &halves, 8);
   }
   return bytes;
 }
 
-// memcpy into a fresh memfd through a new mapping, best of kRepeats. `written_before`: the pages
-// were already written once through another mapping, since unmapped.
-double bench_memcpy_new_mapping(const std::vector<std::byte>& source, bool written_before) {
+// A KV layout of a real model: Llama-3-8B's (32 layers, 8 KV heads of 128, fp16): 128 KiB per token,
+// so 16 MiB is 128 tokens and 256 MiB 2048.
+KvLayout kv_layout_for(std::size_t bytes) {
+  KvLayout layout;
+  layout.layers = 32;
+  layout.kv_heads = 8;
+  layout.head_dim = 128;
+  layout.dtype = DType::kFloat16;
+  layout.tokens = bytes / (2ULL * 32 * 8 * 128 * 2);
+  return layout;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Physical limits.
+
+double bench_memcpy(const std::vector<std::byte>& source) {
+  std::vector<std::byte> destination(source.size());
+  std::memcpy(destination.data(), source.data(), source.size());  // fault the pages in first
   double best = 0;
-  for (int repeat = 0; repeat < kRepeats; ++repeat) {
-    auto memfd = kv_store::create_sealed_memfd("bench", source.size());
-    if (!memfd) return 0;
-    if (written_before) {
-      auto first = kv_store::Mapping::map(memfd.value().get(), source.size(), true);
-      if (!first) return 0;
-      std::memset(first.value().data(), 0, source.size());
-    }
+  for (int repeat = 0; repeat < std::min(kRepeats, 5); ++repeat) {
     const auto start = Clock::now();
-    auto mapping = kv_store::Mapping::map(memfd.value().get(), source.size(), true);
-    if (!mapping) return 0;
-    std::memcpy(mapping.value().data(), source.data(), source.size());
+    std::memcpy(destination.data(), source.data(), source.size());
     best = std::max(best, gbps(source.size(), seconds_since(start)));
   }
   return best;
 }
 
-// Pages never touched before (a fresh memfd, as a publish gets): the limit for writing a new
-// entry, first-touch costs included.
-double bench_memcpy_fresh(const std::vector<std::byte>& source) {
-  return bench_memcpy_new_mapping(source, false);
-}
-
-// Pages already written once, through a new mapping of them: what a segment handed over from
-// another process costs when allocation is free. On hosts whose virtualisation builds page tables
-// lazily (nested or shadow paging) this is close to the fresh case — the cost is per page per new
-// mapping, not per allocation — which is why a pool of pre-allocated segments does not help there
-// (tried 2026-11-29; see docs/transports.md).
-double bench_memcpy_remapped(const std::vector<std::byte>& source) {
-  return bench_memcpy_new_mapping(source, true);
-}
-
-// pwrite into a fresh memfd from a warm buffer: the kernel copies through its own permanent
-// mapping, so no user page tables are built. This is how the peer receiver and
-// ShmClient::publish fill new segments, and the limit for both on hosts where new mappings are
-// expensive.
+// pwrite into a fresh memfd from a warm buffer: how ShmClient::publish fills a sealed segment
+// (sidecars without an arena, or an arena that is full), and so that path's limit.
 double bench_memfd_write(const std::vector<std::byte>& source) {
   double best = 0;
-  for (int repeat = 0; repeat < kRepeats; ++repeat) {
+  for (int repeat = 0; repeat < std::min(kRepeats, 3); ++repeat) {
     const auto start = Clock::now();
     auto memfd = kv_store::create_sealed_memfd_to_fill("bench", source.size());
     if (!memfd) return 0;
@@ -131,92 +137,86 @@ double bench_memfd_write(const std::vector<std::byte>& source) {
   return best;
 }
 
-double bench_memcpy(const std::vector<std::byte>& source) {
-  std::vector<std::byte> destination(source.size());
-  std::memcpy(destination.data(), source.data(), source.size());  // fault the pages in first
-  double best = 0;
-  // A warm copy's best settles within a few runs; more would only lengthen --repeats runs.
-  for (int repeat = 0; repeat < std::min(kRepeats, 5); ++repeat) {
-    const auto start = Clock::now();
-    std::memcpy(destination.data(), source.data(), source.size());
-    best = std::max(best, gbps(source.size(), seconds_since(start)));
-  }
-  return best;
-}
-
-// A plain blocking socket pair over loopback: the ceiling for the peer plane. With
-// `rotate_sink` each run lands in the next of several destinations spanning more than the
-// last-level cache, as a receiving store does (its entries stay, so each transfer goes to memory
-// it has not just written); otherwise every run rewrites one destination, which stays cached
-// below the cache's size. Each run opens a connection (not timed).
-class RawTcpBaseline {
+// A plain blocking loopback socket pair on one kept connection: a thread of its own reads each
+// transfer (an 8-byte length, then the bytes) into one warm buffer and answers one byte; the
+// caller writes from memory. The physical peer for the fetch.
+class RawTcpPair {
  public:
-  RawTcpBaseline(std::size_t size, bool rotate_sink)
-      : size_(size),
-        slots_(rotate_sink ? std::max<std::size_t>(1, kRotationBytes / size) : 1),
-        sink_(slots_ * size, std::byte{1}) {
-    // Touched from user and kernel mode, as the daemon's arena warmer does: measure the socket,
-    // not page faults.
+  explicit RawTcpPair(std::size_t max_bytes) : sink_(max_bytes, std::byte{1}) {
+    // Touched from user and kernel mode, as a receive buffer that has been used before is.
     (void)kv_store::touch_pages_for_kernel_write(sink_, nullptr);
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    address_.sin_family = AF_INET;
-    address_.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address_);
-    ::bind(listener_, reinterpret_cast<sockaddr*>(&address_), sizeof(address_));
-    ::listen(listener_, 1);
-    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address_), &length);
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    ::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    ::listen(listener, 1);
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+    sender_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(sender_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) return;
+    receiver_socket_ = ::accept(listener, nullptr, nullptr);
+    ::close(listener);
+    const int one = 1;
+    ::setsockopt(sender_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::setsockopt(receiver_socket_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    receiver_ = std::thread([this] { receive_loop(); });
   }
-  RawTcpBaseline(const RawTcpBaseline&) = delete;
-  RawTcpBaseline& operator=(const RawTcpBaseline&) = delete;
-  ~RawTcpBaseline() { ::close(listener_); }
+  RawTcpPair(const RawTcpPair&) = delete;
+  RawTcpPair& operator=(const RawTcpPair&) = delete;
+  ~RawTcpPair() {
+    ::shutdown(sender_, SHUT_RDWR);
+    if (receiver_.joinable()) receiver_.join();
+    ::close(sender_);
+    ::close(receiver_socket_);
+  }
 
-  // One transfer of `size` bytes of `payload`; GB/s until the receiver's one-byte answer.
-  // `source`: the first `size` bytes are sent.
-  double once(const std::byte* source) {
-    std::byte* destination = sink_.data() + runs_++ % slots_ * size_;
-    std::thread receiver([&] {
-      pin_this_thread(kReceiverCpu);
-      const int connection = ::accept(listener_, nullptr, nullptr);
-      std::size_t got = 0;
-      while (got < size_) {
-        const auto n = ::recv(connection, destination + got, size_ - got, 0);
-        if (n <= 0) break;
-        got += static_cast<std::size_t>(n);
-      }
-      const char done = 'k';
-      (void)::send(connection, &done, 1, 0);
-      ::close(connection);
-    });
-    const int sender = ::socket(AF_INET, SOCK_STREAM, 0);
-    ::connect(sender, reinterpret_cast<sockaddr*>(&address_), sizeof(address_));
+  // Seconds from the first byte written to the receiver's answer; 0 on failure.
+  double once(const std::byte* source, std::size_t size) {
     const auto start = Clock::now();
-    std::size_t sent = 0;
-    while (sent < size_) {
-      const auto n = ::send(sender, source + sent, std::min(kMiB, size_ - sent), 0);
-      if (n <= 0) break;
-      sent += static_cast<std::size_t>(n);
-    }
+    const std::uint64_t header = size;
+    if (!send_all(sender_, reinterpret_cast<const std::byte*>(&header), sizeof(header))) return 0;
+    if (!send_all(sender_, source, size)) return 0;
     char done = 0;
-    (void)::recv(sender, &done, 1, 0);
-    const double result = gbps(size_, seconds_since(start));
-    ::close(sender);
-    receiver.join();
-    return result;
+    if (::recv(sender_, &done, 1, MSG_WAITALL) != 1) return 0;
+    return seconds_since(start);
   }
 
  private:
-  static constexpr std::size_t kRotationBytes = 96 * kMiB;  // above this VM's 32 MiB of L3 per CCD
-  std::size_t size_;
-  std::size_t slots_;
+  static bool send_all(int socket, const std::byte* bytes, std::size_t size) {
+    for (std::size_t sent = 0; sent < size;) {
+      const auto n = ::send(socket, bytes + sent, size - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+  void receive_loop() {
+    while (true) {
+      std::uint64_t size = 0;
+      if (::recv(receiver_socket_, &size, sizeof(size), MSG_WAITALL) != sizeof(size)) return;
+      if (size > sink_.size()) return;
+      for (std::size_t got = 0; got < size;) {
+        const auto n = ::recv(receiver_socket_, sink_.data() + got, size - got, 0);
+        if (n <= 0) return;
+        got += static_cast<std::size_t>(n);
+      }
+      const char done = 'k';
+      if (::send(receiver_socket_, &done, 1, MSG_NOSIGNAL) != 1) return;
+    }
+  }
+
   std::vector<std::byte> sink_;
-  std::size_t runs_ = 0;
-  int listener_ = -1;
-  sockaddr_in address_{};
+  int sender_ = -1;
+  int receiver_socket_ = -1;
+  std::thread receiver_;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Worker data plane (in-process ShmServer, the daemon's data-plane class).
 
 struct ShmResults {
   double publish_gbps = 0;
-  // Each run against a memcpy of the same bytes just before it (arena only).
   std::vector<double> publish_vs_memcpy_paired;
   std::vector<double> commit_in_place_vs_memcpy_paired;
   double commit_in_place_gbps = 0;
@@ -227,8 +227,8 @@ struct ShmResults {
 
 // Client writes + commits, until the sidecar has validated the entry and can hand it out.
 // `arena_bytes` > 0: entries go into the sidecar's arena (the default); 0: one sealed memfd per
-// entry. With an arena the first publish touches its pages and later ones reuse them (the
-// store keeps two entries, so the third publish reuses the first one's block).
+// entry. With an arena the first publishes touch its pages and later ones reuse them (the store
+// keeps two entries, so the third publish reuses the first one's block).
 ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_bytes, bool small_messages) {
   ShmResults results;
   const std::string path = "/tmp/kvrelay-transport-bench-" + std::to_string(::getpid()) + ".sock";
@@ -244,12 +244,9 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
   server.value()->start();
   auto client = shm::ShmClient::connect(path);
   if (!client) return results;
-  // With an arena, the first publishes write pages this process (and the sidecar) never wrote
-  // before; once every block has been used once, publishes run as in a long-lived worker.
   const int warm_up = arena_bytes > 0 ? static_cast<int>((arena_bytes + payload.size() - 1) / payload.size()) : 0;
-  // With an arena each measured publish is paired with a memcpy of the same bytes into a warm
-  // buffer run just before it, so the ratio's two sides see the same moment of the host; three
-  // times --repeats pairs give the median something to stand on.
+  // Each measured arena publish is paired with a memcpy of the same bytes into a warm buffer run
+  // just before it, so the ratio's two sides see the same moment of the host.
   std::vector<std::byte> copy_sink(arena_bytes > 0 ? payload.size() : 0);
   std::memcpy(copy_sink.data(), payload.data(), copy_sink.size());
   const auto memcpy_gbps_now = [&] {
@@ -257,7 +254,7 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
     std::memcpy(copy_sink.data(), payload.data(), copy_sink.size());
     return gbps(copy_sink.size(), seconds_since(start));
   };
-  const int measured = arena_bytes > 0 ? 3 * kRepeats : kRepeats;
+  const int measured = arena_bytes > 0 ? kRepeats : std::min(kRepeats, 3);
   for (int repeat = 0; repeat < warm_up + measured; ++repeat) {
     const double copy_gbps = repeat >= warm_up && arena_bytes > 0 ? memcpy_gbps_now() : 0.0;
     const auto start = Clock::now();
@@ -273,9 +270,8 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
     std::fprintf(stderr, "arena publish fell back to sealed segments\n");
     results.publish_gbps = 0;
   }
-  // An engine that writes its KV straight into the region (allocate, write, commit) pays only
-  // the commit: its checksum pass, with the sidecar's check running alongside (commit_written).
-  // The write is the engine's own.
+  // An engine that writes its KV straight into the region (allocate, write, commit_written) pays
+  // only the commit: its checksum pass, with the sidecar's check running alongside.
   for (int repeat = 0; arena_bytes > 0 && repeat < measured; ++repeat) {
     auto region = client.value().allocate(payload.size());
     if (!region || !region.value().in_arena()) break;
@@ -283,13 +279,7 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
     const double copy_gbps = memcpy_gbps_now();
     const auto start = Clock::now();
     const kv_store::EntryKey key{2, static_cast<std::uint64_t>(repeat)};
-    Status committed = ok();
-    if (serial_in_place_commit) {
-      const auto checksum = shm::checksum_bytes(region.value().bytes());
-      committed = client.value().commit(std::move(region).value(), key, KvLayout{}, checksum);
-    } else {
-      committed = client.value().commit_written(std::move(region).value(), key, KvLayout{});
-    }
+    const Status committed = client.value().commit_written(std::move(region).value(), key, KvLayout{});
     const double seconds = seconds_since(start);
     if (!committed) break;
     results.commit_in_place_gbps = std::max(results.commit_in_place_gbps, gbps(payload.size(), seconds));
@@ -316,23 +306,243 @@ ShmResults bench_shm(const std::vector<std::byte>& payload, std::uint64_t arena_
   return results;
 }
 
-// One peer-plane transfer of `size` bytes over `client`'s connection; GB/s until Committed.
-double tcp_transfer_once(peer::PeerClient& client, const std::byte* source, std::size_t size,
-                         std::uint64_t& transfer_id) {
-  const auto start = Clock::now();
-  auto sent = client.send(++transfer_id, {2, transfer_id}, KvLayout{}, std::span(source, size));
-  const double seconds = seconds_since(start);
-  if (!sent) {
-    std::fprintf(stderr, "tcp transfer: %s\n", sent.error().to_string().c_str());
-    return 0;
-  }
-  return gbps(size, seconds);
+// ---------------------------------------------------------------------------------------------
+// KV fetch through a real daemon.
+
+// The policy the fetching side's broker reads, fixed for the run.
+class FixedPolicy final : public broker::PolicySource {
+ public:
+  explicit FixedPolicy(Policy policy) : policy_(std::make_shared<const Policy>(std::move(policy))) {}
+  [[nodiscard]] std::shared_ptr<const Policy> current() const override { return policy_; }
+  void set_engine_observer(EngineObserver /*observer*/) override {}
+
+ private:
+  std::shared_ptr<const Policy> policy_;
+};
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
-// Runs of one TCP size: --repeats for 64 MiB and up, proportionally more below (1 MiB: 64x),
-// so each size gets about the same measuring time and a 1 MiB median rests on hundreds of pairs.
-int tcp_runs_for(std::size_t bytes) {
-  return kRepeats * static_cast<int>(std::max<std::size_t>(1, 64 * kMiB / bytes));
+// `kvrelay serve` in a child process, on kernel-chosen ports found through its ready file (as
+// tests/support/daemon_fixture.h starts one). SIGTERM (a drain), then SIGKILL, on destruction.
+class Daemon {
+ public:
+  Daemon(const std::string& binary, const std::filesystem::path& dir, const json& policy) : dir_(dir) {
+    std::ofstream(dir_ / "policy.json") << policy.dump(2);
+    std::filesystem::remove(dir_ / "ready.json");
+    const std::string config = (dir_ / "policy.json").string();
+    const std::string ready = (dir_ / "ready.json").string();
+    const std::string log = (dir_ / "daemon.log").string();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (out >= 0) {
+        ::dup2(out, STDOUT_FILENO);
+        ::dup2(out, STDERR_FILENO);
+      }
+      ::execl(binary.c_str(), binary.c_str(), "serve", "--config", config.c_str(), "--ready-file", ready.c_str(),
+              static_cast<char*>(nullptr));
+      std::perror("exec kvrelay");
+      ::_exit(127);
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      if (std::filesystem::exists(dir_ / "ready.json")) {
+        // Written once listening; parse until it is complete.
+        try {
+          ready_ = json::parse(read_text(dir_ / "ready.json"));
+          if (ready_.contains("peer")) return;
+        } catch (const json::exception&) {
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+  ~Daemon() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int wait = 0; wait < 500; ++wait) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+
+  [[nodiscard]] bool ready() const { return pid_ > 0 && ready_.contains("peer"); }
+  [[nodiscard]] std::uint16_t peer_port() const { return ready_.value("peer", std::uint16_t{0}); }
+  [[nodiscard]] std::string log() const { return read_text(dir_ / "daemon.log"); }
+  [[nodiscard]] pid_t pid() const { return pid_; }
+
+ private:
+  std::filesystem::path dir_;
+  pid_t pid_ = -1;
+  json ready_;
+};
+
+constexpr std::uint64_t kModelId = 0x6b76;  // "kv"
+std::uint64_t chain_hash_for(std::size_t bytes) {
+  return 0x1000 + bytes / kMiB;
+}
+
+// One memory strategy under test: the holding daemon (its policy carries the strategy) and the
+// fetching side's links (whose policy carries it too).
+struct StrategyRun {
+  std::string strategy;
+  std::filesystem::path dir;
+  std::unique_ptr<Daemon> daemon;
+  std::shared_ptr<FixedPolicy> policy;
+  std::unique_ptr<metrics::Registry> registry;
+  std::unique_ptr<broker::PeerLinks> links;
+  std::string error;
+};
+
+// One measured fetch's figures.
+struct FetchSample {
+  double seconds = 0;  // PeerLinks::fetch + decode_frame_view: what KvPath records as the link's share
+  double reply_wait_ms = 0;
+  double transfer_ms = 0;
+  double decode_ms = 0;
+  double request_ms = 0;  // the rest: connect (first use only), the request's write, bookkeeping
+  std::size_t frame_bytes = 0;
+};
+
+std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegistry& codecs, std::size_t bytes,
+                                      const std::string& codec, std::uint64_t& request_id, std::string& error) {
+  peer::FetchRequest request;
+  request.request_id = ++request_id;
+  request.model_id = kModelId;
+  request.codec = codec;
+  request.hashes = {chain_hash_for(bytes)};
+  const auto policy = run.policy->current();
+  const auto started = Clock::now();
+  auto fetched = run.links->fetch("holder", request, started + std::chrono::seconds(60), policy->limits.kv_store_bytes,
+                                  codecs);
+  const auto received = Clock::now();
+  if (!fetched) {
+    error = fetched.error().to_string();
+    return std::nullopt;
+  }
+  if (!fetched.value()) {
+    error = "the holder answered: none held";
+    return std::nullopt;
+  }
+  const auto frame = fetched.value()->frame();
+  auto decoded = codec::decode_frame_view(codecs, frame, policy->limits.kv_store_bytes, run.links->buffers());
+  const auto decoded_at = Clock::now();
+  if (!decoded) {
+    error = decoded.error().to_string();
+    return std::nullopt;
+  }
+  if (decoded.value().kv.size() != bytes) {
+    error = "decoded KV of " + std::to_string(decoded.value().kv.size()) + " bytes";
+    return std::nullopt;
+  }
+  FetchSample sample;
+  sample.seconds = std::chrono::duration<double>(decoded_at - started).count();
+  sample.reply_wait_ms = millis(fetched.value()->reply_wait);
+  sample.transfer_ms = millis(fetched.value()->transfer);
+  sample.decode_ms = std::chrono::duration<double, std::milli>(decoded_at - received).count();
+  sample.request_ms =
+      std::chrono::duration<double, std::milli>(received - started).count() - sample.reply_wait_ms - sample.transfer_ms;
+  sample.frame_bytes = frame.size();
+  return sample;
+}
+
+json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint64_t peer_buffer_bytes) {
+  json limits{{"shm_arena_bytes", arena_bytes}, {"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
+  if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
+  if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
+  return {{"schema_version", 1},
+          {"node", {{"id", "kv-holder"}}},
+          {"listen",
+           {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
+          {"limits", std::move(limits)},
+          {"logging", {{"level", "warn"}}}};
+}
+
+json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::uint64_t peer_buffer_bytes) {
+  json limits{{"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
+  if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
+  if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
+  return {{"schema_version", 1},
+          {"node", {{"id", "kv-fetcher"}}},
+          {"listen", {{"http", "127.0.0.1:0"}}},
+          {"peers", json::array({{{"id", "holder"}, {"address", "127.0.0.1:" + std::to_string(peer_port)}}})},
+          {"limits", std::move(limits)},
+          {"logging", {{"level", "warn"}}}};
+}
+
+// Starts the holder for `run.strategy` ("" = the field left out: the daemon's default), publishes
+// one entry of each size through its data plane, and builds the fetching side. `run.error` on failure.
+void start_strategy(StrategyRun& run, const std::string& binary, const std::vector<std::size_t>& sizes,
+                    const std::vector<std::byte>& payload, std::uint64_t peer_buffer_bytes) {
+  std::uint64_t total = 0;
+  for (const std::size_t bytes : sizes)
+    total += bytes;
+  const std::uint64_t arena_bytes = total + 64 * kMiB;  // every entry in the arena, as the daemon prefers
+  const json policy = holder_policy(run, arena_bytes, peer_buffer_bytes);
+  // The daemon's own parser first: a field this build does not know is refused here by name.
+  if (auto parsed = parse_policy(policy.dump(), "holder policy"); !parsed) {
+    run.error = parsed.error().to_string();
+    return;
+  }
+  run.daemon = std::make_unique<Daemon>(binary, run.dir, policy);
+  if (!run.daemon->ready()) {
+    run.error = "kvrelay serve did not start: " + run.daemon->log();
+    return;
+  }
+  auto client = shm::ShmClient::connect((run.dir / "kvrelay.sock").string());
+  if (!client) {
+    run.error = "data plane: " + client.error().to_string();
+    return;
+  }
+  for (const std::size_t bytes : sizes) {
+    auto published = client.value().publish({kModelId, chain_hash_for(bytes)}, kv_layout_for(bytes),
+                                            std::span(payload.data(), bytes));
+    if (!published) {
+      run.error = "publish: " + published.error().to_string();
+      return;
+    }
+  }
+  auto fetching = parse_policy(fetcher_policy(run, run.daemon->peer_port(), peer_buffer_bytes).dump(), "fetcher policy");
+  if (!fetching) {
+    run.error = fetching.error().to_string();
+    return;
+  }
+  run.policy = std::make_shared<FixedPolicy>(std::move(fetching).value());
+  run.registry = std::make_unique<metrics::Registry>();
+  run.links = std::make_unique<broker::PeerLinks>(run.policy, *run.registry);  // no prober: not started
+}
+
+std::string size_key(std::size_t bytes) {
+  return std::to_string(bytes / kMiB) + "MiB";
+}
+
+// The figures of one (strategy, codec) variant at one size.
+struct VariantRuns {
+  std::vector<double> paired;  // raw time / fetch time
+  std::vector<double> gbps;    // raw KV bytes / fetch time
+  std::vector<double> reply_wait_ms, transfer_ms, decode_ms, request_ms;
+  std::size_t frame_bytes = 0;
+  std::string error;
+};
+
+json median_of(const std::vector<double>& values) {
+  return values.empty() ? json(nullptr) : json(audit::median(values));
 }
 
 nlohmann::json machine() {
@@ -346,190 +556,233 @@ nlohmann::json machine() {
       break;
     }
   }
-  return {
-      {"host", name.nodename}, {"kernel", name.release}, {"cpu", cpu}, {"cores", std::thread::hardware_concurrency()}};
+  return {{"host", name.nodename},
+          {"kernel", name.release},
+          {"cpu", cpu},
+          {"cores", std::thread::hardware_concurrency()}};
+}
+
+json load_average() {
+  double loads[3] = {0, 0, 0};
+  std::ifstream in("/proc/loadavg");
+  in >> loads[0] >> loads[1] >> loads[2];
+  return json::array({loads[0], loads[1], loads[2]});
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"transport_bench: shared-memory and TCP transports next to memcpy and raw loopback TCP (JSON)"};
-  std::vector<std::size_t> tcp_sizes_mib{1, 16, 256};
+  CLI::App app{"transport_bench: a KV fetch through a real kvrelay daemon next to raw loopback TCP, and the "
+               "shared-memory data plane next to memcpy (JSON)"};
+  std::vector<std::size_t> sizes_mib{16, 256};
+  std::string memory_strategy = "both";
+  std::vector<std::string> codec_names{"raw"};
+  std::string daemon_binary = KVRELAY_BENCH_DAEMON_BINARY;
   bool skip_shm = false;
-  bool peer_arena = true;
-  app.add_option("--repeats", kRepeats, "runs per measurement; the best is reported")->check(CLI::Range(1, 1000));
-  app.add_option("--tcp-mib", tcp_sizes_mib, "TCP transfer sizes in MiB (each at most 256)")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{256}));
-  std::uint32_t chunk_kib = 1024;
-  app.add_option("--chunk-kib", chunk_kib, "the peer client's chunk size (window: 8 MiB of chunks)")
-      ->check(CLI::Range(4U, 16U * 1024U));
-  app.add_flag("--pin", pin_threads,
-               "run the sending thread on CPU 0 and the receiving thread on CPU 1 (TCP runs; needs 2 CPUs)");
-  app.add_flag("--skip-shm", skip_shm, "measure only memcpy and the TCP paths (for profiling the peer plane)");
-  app.add_flag("--peer-arena,!--no-peer-arena", peer_arena,
-               "receive peer transfers into a warmed arena (the daemon's default) or into sealed segments");
-  app.add_flag("--serial-in-place-commit", serial_in_place_commit,
-               "commit in place with the checksum computed first and the sidecar's check after it");
-  app.add_flag("--rotate-source", rotate_source,
-               "each TCP run (raw and peer) sends the next stretch of the payload instead of its first bytes");
-  bool staging = true;
-  app.add_flag("--staging,!--no-staging", staging,
-               "stage chunks through a reused buffer (the default) or receive straight into the arena");
-  bool split_single_chunk = true;
-  app.add_flag("--split-single-chunk,!--no-split-single-chunk", split_single_chunk,
-               "send a transfer that fits one chunk as two halves (the default) or as one chunk");
+  std::uint64_t peer_buffer_mib = 0;
+  app.add_option("--repeats", kRepeats,
+                 "pairs at 64 MiB and up (proportionally more below: 16 MiB gets 4x); shm runs per measurement")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--sizes-mib", sizes_mib, "KV sizes to fetch, in MiB (default 16 256)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+  app.add_option("--memory-strategy", memory_strategy,
+                 "limits.memory_strategy of both sides: portable, prefault or both (alternated in one run)")
+      ->check(CLI::IsMember({"portable", "prefault", "both"}));
+  app.add_option("--codecs", codec_names, "fetch codecs, each alternated with the raw socket (raw, lossless, ...)");
+  app.add_option("--kvrelay", daemon_binary, "the kvrelay binary to run as the holding daemon");
+  app.add_option("--peer-buffer-mib", peer_buffer_mib,
+                 "limits.peer_buffer_bytes of both sides in MiB (0: the policy default, left out)");
+  app.add_flag("--skip-shm", skip_shm, "measure only the KV fetch and its raw baseline");
   CLI11_PARSE(app, argc, argv);
 
-  const auto payload = make_payload(256 * kMiB);
-  nlohmann::json result;
+  std::vector<std::size_t> sizes;
+  for (const std::size_t mib : sizes_mib)
+    sizes.push_back(mib * kMiB);
+  const std::size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  const auto payload = make_payload(std::max(largest, 256 * kMiB));
+  json result;
   result["bench"] = "transport_bench";
   result["machine"] = machine();
+  result["machine"]["load_average_start"] = load_average();
   result["repeats"] = kRepeats;
-  result["pinned"] = pin_threads && std::thread::hardware_concurrency() >= 2;
+
+  // Data plane (worker <-> its sidecar).
   result["memcpy_gbps"] = bench_memcpy(payload);
   if (!skip_shm) {
-    result["memcpy_fresh_pages_gbps"] = bench_memcpy_fresh(payload);
-    result["memcpy_remapped_pages_gbps"] = bench_memcpy_remapped(payload);
-    result["memfd_write_gbps"] = bench_memfd_write(payload);
-
+    const std::vector<std::byte> shm_payload(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(256 * kMiB));
+    result["memfd_write_gbps"] = bench_memfd_write(shm_payload);
     // Arena big enough for the two entries the store keeps plus the one being written.
-    const auto shm_results = bench_shm(payload, 3 * payload.size(), true);
-    const auto sealed_results = bench_shm(payload, 0, false);
+    const auto shm_results = bench_shm(shm_payload, 3 * shm_payload.size(), true);
+    const auto sealed_results = bench_shm(shm_payload, 0, false);
+    const double memcpy_gbps = result["memcpy_gbps"].get<double>();
     result["shm_publish_gbps"] = shm_results.publish_gbps;
-    result["shm_publish_vs_memcpy"] = shm_results.publish_gbps / result["memcpy_gbps"].get<double>();
     result["shm_first_publish_gbps"] = shm_results.first_publish_gbps;
-    result["shm_commit_in_place_gbps"] = shm_results.commit_in_place_gbps;
-    result["shm_commit_in_place_vs_memcpy"] = shm_results.commit_in_place_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_vs_memcpy_paired"] = bench::spread_json(shm_results.publish_vs_memcpy_paired);
+    result["shm_commit_in_place_gbps"] = shm_results.commit_in_place_gbps;
     result["shm_commit_in_place_vs_memcpy_paired"] = bench::spread_json(shm_results.commit_in_place_vs_memcpy_paired);
     result["shm_publish_sealed_segments_gbps"] = sealed_results.publish_gbps;
-    result["shm_publish_sealed_segments_vs_memcpy"] = sealed_results.publish_gbps / result["memcpy_gbps"].get<double>();
     result["shm_publish_sealed_segments_vs_memfd_write"] =
         sealed_results.publish_gbps / result["memfd_write_gbps"].get<double>();
+    result["shm_publish_vs_memcpy_best"] = shm_results.publish_gbps / memcpy_gbps;
     result["shm_small_msg_p50_us"] = shm_results.small_p50_us;
     result["shm_small_msg_p99_us"] = shm_results.small_p99_us;
   }
 
-  boost::asio::io_context io;
-  auto work = boost::asio::make_work_guard(io);
-  // As in the daemon, received entries land in an arena. The store keeps two of the largest
-  // transfers, so the arena holds those two plus the one arriving.
-  const std::size_t largest = *std::max_element(tcp_sizes_mib.begin(), tcp_sizes_mib.end()) * kMiB;
-  auto store = std::make_shared<kv_store::InMemoryEntryStore>(2 * largest);
-  peer::PeerServerOptions peer_options;
-  peer_options.node_id = "bench";
-  result["peer_arena"] = peer_arena;
-  result["staging"] = staging;
-  result["split_single_chunk"] = split_single_chunk;
-  result["rotate_source"] = rotate_source;
-  peer_options.stage_arena_chunks = staging;
-  if (peer_arena) {
-    auto arena = kv_store::ShmArena::create(3 * largest);
-    if (!arena) {
-      std::fprintf(stderr, "peer arena: %s\n", arena.error().to_string().c_str());
-      return 1;
-    }
-    peer_options.arena = arena.value();
-    // What the daemon's low-priority warmer does in the background after start: write each
-    // page once, so the transfers below measure a running sidecar, not first touches.
-    const auto warm_start = Clock::now();
-    const std::uint64_t warmed = arena.value()->warm();
-    result["peer_arena_warm_gbps"] = gbps(warmed, seconds_since(warm_start));
-  }
-  peer::PeerServer server(io, peer_options, store);
-  if (auto listening = server.listen({"127.0.0.1", 0}); !listening) {
-    std::fprintf(stderr, "peer listen: %s\n", listening.error().to_string().c_str());
+  // KV fetch across nodes, one holding daemon per memory strategy.
+  char dir_template[] = "/tmp/kvrelay-tbench-XXXXXX";
+  if (::mkdtemp(dir_template) == nullptr) {
+    std::perror("mkdtemp");
     return 1;
   }
-  std::thread io_thread([&] {
-    pin_this_thread(kReceiverCpu);
-    io.run();
-  });
-  pin_this_thread(kSenderCpu);
-  std::uint64_t transfer_id = 0;
-  nlohmann::json raw;
-  nlohmann::json tcp;
-  nlohmann::json ratio;
-  nlohmann::json raw_rotating;
-  nlohmann::json ratio_rotating;
-  peer::PeerClientOptions client_options;
-  client_options.chunk_bytes = chunk_kib * 1024;
-  client_options.window_chunks = std::max<std::uint32_t>(1, 8 * 1024 / chunk_kib);
-  client_options.stage_chunks = staging;
-  client_options.split_single_chunk = split_single_chunk;
-  auto client = peer::PeerClient::connect({"127.0.0.1", server.local_endpoint().port()}, client_options);
-  if (!client) {
-    std::fprintf(stderr, "peer connect: %s\n", client.error().to_string().c_str());
+  const std::filesystem::path base_dir = dir_template;
+  const std::uint64_t peer_buffer_bytes = peer_buffer_mib * kMiB;  // 0: left out of the policies
+  std::vector<std::string> wanted =
+      memory_strategy == "both" ? std::vector<std::string>{"portable", "prefault"} : std::vector{memory_strategy};
+  std::vector<std::unique_ptr<StrategyRun>> runs;
+  json strategy_notes = json::object();
+  for (const auto& strategy : wanted) {
+    auto run = std::make_unique<StrategyRun>();
+    run->strategy = strategy;
+    run->dir = base_dir / strategy;
+    std::filesystem::create_directories(run->dir);
+    start_strategy(*run, daemon_binary, sizes, payload, peer_buffer_bytes);
+    if (!run->error.empty() && strategy == "portable" &&
+        run->error.find("memory_strategy") != std::string::npos) {
+      // This build has no limits.memory_strategy: portable is what it does, with the field left out.
+      strategy_notes[strategy] = "limits.memory_strategy refused by this build (" + run->error +
+                                 "); ran with the field left out, which is portable";
+      run = std::make_unique<StrategyRun>();
+      run->strategy = "";
+      run->dir = base_dir / strategy;
+      start_strategy(*run, daemon_binary, sizes, payload, peer_buffer_bytes);
+      run->strategy = strategy;
+    }
+    if (!run->error.empty()) {
+      strategy_notes[strategy] = "not run: " + run->error;
+      std::fprintf(stderr, "memory strategy %s: %s\n", strategy.c_str(), run->error.c_str());
+      continue;
+    }
+    runs.push_back(std::move(run));
+  }
+  if (runs.empty()) {
+    std::fprintf(stderr, "no memory strategy could run\n");
+    std::printf("%s\n", result.dump(2).c_str());
     return 1;
   }
-  // One unmeasured pass over every size: whichever size goes first otherwise runs at a third of
-  // its later speed on this host (measured: 1 MiB at 0.4-0.5 GB/s first, 2.0-2.6 after 16 MiB).
-  for (const std::size_t mib : tcp_sizes_mib)
-    (void)tcp_transfer_once(client.value(), payload.data(), mib * kMiB, transfer_id);
-  const std::vector<std::byte> raw_payload = rotate_source ? payload : std::vector<std::byte>{};
-  nlohmann::json paired_median;
-  nlohmann::json paired_spread;
-  nlohmann::json raw_spread;
-  nlohmann::json tcp_spread;
-  for (const std::size_t mib : tcp_sizes_mib) {
-    const auto key = std::to_string(mib) + "MiB";
-    RawTcpBaseline fixed_sink(mib * kMiB, false);
-    RawTcpBaseline rotating_sink(mib * kMiB, true);
-    double best_raw = 0;
-    double best_rotating = 0;
-    double best_tcp = 0;
-    std::vector<double> paired;
-    std::vector<double> raw_runs;
-    std::vector<double> tcp_runs;
-    // Interleaved run by run, so a burst of load from elsewhere on the host falls on both sides
-    // of the ratio rather than on whichever block of runs it happened to hit.
-    const int runs = tcp_runs_for(mib * kMiB);
-    for (int repeat = 0; repeat < runs; ++repeat) {
-      // With --rotate-source each side sends the run's own stretch of its own copy of the payload,
-      // as a sidecar sends a different entry each time; otherwise both send the first bytes of one
-      // payload every run. Separate copies, because on this VM how one side last touched a page
-      // (kernel or user mode) changes what the other's next kernel copy of it costs.
-      const std::size_t stretches = rotate_source ? payload.size() / (mib * kMiB) : 1;
-      const std::size_t stretch = static_cast<std::size_t>(repeat) % stretches * mib * kMiB;
-      const std::byte* raw_source = (rotate_source ? raw_payload.data() : payload.data()) + stretch;
-      const double raw_run = fixed_sink.once(raw_source);
-      best_rotating = std::max(best_rotating, rotating_sink.once(raw_source));
-      const double tcp_run = tcp_transfer_once(client.value(), payload.data() + stretch, mib * kMiB, transfer_id);
-      best_raw = std::max(best_raw, raw_run);
-      best_tcp = std::max(best_tcp, tcp_run);
-      if (raw_run > 0) paired.push_back(tcp_run / raw_run);
-      raw_runs.push_back(raw_run);
-      tcp_runs.push_back(tcp_run);
+
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  RawTcpPair raw_pair(largest);
+  std::uint64_t request_id = 0;
+  // variants[(strategy index, codec)][size]
+  std::map<std::pair<std::size_t, std::string>, std::map<std::size_t, VariantRuns>> variants;
+  std::map<std::size_t, std::vector<double>> raw_gbps;
+  for (const std::size_t bytes : sizes) {
+    // Unmeasured first: connects, fills the warm buffers on both sides, settles the daemon.
+    for (int warm = 0; warm < 2; ++warm) {
+      (void)raw_pair.once(payload.data(), bytes);
+      for (std::size_t index = 0; index < runs.size(); ++index) {
+        for (const auto& codec : codec_names) {
+          std::string error;
+          if (!fetch_once(*runs[index], codecs, bytes, codec, request_id, error))
+            variants[{index, codec}][bytes].error = error;
+        }
+      }
     }
-    raw[key] = best_raw;
-    raw_rotating[key] = best_rotating;
-    tcp[key] = best_tcp;
-    ratio[key] = best_tcp / best_raw;
-    ratio_rotating[key] = best_tcp / best_rotating;
-    paired_median[key] = paired.empty() ? 0.0 : audit::median(paired);
-    paired_spread[key] = bench::spread_json(paired);
-    raw_spread[key] = bench::spread_json(raw_runs);
-    tcp_spread[key] = bench::spread_json(tcp_runs);
+    const int pairs = kRepeats * static_cast<int>(std::max<std::size_t>(1, 64 * kMiB / bytes));
+    // The measured things of one pair, in an order rotated pair by pair so that neither side is
+    // always first (first after a pause, or right after the other's writes to memory).
+    std::vector<std::pair<int, std::string>> order{{-1, ""}};  // -1: the raw socket
+    for (std::size_t index = 0; index < runs.size(); ++index)
+      for (const auto& codec : codec_names)
+        order.emplace_back(static_cast<int>(index), codec);
+    for (int pair = 0; pair < pairs; ++pair) {
+      double raw_seconds = 0;
+      std::vector<std::pair<std::pair<std::size_t, std::string>, FetchSample>> samples;
+      for (std::size_t step = 0; step < order.size(); ++step) {
+        const auto& [index, codec] = order[(step + static_cast<std::size_t>(pair)) % order.size()];
+        if (index < 0) {
+          raw_seconds = raw_pair.once(payload.data(), bytes);
+          continue;
+        }
+        std::string error;
+        const auto key = std::make_pair(static_cast<std::size_t>(index), codec);
+        if (auto sample = fetch_once(*runs[static_cast<std::size_t>(index)], codecs, bytes, codec, request_id, error)) {
+          samples.emplace_back(key, *sample);
+        } else {
+          variants[key][bytes].error = error;
+        }
+      }
+      if (raw_seconds <= 0) continue;
+      raw_gbps[bytes].push_back(gbps(bytes, raw_seconds));
+      for (const auto& [key, sample] : samples) {
+        auto& figures = variants[key][bytes];
+        figures.paired.push_back(raw_seconds / sample.seconds);
+        figures.gbps.push_back(gbps(bytes, sample.seconds));
+        figures.reply_wait_ms.push_back(sample.reply_wait_ms);
+        figures.transfer_ms.push_back(sample.transfer_ms);
+        figures.decode_ms.push_back(sample.decode_ms);
+        figures.request_ms.push_back(sample.request_ms);
+        figures.frame_bytes = sample.frame_bytes;
+      }
+    }
   }
-  server.stop();
-  work.reset();
-  io.stop();
-  io_thread.join();
-  result["raw_tcp_gbps"] = raw;
-  result["tcp_transfer_gbps"] = tcp;
-  result["tcp_vs_raw_tcp"] = ratio;
-  // The median over runs of each TCP run against the raw run just before it: less moved by
-  // one lucky run on either side than the ratio of the bests.
-  result["tcp_vs_raw_tcp_paired_median"] = paired_median;
-  result["tcp_vs_raw_tcp_paired"] = paired_spread;
-  result["raw_tcp_gbps_runs"] = raw_spread;
-  result["tcp_transfer_gbps_runs"] = tcp_spread;
-  // Diagnostics next to the goal's ratio: the peer plane writes each transfer to a new place in
-  // its arena, which a raw receiver rewriting one cached buffer does not pay for.
-  result["raw_tcp_rotating_sink_gbps"] = raw_rotating;
-  result["tcp_vs_raw_tcp_rotating_sink"] = ratio_rotating;
-  result["goals"] = {
-      {"shm_publish_vs_memcpy", ">= 0.8"}, {"tcp_vs_raw_tcp", ">= 0.8"}, {"shm_small_msg_p50_us", "< 20"}};
+
+  json raw_json = json::object();
+  for (const auto& [bytes, values] : raw_gbps)
+    raw_json[size_key(bytes)] = bench::spread_json(values);
+  json by_strategy = json::object();
+  for (std::size_t index = 0; index < runs.size(); ++index) {
+    json figures = json::object();
+    figures["holder_peer_buffer_bytes"] = runs[index]->policy->current()->limits.peer_buffer_bytes;
+    for (const auto& codec : codec_names) {
+      const std::string prefix = codec == "raw" ? "kv_fetch" : "kv_fetch_" + codec;
+      json paired = json::object();
+      json rate = json::object();
+      json rate_spread = json::object();
+      json steps = json::object();
+      json errors = json::object();
+      for (const std::size_t bytes : sizes) {
+        const auto& runs_of = variants[{index, codec}][bytes];
+        const auto key = size_key(bytes);
+        paired[key] = bench::spread_json(runs_of.paired);
+        rate[key] = median_of(runs_of.gbps);
+        rate_spread[key] = bench::spread_json(runs_of.gbps);
+        steps[key] = {{"request_ms", median_of(runs_of.request_ms)},
+                      {"reply_wait_ms", median_of(runs_of.reply_wait_ms)},
+                      {"transfer_ms", median_of(runs_of.transfer_ms)},
+                      {"decode_ms", median_of(runs_of.decode_ms)},
+                      {"frame_bytes", runs_of.frame_bytes}};
+        if (!runs_of.error.empty()) errors[key] = runs_of.error;
+      }
+      figures[prefix + "_vs_raw_tcp_paired"] = std::move(paired);
+      figures[prefix + "_gbps"] = std::move(rate);
+      figures[prefix + "_gbps_runs"] = std::move(rate_spread);
+      figures[prefix + "_steps_median"] = std::move(steps);
+      if (!errors.empty()) figures[prefix + "_errors"] = std::move(errors);
+    }
+    by_strategy[runs[index]->strategy] = std::move(figures);
+  }
+  // The headline: the first strategy that ran (portable, the default, unless only prefault was asked for).
+  const std::string headline = runs.front()->strategy;
+  result["memory_strategy"] = headline;
+  result["kv_fetch_codecs"] = codec_names;
+  result["kv_layout"] = "32 layers x 8 KV heads x 128, fp16 (Llama-3-8B): 128 KiB per token";
+  result["kv_fetch_vs_raw_tcp_paired"] = by_strategy[headline]["kv_fetch_vs_raw_tcp_paired"];
+  result["kv_fetch_gbps"] = by_strategy[headline]["kv_fetch_gbps"];
+  json raw_median = json::object();
+  for (const auto& [bytes, values] : raw_gbps)
+    raw_median[size_key(bytes)] = audit::median(values);
+  result["raw_tcp_gbps"] = std::move(raw_median);
+  result["raw_tcp_gbps_runs"] = std::move(raw_json);
+  result["memory_strategies"] = std::move(by_strategy);
+  if (!strategy_notes.empty()) result["memory_strategy_notes"] = std::move(strategy_notes);
+  result["machine"]["load_average_end"] = load_average();
+  result["goals"] = {{"kv_fetch_vs_raw_tcp_paired", ">= 0.8 (median)"},
+                     {"shm_publish_vs_memcpy_paired", ">= 0.8 (median)"},
+                     {"shm_small_msg_p50_us", "< 20"}};
+  runs.clear();  // drain the daemons before their directory goes
+  std::error_code ignored;
+  std::filesystem::remove_all(base_dir, ignored);
   std::printf("%s\n", result.dump(2).c_str());
   return 0;
 }
