@@ -145,11 +145,6 @@ std::vector<Treatment> standard_treatments(std::string_view kv_medium) {
           {"T3", medium, KvSpan::kAll, std::nullopt}};
 }
 
-Treatment treatment_from_policy(const AuditTreatment& treatment) {
-  // The policy reader accepts only the four span names; anything else moves nothing.
-  return {treatment.name, treatment.medium, parse_span(treatment.span).value_or(KvSpan::kNone), std::nullopt};
-}
-
 bool is_known_span(std::string_view span) noexcept {
   return parse_span(span).has_value();
 }

@@ -27,8 +27,11 @@ std::string HttpUrl::to_string() const {
   return fmt::format("http://{}:{}{}", host, port, base_path);
 }
 
-std::vector<AuditTreatment> default_audit_treatments() {
-  return {{"T0", "tokens", "none"}, {"T1", "kv_raw", "prompt"}, {"T2", "kv_raw", "generated"}, {"T3", "kv_raw", "all"}};
+std::vector<Treatment> default_audit_treatments() {
+  return {{"T0", "tokens", KvSpan::kNone, std::nullopt},
+          {"T1", "kv_raw", KvSpan::kPrompt, std::nullopt},
+          {"T2", "kv_raw", KvSpan::kGenerated, std::nullopt},
+          {"T3", "kv_raw", KvSpan::kAll, std::nullopt}};
 }
 
 bool is_known_medium(std::string_view medium) noexcept {
@@ -259,7 +262,7 @@ void read_media_list(ObjectReader& reader, std::string_view key, std::vector<std
   }
 }
 
-void read_audit_treatment(const json& value, const std::string& pointer, AuditTreatment& out, Diagnostics& diag) {
+void read_audit_treatment(const json& value, const std::string& pointer, Treatment& out, Diagnostics& diag) {
   ObjectReader reader(value, pointer, diag);
   if (!reader.is_object()) return;
   read_identifier(reader, "name", out.name, diag);
@@ -271,19 +274,18 @@ void read_audit_treatment(const json& value, const std::string& pointer, AuditTr
     }
   }
   if (const auto* span = reader.field("span", true)) {
-    static constexpr std::string_view kSpans[] = {"none", "prompt", "generated", "all"};
-    if (span->is_string() &&
-        std::find(std::begin(kSpans), std::end(kSpans), span->get_ref<const std::string&>()) != std::end(kSpans)) {
-      out.span = span->get<std::string>();
+    const auto parsed = span->is_string() ? parse_span(span->get_ref<const std::string&>()) : std::nullopt;
+    if (parsed) {
+      out.span = *parsed;
     } else {
       diag.expected(reader.pointer_of("span"), "one of none, prompt, generated, all", span);
     }
   }
-  if ((out.medium == "tokens") != (out.span == "none") && !out.medium.empty() && !out.span.empty()) {
+  if ((out.medium == "tokens") != (out.span == KvSpan::kNone) && !out.medium.empty()) {
     diag.problem(reader.pointer_of("span"),
                  fmt::format("span \"{}\" with medium \"{}\": tokens moves no KV (span none), every KV medium needs a "
                              "span",
-                             out.span, out.medium));
+                             span_name(out.span), out.medium));
   }
   reader.reject_unknown_keys();
 }
@@ -298,7 +300,7 @@ void read_route_audit(const json& value, const std::string& pointer, RouteAuditP
     } else {
       std::set<std::string, std::less<>> names;
       for (std::size_t index = 0; index < treatments->size(); ++index) {
-        AuditTreatment treatment;
+        Treatment treatment;
         const auto item_pointer = pointer_append(reader.pointer_of("treatments"), index);
         read_audit_treatment((*treatments)[index], item_pointer, treatment, diag);
         if (!treatment.name.empty() && !names.insert(treatment.name).second) {

@@ -110,7 +110,7 @@ std::vector<std::string> plugin_media_named(const Policy& policy) {
     for (const std::string& medium : route.allowed_media)
       note(medium);
     if (route.forced_medium) note(*route.forced_medium);
-    for (const AuditTreatment& treatment : route.audit.treatments)
+    for (const Treatment& treatment : route.audit.treatments)
       note(treatment.medium);
   }
   for (const auto& [medium, model] : policy.cost_model.media)

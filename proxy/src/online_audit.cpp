@@ -20,7 +20,7 @@ std::optional<Treatment> OnlineAudit::draw(const RoutePolicy& route) {
     return std::nullopt;
   }
   std::uniform_int_distribution<std::size_t> pick(0, policy.treatments.size() - 1);
-  return audit::treatment_from_policy(policy.treatments[pick(generator_)]);
+  return policy.treatments[pick(generator_)];
 }
 
 void OnlineAudit::record_assignment(const RoutePolicy& route, const std::string& request_id, const Treatment& treatment,

@@ -189,7 +189,7 @@ nlohmann::json route_to_json(const RoutePolicy& route) {
   if (route.deadline) body["deadline_ms"] = route.deadline->count();
   nlohmann::json treatments = nlohmann::json::array();
   for (const auto& treatment : route.audit.treatments) {
-    treatments.push_back({{"name", treatment.name}, {"medium", treatment.medium}, {"span", treatment.span}});
+    treatments.push_back({{"name", treatment.name}, {"medium", treatment.medium}, {"span", span_name(treatment.span)}});
   }
   body["audit"] = {{"fraction", route.audit.fraction},
                    {"treatments", std::move(treatments)},

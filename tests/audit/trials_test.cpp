@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kvrelay/core/policy.h"
+
 using namespace kvrelay::audit;
 using Catch::Matchers::Contains;
 
@@ -105,8 +107,8 @@ TEST_CASE("Treatments: the standard set and the policy's spelling share one type
   CHECK(standard[0] == Treatment{"T0", "tokens", kvrelay::KvSpan::kNone, std::nullopt});
   CHECK(standard[1].span == kvrelay::KvSpan::kPrompt);
   CHECK(standard[3].medium == "kv_int8");
-  CHECK(treatment_from_policy(kvrelay::AuditTreatment{"T2", "kv_raw", "generated"}) ==
-        Treatment{"T2", "kv_raw", kvrelay::KvSpan::kGenerated, std::nullopt});
+  // The policy's default set is the same type, over kv_raw.
+  CHECK(kvrelay::default_audit_treatments() == standard_treatments("kv_raw"));
   CHECK(is_known_span("all"));
   CHECK_FALSE(is_known_span("most"));
 }

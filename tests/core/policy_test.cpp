@@ -269,7 +269,7 @@ TEST_CASE("route audit block: treatments and trials file and the audit_fraction 
   CHECK(audited.audit.fraction == 0.2);
   CHECK(audited.audit.trials_file == "/tmp/t.jsonl");
   REQUIRE(audited.audit.treatments.size() == 2);
-  CHECK(audited.audit.treatments[1] == kvrelay::AuditTreatment{"T3-int8", "kv_int8", "all"});
+  CHECK(audited.audit.treatments[1] == (kvrelay::Treatment{"T3-int8", "kv_int8", kvrelay::KvSpan::kAll, std::nullopt}));
   const auto& shorthand = *result.value().find_route("r1");
   CHECK(shorthand.audit.fraction == 0.1);
   CHECK(shorthand.audit.treatments == kvrelay::default_audit_treatments());

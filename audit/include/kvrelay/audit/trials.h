@@ -23,8 +23,6 @@ namespace kvrelay::audit {
 // A treatment: what span of A's context moves as KV, and through which medium (core's type,
 // shared with the front proxy and the KV path).
 using Treatment = kvrelay::Treatment;
-// A route's audit treatment as the policy spells it (core/policy.h) as the shared type.
-[[nodiscard]] Treatment treatment_from_policy(const AuditTreatment& treatment);
 
 // The standard treatments of the design: T0 tokens only, T1 A's prompt KV, T2 A's generated KV,
 // T3 all of A's KV (raw by default).

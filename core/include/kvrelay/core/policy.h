@@ -14,6 +14,7 @@
 #include "kvrelay/core/memory_strategy.h"
 #include "kvrelay/core/model_fingerprint.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/core/treatment.h"
 
 namespace kvrelay {
 
@@ -66,27 +67,18 @@ inline constexpr std::string_view kBuiltinMedia[] = {"tokens",  "kv_raw",  "kv_l
                                                      "kv_int8", "kv_int4", "kv_sparse"};
 [[nodiscard]] bool is_known_medium(std::string_view medium) noexcept;
 
-// One audit treatment: which span of the sender's context moves as KV, and in which medium.
-// T0 is {"T0", "tokens", "none"}; T3 with raw KV is {"T3", "kv_raw", "all"}.
-struct AuditTreatment {
-  std::string name;
-  std::string medium = "tokens";
-  std::string span = "none";  // none, prompt, generated, all
-  friend bool operator==(const AuditTreatment&, const AuditTreatment&) = default;
-};
-
 // A route's online audit: a `fraction` of its requests get a uniformly random treatment from
 // `treatments` instead of the decision; assignments and outcomes are appended to `trials_file`
 // ("" keeps them in memory only) and served at GET /admin/audit/report.
 struct RouteAuditPolicy {
-  double fraction = 0.0;  // 0..1
-  std::vector<AuditTreatment> treatments;
+  double fraction = 0.0;              // 0..1
+  std::vector<Treatment> treatments;  // core/treatment.h
   std::string trials_file;
   friend bool operator==(const RouteAuditPolicy&, const RouteAuditPolicy&) = default;
 };
 
 // T0..T3 over kv_raw, the treatments used when a route sets only audit_fraction.
-[[nodiscard]] std::vector<AuditTreatment> default_audit_treatments();
+[[nodiscard]] std::vector<Treatment> default_audit_treatments();
 
 struct RoutePolicy {
   std::string id;
