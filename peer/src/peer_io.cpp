@@ -215,10 +215,16 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
       const std::uint64_t checksum = running_checksum(running, chunk, staging);
       encode_chunk_prefix(prefix, header.id, next, length, checksum);
       const asio::const_buffer body(staging != nullptr ? staging : chunk.data(), length);
-      auto sent = announced ? co_await write_all(connection, asio::buffer(prefix), body, timeout)
-                            : co_await write_all(connection, asio::buffer(announce.data(), announce.size()),
-                                                 asio::buffer(prefix), body, timeout);
-      if (!sent) co_return sent;
+      // Two statements, not a conditional of two co_awaits: GCC 12 destroys the Status of such a
+      // conditional twice when it holds an error (ASan: heap-use-after-free in run_session).
+      if (announced) {
+        auto sent = co_await write_all(connection, asio::buffer(prefix), body, timeout);
+        if (!sent) co_return sent;
+      } else {
+        auto sent = co_await write_all(connection, asio::buffer(announce.data(), announce.size()),
+                                       asio::buffer(prefix), body, timeout);
+        if (!sent) co_return sent;
+      }
       announced = true;
       ++next;
       if (options.rate_limit_bytes_per_s > 0) {
