@@ -5,6 +5,7 @@ find_package(nlohmann_json 3.11 REQUIRED)
 find_package(spdlog 1.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
 find_package(zstd REQUIRED)
+find_package(OpenSSL 3 REQUIRED)  # TLS on the peer plane, HMAC of the signed kvrelay fields
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 
