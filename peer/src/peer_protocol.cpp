@@ -91,10 +91,10 @@ void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage 
   encode_header_with_version(out, type, length, kPeerVersion);
 }
 
-std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload) {
+std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload, std::uint16_t version) {
   std::vector<std::byte> frame(kPeerHeaderBytes + payload.size());
-  encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes), type,
-                     static_cast<std::uint32_t>(payload.size()));
+  encode_header_with_version(std::span<std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes), type,
+                             static_cast<std::uint32_t>(payload.size()), version);
   if (!payload.empty()) std::memcpy(frame.data() + kPeerHeaderBytes, payload.data(), payload.size());
   return frame;
 }
@@ -217,11 +217,7 @@ std::vector<std::byte> encode_peer_error_for_version(const Error& error, std::ui
   ByteWriter writer;
   writer.put(static_cast<std::uint16_t>(error.code));
   writer.put_string(std::string_view(error.message).substr(0, 4000));
-  std::vector<std::byte> frame(kPeerHeaderBytes + writer.bytes().size());
-  encode_header_with_version(std::span<std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes),
-                             PeerMessage::kError, static_cast<std::uint32_t>(writer.bytes().size()), version);
-  std::memcpy(frame.data() + kPeerHeaderBytes, writer.bytes().data(), writer.bytes().size());
-  return frame;
+  return encode_peer_frame(PeerMessage::kError, writer.bytes(), version);
 }
 
 std::vector<std::byte> encode_peer_error(const Error& error) {

@@ -145,7 +145,7 @@ Result<ReloadReport> RuntimePolicy::reload() {
   current_.store(serving);
   // Without an engine to ask (no KV path), what the topology says is what one would do.
   report.engine =
-      engine_observer_ ? engine_observer_(*serving) : EngineUpdate{engine_rebuilt_by(*previous, *serving), {}};
+      engine_observer_ ? engine_observer_(*serving) : broker::EngineUpdate{engine_rebuilt_by(*previous, *serving), {}};
   reloads_.with({"ok"}).inc();
   last_reload_success_.set(1);
   spdlog::info("policy reloaded from {}: {}", path_, report.summary());

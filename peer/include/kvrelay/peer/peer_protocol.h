@@ -78,7 +78,9 @@ struct PeerHeader {
 [[nodiscard]] std::vector<std::byte> encode_peer_error_for_version(const Error& error, std::uint16_t version);
 // The refusal both sides report when the versions differ.
 [[nodiscard]] Error wire_version_mismatch(std::uint16_t theirs, std::string_view who);
-[[nodiscard]] std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload);
+// `version`: another wire version only for the kError that refuses a peer of that version.
+[[nodiscard]] std::vector<std::byte> encode_peer_frame(PeerMessage type, std::span<const std::byte> payload,
+                                                       std::uint16_t version = kPeerVersion);
 void encode_peer_header(std::span<std::byte, kPeerHeaderBytes> out, PeerMessage type, std::uint32_t length);
 
 struct Hello {

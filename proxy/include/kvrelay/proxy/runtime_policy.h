@@ -21,15 +21,13 @@
 
 namespace kvrelay::proxy {
 
-using broker::EngineUpdate;
-
 // What a reload did, field by field (docs/operations.md, "Reloading the policy").
 struct ReloadReport {
   std::vector<std::string> live;                // JSON pointers into the new file, in effect now
   std::vector<std::string> restart_required;    // pointers whose running value stays until a restart
   std::vector<std::string> overrides_kept;      // routes whose live changes were applied again
   std::vector<std::string> overrides_replaced;  // routes whose live changes the file replaced
-  EngineUpdate engine;
+  broker::EngineUpdate engine;
 
   // One line for the log: "applied; restart needed for /listen/http".
   [[nodiscard]] std::string summary() const;
