@@ -9,6 +9,7 @@
 #include <random>
 
 #include "kvrelay/decision/decision_json.h"
+#include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/decision/engine_from_policy.h"
 
 #include "fetch_missing.h"
@@ -27,13 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kPushQueueLimit = 64;
 
-std::vector<decision::PluginCodec> loaded_codecs(const codec::CodecRegistry& codecs) {
-  std::vector<decision::PluginCodec> loaded;
-  for (const auto& codec : codecs.codecs())
-    loaded.push_back({std::string(codec->name()), codec->lossless()});
-  return loaded;
-}
-
 double milliseconds_since(Clock::time_point started) {
   return std::chrono::duration<double, std::milli>(Clock::now() - started).count();
 }
@@ -50,7 +44,7 @@ KvPath::KvPath(std::shared_ptr<PolicySource> policy, std::shared_ptr<kv_store::E
       fetcher_(std::make_unique<PeerLinksFetcher>(*peers_, *codecs_)),
       metrics_(registry),
       copy_bytes_per_s_(decision::measure_copy_bandwidth(16ULL << 20)),
-      loaded_codecs_(loaded_codecs(*codecs_)) {
+      loaded_codecs_(engine_codecs(*codecs_)) {
   {
     std::lock_guard lock(engine_mutex_);
     ensure_engine_locked(*policy_->current());

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "kvrelay/codec_plugins/builtin_codecs.h"
 
@@ -157,6 +158,15 @@ std::vector<PluginLoadFailure> CodecRegistry::load_directory(const std::filesyst
       spdlog::warn("codec plugin refused: {}", loaded.error().to_string());
       failures.push_back({file, loaded.error()});
     }
+  }
+  return failures;
+}
+
+std::vector<PluginLoadFailure> CodecRegistry::load_directories(std::span<const std::string> directories) {
+  std::vector<PluginLoadFailure> failures;
+  for (const auto& directory : directories) {
+    auto refused = load_directory(directory);
+    failures.insert(failures.end(), std::make_move_iterator(refused.begin()), std::make_move_iterator(refused.end()));
   }
   return failures;
 }

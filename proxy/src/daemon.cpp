@@ -120,12 +120,8 @@ int run_daemon(const DaemonOptions& options) {
 
   // The KV path: medium decisions, peer fetches and pushes behind the worker data plane.
   auto codecs = std::make_shared<codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
-  std::vector<codec::PluginLoadFailure> codec_load_failures;
-  for (const auto& directory : policy->codecs.plugin_dirs) {
-    // A refused plugin is logged by the loader and listed at /admin/codecs; the daemon runs on.
-    auto failures = codecs->load_directory(directory);
-    codec_load_failures.insert(codec_load_failures.end(), failures.begin(), failures.end());
-  }
+  // A refused plugin is logged by the loader and listed at /admin/codecs; the daemon runs on.
+  auto codec_load_failures = codecs->load_directories(policy->codecs.plugin_dirs);
   // A GPU the operator asked for and cannot have is a configuration error, like a bad policy.
   auto placement = codec::place_codecs(*codecs, policy->codecs.device);
   if (!placement) {

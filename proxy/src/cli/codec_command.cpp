@@ -19,6 +19,7 @@
 #include "kvrelay/codec_plugins/tensor_file.h"
 
 #include "commands.h"
+#include "plugin_warnings.h"
 
 namespace kvrelay::cli {
 namespace {
@@ -50,11 +51,7 @@ int report(const Error& error) {
 
 codec::CodecRegistry make_registry(const CodecOptions& options) {
   auto registry = codec::CodecRegistry::with_builtins();
-  for (const auto& dir : options.plugin_dirs) {
-    for (const auto& failure : registry.load_directory(dir)) {
-      std::fprintf(stderr, "warning: plugin %s refused: %s\n", failure.path.c_str(), failure.error.to_string().c_str());
-    }
-  }
+  warn_refused_plugins(registry.load_directories(options.plugin_dirs));
   return registry;
 }
 

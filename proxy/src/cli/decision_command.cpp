@@ -5,11 +5,14 @@
 #include <optional>
 #include <string>
 
+#include "kvrelay/broker/engine_codecs.h"
+#include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
 
 #include "commands.h"
+#include "plugin_warnings.h"
 
 namespace kvrelay::cli {
 
@@ -34,7 +37,11 @@ int explain(const ExplainOptions& options) {
   }
   decision::LinkPriors priors;
   priors.shm_bytes_per_s = decision::measure_copy_bandwidth();
-  auto engine = decision::engine_from_policy(policy.value(), priors);
+  // The policy's plugin codecs are media here as in the daemon: a plugin medium whose codec
+  // loads is priced, one whose codec does not is listed as codec_unavailable.
+  auto codecs = codec::CodecRegistry::with_builtins();
+  warn_refused_plugins(codecs.load_directories(policy.value().codecs.plugin_dirs));
+  auto engine = decision::engine_from_policy(policy.value(), priors, {}, broker::engine_codecs(codecs));
   if (!engine) {
     std::fprintf(stderr, "%s\n", engine.error().to_string().c_str());
     return 1;

@@ -1,4 +1,6 @@
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "kvrelay/proxy/version.h"
 
@@ -9,6 +11,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("-V,--version", std::string("kvrelay ") + kvrelay::proxy::kVersion);
   app.require_subcommand(1);
   int exit_code = 0;
+  // Commands print their results (JSON) on stdout; what they log, such as a codec plugin loaded
+  // or refused, goes to stderr. `serve` installs its own logger from the policy.
+  spdlog::set_default_logger(spdlog::stderr_color_st("kvrelay-cli"));
   kvrelay::cli::add_serve_command(app, exit_code);
   kvrelay::cli::add_check_config_command(app, exit_code);
   kvrelay::cli::add_decision_command(app, exit_code);

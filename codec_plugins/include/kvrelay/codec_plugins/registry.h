@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,8 @@ class CodecRegistry {
   Status load_file(const std::filesystem::path& path);
   // Loads every regular `*.so` file in `directory` (sorted by name); failures are logged and returned.
   std::vector<PluginLoadFailure> load_directory(const std::filesystem::path& directory);
+  // load_directory of each of `directories` in order (a policy's codecs.plugin_dirs).
+  std::vector<PluginLoadFailure> load_directories(std::span<const std::string> directories);
 
   // Has `executor` (an implementation of the same codec id, e.g. cuda_implementation()) run every
   // later encode and decode of that codec; `device` names where it runs. Set up before sharing
