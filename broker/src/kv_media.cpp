@@ -25,8 +25,8 @@ std::string medium_for_codec(std::string_view codec) {
   return decision::medium_for_codec_spec(codec);
 }
 
-Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry, std::uint64_t tokens,
-                                                            kv_store::ShmArena* arena) {
+Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry,
+                                                                 std::uint64_t tokens, kv_store::ShmArena* arena) {
   const KvLayout& layout = entry.info.layout;
   if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
   if (tokens > layout.tokens) {  // checked before the slice's buffer is allocated
@@ -42,10 +42,11 @@ Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store:
   return std::shared_ptr<const kv_store::StoredEntry>(std::move(stored));
 }
 
-Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::StoredEntry& head, const KvLayout& tail_layout,
-                                                           std::span<const std::byte> tail,
-                                                           const Fidelity& tail_fidelity, WarmBufferPool& buffers,
-                                                           kv_store::ShmArena* arena) {
+Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::StoredEntry& head,
+                                                                const KvLayout& tail_layout,
+                                                                std::span<const std::byte> tail,
+                                                                const Fidelity& tail_fidelity, WarmBufferPool& buffers,
+                                                                kv_store::ShmArena* arena) {
   if (head.info.layout.layers == 0 || tail_layout.layers == 0) {
     return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
   }
@@ -71,8 +72,8 @@ Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codec
 }
 
 Result<std::shared_ptr<const kv_store::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
-                                                             std::span<const std::uint8_t> frame,
-                                                             std::uint64_t max_bytes, kv_store::ShmArena* arena) {
+                                                                  std::span<const std::uint8_t> frame,
+                                                                  std::uint64_t max_bytes, kv_store::ShmArena* arena) {
   KVRELAY_TRY(const auto header, codec::inspect_frame(frame));
   KVRELAY_TRY(const auto raw, codec::decode_frame(codecs, frame, max_bytes));
   KVRELAY_TRY(auto stored, kv_store::make_stored_entry(header.layout, std::as_bytes(std::span(raw)), arena));

@@ -31,8 +31,8 @@ namespace kvrelay::broker {
 // The first `tokens` tokens of an entry's KV (every layer's K and V), as a new entry with the
 // fidelity of those tokens.
 [[nodiscard]] Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry,
-                                                                          std::uint64_t tokens,
-                                                                          kv_store::ShmArena* arena = nullptr);
+                                                                               std::uint64_t tokens,
+                                                                               kv_store::ShmArena* arena = nullptr);
 
 // The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
 // sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
@@ -51,8 +51,8 @@ namespace kvrelay::broker {
 // entry of raw KV, lossy unless the frame's codec is lossless; refuses frames whose KV exceeds
 // `max_bytes`.
 [[nodiscard]] Result<std::shared_ptr<const kv_store::StoredEntry>> decode_entry(const codec::CodecRegistry& codecs,
-                                                                           std::span<const std::uint8_t> frame,
-                                                                           std::uint64_t max_bytes,
-                                                                           kv_store::ShmArena* arena = nullptr);
+                                                                                std::span<const std::uint8_t> frame,
+                                                                                std::uint64_t max_bytes,
+                                                                                kv_store::ShmArena* arena = nullptr);
 
 }  // namespace kvrelay::broker

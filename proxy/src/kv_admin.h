@@ -5,9 +5,8 @@
 #include <memory>
 #include <vector>
 
-#include "kvrelay/proxy/admin_router.h"
-
 #include "kvrelay/broker/kv_path.h"
+#include "kvrelay/proxy/admin_router.h"
 
 namespace kvrelay::proxy {
 

@@ -253,7 +253,8 @@ Result<WritableRegion> ShmClient::attach(UniqueFd memfd) {
   return region;
 }
 
-Status ShmClient::commit(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout, std::uint64_t checksum) {
+Status ShmClient::commit(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
+                         std::uint64_t checksum) {
   return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {}, Fidelity::exact());
 }
 
@@ -264,8 +265,9 @@ Status ShmClient::lossy_unsupported() const {
                           server_version_, kFidelityDataPlaneVersion));
 }
 
-Status ShmClient::commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
-                            std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity) {
+Status ShmClient::commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key,
+                            const KvLayout& layout, std::uint64_t checksum, std::string_view params_json,
+                            const Fidelity& fidelity) {
   const bool with_context = type == MessageType::kCommitContext;
   const std::uint64_t size = region.size;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
@@ -289,8 +291,9 @@ Status ShmClient::publish(const kv_store::EntryKey& key, const KvLayout& layout,
   return commit(std::move(region), key, layout, checksum);
 }
 
-Status ShmClient::publish_with_context(const kv_store::EntryKey& key, const KvLayout& layout, std::span<const std::byte> bytes,
-                                       std::string_view params_json, const Fidelity& fidelity) {
+Status ShmClient::publish_with_context(const kv_store::EntryKey& key, const KvLayout& layout,
+                                       std::span<const std::byte> bytes, std::string_view params_json,
+                                       const Fidelity& fidelity) {
   if (!fidelity.is_exact() && server_version_ < kFidelityDataPlaneVersion) return lossy_unsupported();
   if (server_version_ < 2) return publish(key, layout, bytes);
   std::uint64_t checksum = 0;

@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "support/kv_path_fixture.h"
-#include "support/stalling_relay.h"
 #include "support/skip.h"
+#include "support/stalling_relay.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;

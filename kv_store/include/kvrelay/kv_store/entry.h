@@ -5,13 +5,13 @@
 #include <optional>
 #include <span>
 
+#include "kvrelay/core/byte_io.h"
 #include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
-#include "kvrelay/kv_store/arena.h"
-#include "kvrelay/core/byte_io.h"
-#include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/core/unique_fd.h"
+#include "kvrelay/kv_store/arena.h"
+#include "kvrelay/kv_store/memfd.h"
 
 namespace kvrelay::kv_store {
 

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "kvrelay/broker/policy_source.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
-#include "kvrelay/broker/policy_source.h"
 
 namespace kvrelay::proxy {
 

@@ -83,7 +83,7 @@ struct WritableRegion {
   std::uint64_t id = 0;
   std::uint64_t size = 0;
   UniqueFd fd;                               // a region of its own (empty for arena regions)
-  kv_store::Mapping mapping;                           // its mapping; empty for regions publish() fills through the fd
+  kv_store::Mapping mapping;                 // its mapping; empty for regions publish() fills through the fd
   std::shared_ptr<const ClientArena> arena;  // an arena region: `size` bytes at `arena_offset`
   std::uint64_t arena_offset = 0;
   [[nodiscard]] bool in_arena() const { return arena != nullptr; }
@@ -206,8 +206,9 @@ class ShmClient {
 
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader, bool map = true);
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);
-  [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
-                                 std::uint64_t checksum, std::string_view params_json, const Fidelity& fidelity);
+  [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key,
+                                 const KvLayout& layout, std::uint64_t checksum, std::string_view params_json,
+                                 const Fidelity& fidelity);
   [[nodiscard]] Status lossy_unsupported() const;
   // A region of `size` bytes from the sidecar, not mapped here.
   [[nodiscard]] Result<WritableRegion> allocate_unmapped(std::uint64_t size);

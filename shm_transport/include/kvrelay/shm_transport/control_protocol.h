@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/core/byte_io.h"
 #include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/result.h"
-#include "kvrelay/core/byte_io.h"
 #include "kvrelay/kv_store/entry.h"
 
 namespace kvrelay::shm {
