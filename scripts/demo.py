@@ -36,6 +36,9 @@ def main():
             sys.exit("demo failed: the admin API must answer on listen.admin only, and 404 on the agent listener")
         print("admin API (forcing media, flushing KV): on each sidecar's admin listener (listen.admin) only;")
         print("its agent listener answers 404 there, and a policy without listen.admin has no admin API.")
+        if not all(cluster.admin_changes_need_token(node) for node in ("node-a", "node-b")):
+            sys.exit("demo failed: an admin change without the admin token must be refused (401)")
+        print("changes there need the admin token (admin.token_file; generated for this run): without it, 401.")
         print(f"(after one {max(lengths)}-token handoff over TCP and one over shared memory, which warm the sidecars' kept buffers and arena)\n")
         print("B's time to first token (ms), by how A's context reaches B:")
         header = (f"{'context':>7} | " + " ".join(f"{name:>11}" for name in COLUMNS) +

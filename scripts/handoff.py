@@ -19,7 +19,9 @@ worker computed it, so node-b's store already holds B's whole context and nothin
 (see `local_hit`).
 """
 import json
+import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -43,10 +45,13 @@ def shape_model(shape):
             "head_dim": dim // heads, "dtype": "fp32", "weights": f"synthetic:{shape}:1"}
 
 
-def http(port, method, path, body=None, timeout=600):
+def http(port, method, path, body=None, timeout=600, token=None):
+    """One request; `token` is sent as the admin API's bearer token (changes need it)."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         text = response.read().decode()
     return json.loads(text) if text else {}
@@ -83,6 +88,12 @@ class Cluster:
         self.memory_strategy = memory_strategy
         self.work = pathlib.Path(tempfile.mkdtemp(prefix="kvrelay-handoff-"))
         self.processes = []
+        # The sidecars' admin token (mutating admin endpoints need it), in a file only we can read.
+        self.admin_token = secrets.token_hex(32)
+        self.admin_token_file = self.work / "admin.token"
+        descriptor = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as token_file:
+            token_file.write(self.admin_token + "\n")
 
     def __enter__(self):
         kvrelay = self.build / "proxy" / "kvrelay"
@@ -103,6 +114,7 @@ class Cluster:
                 "node": {"id": node},
                 "listen": {"http": "127.0.0.1:0", "admin": "127.0.0.1:0", "peer": "127.0.0.1:0",
                            "unix_socket": sockets[node]},
+                "admin": {"token_file": str(self.admin_token_file)},
                 "peers": [],
                 "agents": [],
                 "routes": [],
@@ -138,7 +150,7 @@ class Cluster:
             policy["routes"] = [{"id": "a-to-b", "from": "agent-a", "to": "agent-b"},
                                 {"id": "a-to-b-local", "from": "agent-a", "to": "agent-b-local"}]
             self._write(node, policy)
-            http(self.admin_ports[node], "POST", "/admin/reload")
+            self.admin(node, "POST", "/admin/reload")
         return self
 
     def __exit__(self, *exc):
@@ -179,16 +191,24 @@ class Cluster:
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "))
 
+    def admin(self, node, method, path, body=None):
+        """A request to node's admin API with the admin token."""
+        return http(self.admin_ports[node], method, path, body, token=self.admin_token)
+
     def force(self, node, route, medium):
-        http(self.admin_ports[node], "PUT", f"/admin/routes/{route}", {"forced_medium": medium})
+        self.admin(node, "PUT", f"/admin/routes/{route}", {"forced_medium": medium})
 
     def flush(self, node):
-        http(self.admin_ports[node], "DELETE", "/admin/kv")
+        self.admin(node, "DELETE", "/admin/kv")
 
     def admin_only_on_admin_listener(self, node):
         """True when node's admin API answers on its admin listener and is a 404 on its agent one."""
         return (status_of(self.sidecar_ports[node], "GET", "/admin/routes") == 404 and
                 status_of(self.admin_ports[node], "GET", "/admin/routes") == 200)
+
+    def admin_changes_need_token(self, node):
+        """True when a change through node's admin API without the token is refused (401)."""
+        return status_of(self.admin_ports[node], "DELETE", "/admin/kv") == 401
 
     def last_decision(self, node):
         decisions = http(self.admin_ports[node], "GET", "/admin/decisions?limit=4")["decisions"]

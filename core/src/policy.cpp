@@ -1,13 +1,22 @@
 #include "kvrelay/core/policy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "kvrelay/core/unique_fd.h"
 
 #include "json_reader.h"
 
@@ -231,6 +240,9 @@ void read_peer(const json& value, const std::string& pointer, PeerPolicy& out, D
   read_host_port(reader, "address", address, diag, true);
   if (address) out.address = *address;
   reader.read_bool("same_host", out.same_host);
+  std::uint32_t uid = 0;
+  if (reader.read_u32("uid", uid, 0, 0xFFFFFFFEU)) out.uid = uid;
+  if (out.uid && !out.same_host) diag.problem(reader.pointer_of("uid"), "only a same_host peer has a uid");
   reader.reject_unknown_keys();
 }
 
@@ -560,6 +572,126 @@ std::string line_and_column(std::string_view text, std::size_t byte_offset) {
 
 }  // namespace
 
+// The admin section (its shape here, since parse_policy reads no files; the token itself in
+// read_admin_token, which load_policy_file calls) and the same-host peers' uids.
+namespace {
+
+bool is_environment_name(std::string_view name) {
+  if (name.empty() || (name.front() >= '0' && name.front() <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+void read_admin(const json& value, const std::string& pointer, AdminPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_string("token_file", out.token_file, false);
+  if (reader.read_string("token_env", out.token_env, false) && !is_environment_name(out.token_env)) {
+    const json got = out.token_env;
+    diag.expected(reader.pointer_of("token_env"), "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", &got);
+  }
+  reader.read_bool("require_token_for_reads", out.require_token_for_reads);
+  if (!out.token_file.empty() && !out.token_env.empty()) {
+    diag.problem(reader.pointer_of("token_env"), "set either token_file or token_env, not both");
+  }
+  if (out.require_token_for_reads && !out.names_token()) {
+    diag.problem(reader.pointer_of("require_token_for_reads"), "needs a token (token_file or token_env)");
+  }
+  reader.reject_unknown_keys();
+}
+
+// What is wrong with a token, never quoting it: "" when it is usable.
+std::string admin_token_problem(std::string_view token) {
+  if (token.size() < kMinAdminTokenBytes) {
+    return fmt::format("expected a token of at least {} characters, got {}", kMinAdminTokenBytes, token.size());
+  }
+  const auto bad = std::find_if(token.begin(), token.end(), [](char c) { return c < '!' || c > '~'; });
+  if (bad != token.end()) {
+    return fmt::format("the token has a character outside printable ASCII (or a space) at offset {}",
+                       bad - token.begin());
+  }
+  return {};
+}
+
+std::string_view trim_trailing_whitespace(std::string_view text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' || text.back() == '\t'))
+    text.remove_suffix(1);
+  return text;
+}
+
+// The token file's contents (at most kMaxAdminTokenBytes), or what stops us reading them.
+Result<std::string> read_token_file(const std::string& path) {
+  // Symlinks are followed: Kubernetes mounts a Secret's files through them.
+  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!file) return fail(ErrorCode::kNotFound, fmt::format("cannot open \"{}\": {}", path, std::strerror(errno)));
+  struct stat info {};
+  if (::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("\"{}\" is not a regular file", path));
+  }
+  std::string contents(kMaxAdminTokenBytes + 1, '\0');
+  std::size_t filled = 0;
+  while (filled < contents.size()) {
+    const auto got = ::read(file.get(), contents.data() + filled, contents.size() - filled);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return fail(ErrorCode::kIo, fmt::format("cannot read \"{}\": {}", path, std::strerror(errno)));
+    if (got == 0) break;
+    filled += static_cast<std::size_t>(got);
+  }
+  if (filled > kMaxAdminTokenBytes) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("\"{}\" is larger than {} bytes", path, kMaxAdminTokenBytes));
+  }
+  contents.resize(filled);
+  return contents;
+}
+
+// Same-host peers are told apart by the uid of their data-plane connections (SO_PEERCRED), so
+// two of them may not share one.
+void check_same_host_peer_uids(const Policy& policy, Diagnostics& diag) {
+  for (std::size_t index = 0; index < policy.peers.size(); ++index) {
+    const auto& uid = policy.peers[index].uid;
+    if (!uid) continue;
+    for (std::size_t earlier = 0; earlier < index; ++earlier) {
+      if (policy.peers[earlier].uid == uid) {
+        diag.problem(pointer_append(pointer_append("/peers", index), "uid"),
+                     fmt::format("uid {} is also peer \"{}\"'s: same-host peers need uids of their own", *uid,
+                                 policy.peers[earlier].id));
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status read_admin_token(Policy& policy) {
+  AdminPolicy& admin = policy.admin;
+  admin.token.clear();
+  if (!admin.names_token()) return ok();
+  std::string token;
+  std::string pointer;
+  if (!admin.token_file.empty()) {
+    pointer = "/admin/token_file";
+    auto contents = read_token_file(admin.token_file);
+    if (!contents)
+      return fail(contents.error().code, fmt::format("{}: {}: {}", policy.source, pointer, contents.error().message));
+    token = std::string(trim_trailing_whitespace(contents.value()));
+  } else {
+    pointer = "/admin/token_env";
+    const char* value = std::getenv(admin.token_env.c_str());
+    if (value == nullptr) {
+      return fail(ErrorCode::kNotFound,
+                  fmt::format("{}: {}: environment variable {} is not set", policy.source, pointer, admin.token_env));
+    }
+    token = std::string(trim_trailing_whitespace(value));
+  }
+  if (const auto problem = admin_token_problem(token); !problem.empty()) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("{}: {}: {}", policy.source, pointer, problem));
+  }
+  admin.token = std::move(token);
+  return ok();
+}
+
 Result<Policy> parse_policy(std::string_view json_text, std::string_view source) {
   json document;
   try {
@@ -597,6 +729,7 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
       }
     }
     if (const auto* listen = root.field("listen", true)) read_listen(*listen, "/listen", policy.listen, diag);
+    if (const auto* admin = root.field("admin", false)) read_admin(*admin, "/admin", policy.admin, diag);
     read_array(root, "peers", policy.peers, diag,
                [&](const json& v, const std::string& p, PeerPolicy& out) { read_peer(v, p, out, diag); });
     read_array(root, "agents", policy.agents, diag,
@@ -612,18 +745,23 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
     if (diag.empty()) check_references(policy, diag);
+    if (diag.empty()) check_same_host_peer_uids(policy, diag);
   }
   if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
   return policy;
 }
 
-Result<Policy> load_policy_file(const std::string& path) {
+Result<Policy> load_policy_file(const std::string& path, PolicySecrets secrets) {
   std::ifstream file(path, std::ios::binary);
   if (!file) return fail(ErrorCode::kNotFound, fmt::format("{}: cannot open policy file", path));
   std::ostringstream contents;
   contents << file.rdbuf();
   if (file.bad()) return fail(ErrorCode::kIo, fmt::format("{}: read failed", path));
-  return parse_policy(contents.str(), path);
+  KVRELAY_TRY(auto policy, parse_policy(contents.str(), path));
+  if (secrets == PolicySecrets::kRead) {
+    KVRELAY_TRY(read_admin_token(policy));
+  }
+  return policy;
 }
 
 }  // namespace kvrelay

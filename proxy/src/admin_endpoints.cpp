@@ -99,33 +99,33 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
       codecs ? codecs_to_json(*codecs, context.codec_load_failures).dump() : std::string(R"({"codecs":[]})");
   const auto online_audit = context.audit;
   std::vector<AdminEndpoint> endpoints{
-      {http::verb::get, "/healthz", "Liveness: 200 while the process serves requests",
+      {http::verb::get, Access::kPublic, "/healthz", "Liveness: 200 while the process serves requests",
        [](const HttpRequest& request) { return make_json_response(http::status::ok, R"({"status":"ok"})", request); }},
-      {http::verb::get, "/readyz", "Readiness: 200 once listening and not draining, else 503",
+      {http::verb::get, Access::kPublic, "/readyz", "Readiness: 200 once listening and not draining, else 503",
        [is_ready](const HttpRequest& request) {
          const bool ready = is_ready();
          return make_json_response(ready ? http::status::ok : http::status::service_unavailable,
                                    ready ? R"({"status":"ready"})" : R"({"status":"not_ready"})", request);
        }},
-      {http::verb::get, "/metrics", "Prometheus metrics of every component (text format 0.0.4)",
+      {http::verb::get, Access::kRead, "/metrics", "Prometheus metrics of every component (text format 0.0.4)",
        [registry, before = context.before_metrics](const HttpRequest& request) {
          if (before) before();
          return make_text_response(http::status::ok, registry->render(), "text/plain; version=0.0.4; charset=utf-8",
                                    request);
        }},
-      {http::verb::get, "/version", "Build version and the node this daemon serves",
+      {http::verb::get, Access::kRead, "/version", "Build version and the node this daemon serves",
        [policy](const HttpRequest& request) {
          const nlohmann::json body{{"version", kVersion}, {"node", policy->current()->node_id}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
-      {http::verb::get, "/admin/routes", "Routes as currently served (after live changes)",
+      {http::verb::get, Access::kRead, "/admin/routes", "Routes as currently served (after live changes)",
        [policy](const HttpRequest& request) {
          nlohmann::json routes = nlohmann::json::array();
          for (const auto& route : policy->current()->routes)
            routes.push_back(route_to_json(route));
          return make_json_response(http::status::ok, nlohmann::json{{"routes", routes}}.dump(), request);
        }},
-      {http::verb::put, "/admin/routes/*",
+      {http::verb::put, Access::kMutate, "/admin/routes/*",
        "Change a route live: {\"enabled\": bool, \"forced_medium\": medium|null, \"audit_fraction\": 0..1}",
        [policy, codecs](const HttpRequest& request) {
          const auto route_id = std::string(request.target().substr(kRoutesPrefix.size()));
@@ -140,27 +140,28 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
          if (!updated) return error_for(updated.error(), request);
          return make_json_response(http::status::ok, route_to_json(updated.value()).dump(), request);
        }},
-      {http::verb::get, "/admin/codecs", "Codecs this daemon can use (built-in and plugins) and plugins it refused",
+      {http::verb::get, Access::kRead, "/admin/codecs",
+       "Codecs this daemon can use (built-in and plugins) and plugins it refused",
        [codecs_body](const HttpRequest& request) {
          return make_json_response(http::status::ok, codecs_body, request);
        }},
-      {http::verb::get, "/admin/upstreams",
+      {http::verb::get, Access::kRead, "/admin/upstreams",
        "Load last read from each agent's engine metrics page (limits.probe_interval_ms)",
        [prober](const HttpRequest& request) {
          const auto body = prober ? prober->snapshot_json() : nlohmann::json{{"agents", nlohmann::json::object()}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
-      {http::verb::get, "/admin/audit/report",
+      {http::verb::get, Access::kRead, "/admin/audit/report",
        "Online audit: effects of each treatment vs T0 with CIs (?format=json|markdown|svg)",
        [online_audit](const HttpRequest& request) { return audit_report(online_audit, request); }},
-      {http::verb::get, "/admin/audit/calibration",
+      {http::verb::get, Access::kRead, "/admin/audit/calibration",
        "Cost-model parameters from the online audit's trials, as a policy fragment to review (docs/audit.md)",
        [online_audit](const HttpRequest& request) {
          const auto trials = online_audit ? online_audit->snapshot() : audit::TrialSet{};
          return make_json_response(http::status::ok, audit::calibrate(trials, audit::CalibrationOptions{}).dump(),
                                    request);
        }},
-      {http::verb::post, "/admin/reload",
+      {http::verb::post, Access::kMutate, "/admin/reload",
        "Re-read the policy file; a bad policy is rejected and the old one keeps serving",
        [policy](const HttpRequest& request) {
          auto reloaded = policy->reload();

@@ -158,7 +158,8 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.extra_endpoints = kv_admin_endpoints(kv_path);
   auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);
   admin_context.before_metrics = [shm_metrics] { shm_metrics->refresh(); };
-  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context));
+  auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context),
+                                                    [runtime_policy] { return runtime_policy->current(); });
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
     return admin_router->handle(request);
   };
@@ -187,6 +188,12 @@ int run_daemon(const DaemonOptions& options) {
     shm_options.socket_path = policy->listen.unix_socket;
     shm_options.socket_group = policy->listen.unix_socket_group;
     shm_options.allowed_uids = policy->listen.allowed_uids;
+    shm_options.same_host_peers = [runtime_policy] {
+      std::vector<shm::SameHostPeerUid> peers;
+      for (const auto& peer : runtime_policy->current()->peers)
+        if (peer.same_host && peer.uid) peers.push_back({peer.id, *peer.uid});
+      return peers;
+    };
     shm_options.max_region_bytes = policy->limits.kv_store_bytes;
     shm_options.arena_bytes = policy->limits.shm_arena_bytes;
     shm_options.memory_strategy = policy->limits.memory_strategy;
@@ -227,6 +234,11 @@ int run_daemon(const DaemonOptions& options) {
   if (!admin_server) {
     spdlog::info("no listen.admin in the policy: no admin API (/admin/...); SIGHUP reloads the policy{}",
                  policy->listen.metrics_on_http ? "" : ", and /metrics is off (listen.metrics_on_http)");
+  } else if (policy->admin.token.empty()) {
+    spdlog::warn("no admin token configured (/admin/token_file): the admin API is read-only");
+  } else {
+    spdlog::info("admin API: changes need {}{}", admin_token_label(policy->admin.token),
+                 policy->admin.require_token_for_reads ? ", and so do reads" : "");
   }
   if (!options.ready_file.empty()) {
     if (auto written =

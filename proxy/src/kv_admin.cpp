@@ -37,7 +37,7 @@ Result<std::size_t> parse_limit(std::string_view target, std::size_t capacity) {
 
 std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path) {
   return {
-      {http::verb::get, "/admin/decisions",
+      {http::verb::get, Access::kRead, "/admin/decisions",
        "Recent KV-path decisions, newest first (?limit=N): route, request, medium, source, cost breakdown, outcome",
        [path](const HttpRequest& request) {
          const auto limit = parse_limit(request.target(), path->decisions().capacity());
@@ -49,14 +49,15 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
          return make_json_response(http::status::ok,
                                    body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), request);
        }},
-      {http::verb::delete_, "/admin/kv",
+      {http::verb::delete_, Access::kMutate, "/admin/kv",
        "Drop every KV entry this sidecar holds (benchmarks, incident response); returns what was dropped",
        [path](const HttpRequest& request) {
          const auto dropped = path->clear_store();
          const nlohmann::json body{{"dropped_entries", dropped.entries}, {"dropped_bytes", dropped.bytes}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
-      {http::verb::get, "/admin/peers", "Peers: connection state, link RTT and throughput estimates, summaries",
+      {http::verb::get, Access::kRead, "/admin/peers",
+       "Peers: connection state, link RTT and throughput estimates, summaries",
        [path](const HttpRequest& request) {
          return make_json_response(http::status::ok, path->peers().describe().dump(), request);
        }},

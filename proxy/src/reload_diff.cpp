@@ -113,6 +113,20 @@ void diff_peer(Diff& diff, const std::string& at, const PeerPolicy& before, cons
   // the engine's link.
   diff.field(Applies::kLive, at + "/address", before.address, after.address);
   diff.field(Applies::kLive, at + "/same_host", before.same_host, after.same_host);
+  // The data plane reads it at each connection it accepts.
+  diff.field(Applies::kLive, at + "/uid", before.uid, after.uid);
+}
+
+// Read per request by the admin router. A new token under the same file or variable is named by
+// that pointer: the token itself never appears in a report.
+void diff_admin(Diff& diff, const AdminPolicy& before, const AdminPolicy& after) {
+  constexpr auto kLive = Applies::kLive;
+  diff.field(kLive, "/admin/token_file", before.token_file, after.token_file);
+  diff.field(kLive, "/admin/token_env", before.token_env, after.token_env);
+  diff.field(kLive, "/admin/require_token_for_reads", before.require_token_for_reads, after.require_token_for_reads);
+  if (before.token != after.token && before.token_file == after.token_file && before.token_env == after.token_env) {
+    diff.note(kLive, after.token_env.empty() ? "/admin/token_file" : "/admin/token_env");
+  }
 }
 
 // Items of an id-keyed array: each one's fields, an added one by its pointer, removals by the array.
@@ -182,6 +196,7 @@ PolicyChanges diff_policies(const Policy& before, const Policy& after) {
   // The peer server announces the node id and the codecs and logging are set up at start.
   diff.field(kRestart, "/node/id", before.node_id, after.node_id);
   diff_listen(diff, before.listen, after.listen);
+  diff_admin(diff, before.admin, after.admin);
   diff_items(diff, "/peers", before.peers, after.peers, diff_peer);
   diff_items(diff, "/agents", before.agents, after.agents, diff_agent);
   diff_items(diff, "/routes", before.routes, after.routes, diff_route);

@@ -75,6 +75,21 @@ Result<sockaddr_un> socket_address(const std::string& path) {
   return address;
 }
 
+// What a same-host peer sidecar's connection may send: what fetch_over_shm (broker) uses to
+// read an entry by key, and the harmless probes.
+bool peer_may_send(MessageType type) {
+  switch (type) {
+    case MessageType::kHello:
+    case MessageType::kLookup:
+    case MessageType::kReleaseLeases:
+    case MessageType::kPing:
+    case MessageType::kStats:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Tells a refused client why, then hangs up without leaving its requests unread: closing a
 // Unix socket with unread data makes the peer's recv fail with ECONNRESET before it can read
 // our explanation. Shutting down first makes later client sends fail with EPIPE instead.
@@ -104,6 +119,7 @@ struct ShmServer::Connection {
   UniqueFd socket;
   std::uint32_t uid = 0;
   std::int32_t pid = 0;
+  ConnectionIdentity identity;
   std::map<std::uint64_t, ServedRegion> regions;
   std::uint32_t client_version = 1;
   // Arena entries handed to this client: their blocks stay allocated until it gives them back
@@ -266,9 +282,20 @@ void ShmServer::stop() {
   if (verifier_) verifier_->pool.join();
 }
 
-bool ShmServer::uid_allowed(std::uint32_t uid) const {
-  if (uid == ::geteuid()) return true;
-  return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) != options_.allowed_uids.end();
+std::optional<ConnectionIdentity> identify_connection(std::uint32_t uid, std::uint32_t own_uid,
+                                                      std::span<const std::uint32_t> allowed_uids,
+                                                      std::span<const SameHostPeerUid> peers) {
+  ConnectionIdentity identity;
+  identity.worker = uid == own_uid || std::find(allowed_uids.begin(), allowed_uids.end(), uid) != allowed_uids.end();
+  const auto peer = std::find_if(peers.begin(), peers.end(), [&](const SameHostPeerUid& p) { return p.uid == uid; });
+  if (peer != peers.end()) identity.peer_id = peer->peer_id;
+  if (!identity.worker && identity.peer_id.empty()) return std::nullopt;
+  return identity;
+}
+
+std::optional<ConnectionIdentity> ShmServer::identify(std::uint32_t uid) const {
+  const auto peers = options_.same_host_peers ? options_.same_host_peers() : std::vector<SameHostPeerUid>{};
+  return identify_connection(uid, static_cast<std::uint32_t>(::geteuid()), options_.allowed_uids, peers);
 }
 
 ServerStats ShmServer::stats() const {
@@ -343,11 +370,17 @@ void ShmServer::accept_connections() {
     if (!client) return;
     ucred credentials{};
     socklen_t length = sizeof(credentials);
-    if (::getsockopt(client.get(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0 ||
-        !uid_allowed(credentials.uid)) {
+    const auto identity = ::getsockopt(client.get(), SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0
+                              ? identify(credentials.uid)
+                              : std::nullopt;
+    if (!identity) {
       ++refused_;
-      spdlog::warn("shm: refused connection from uid {} pid {}", credentials.uid, credentials.pid);
-      refuse_connection(client, Error{ErrorCode::kPermissionDenied, "uid not allowed by listen.allowed_uids"});
+      spdlog::warn(
+          "shm: refused connection from uid {} pid {}: neither a worker's uid (listen.allowed_uids) nor a "
+          "same-host peer's (peers[].uid)",
+          credentials.uid, credentials.pid);
+      refuse_connection(client, Error{ErrorCode::kPermissionDenied,
+                                      "uid not allowed by listen.allowed_uids or a same-host peer's peers[].uid"});
       continue;
     }
     if (connections_.size() >= options_.max_connections) {
@@ -359,6 +392,7 @@ void ShmServer::accept_connections() {
     connection->socket = std::move(client);
     connection->uid = credentials.uid;
     connection->pid = credentials.pid;
+    connection->identity = *identity;
     connections_.push_back(std::move(connection));
     ++connections_count_;
   }
@@ -514,6 +548,12 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     return;
   }
   if (!takes_fd && !fds.empty()) return refuse(ErrorCode::kProtocol, "unexpected fds attached");
+  if (!connection.identity.worker && !peer_may_send(frame.type)) {
+    // A peer's KV arrives as pushes over the peer plane, where they are authorized and checked.
+    return refuse(
+        ErrorCode::kPermissionDenied,
+        fmt::format("same-host peer {} may only look entries up on this data plane", connection.identity.peer_id));
+  }
   ByteReader reader(frame.payload);
   switch (frame.type) {
     case MessageType::kHello: {
@@ -602,6 +642,10 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     case MessageType::kLookup: {
       const auto key = kv_store::decode_key(reader);
       if (!key || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed lookup");
+      if (!connection.identity.worker && hooks_) {
+        if (auto authorized = hooks_->authorize_peer_lookup(connection.identity.peer_id, *key); !authorized)
+          return refuse(authorized.error().code, authorized.error().message);
+      }
       // A lookup by key asks for the KV as published: lossy entries are not that.
       auto entry = store_->get_exact(*key);
       if (!entry) return refuse(ErrorCode::kNotFound, "no exact entry for this key");

@@ -98,7 +98,7 @@ double fault_entries(const Sidecar& sidecar) {
 
 // DELETE /admin/kv: how many entries it dropped.
 int fault_flush(const Sidecar& sidecar) {
-  const auto reply = http_request(sidecar.admin_port(), "DELETE", "/admin/kv");
+  const auto reply = admin_request(sidecar.admin_port(), "DELETE", "/admin/kv");
   REQUIRE(reply.status == 200);
   return json::parse(reply.body)["dropped_entries"].get<int>();
 }

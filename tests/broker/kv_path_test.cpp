@@ -332,12 +332,12 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
   {  // DELETE /admin/kv drops what the sidecar stores: the same handoff then finds nothing to import.
     const auto a_prompt = context_prompt(++seed);
     const auto a = node.complete("writer", greedy(a_prompt, 20, true));
-    const auto dropped = json::parse(http_request(node.admin_port(), "DELETE", "/admin/kv").body);
+    const auto dropped = json::parse(admin_request(node.admin_port(), "DELETE", "/admin/kv").body);
     CHECK(dropped["dropped_entries"].get<int>() >= 1);
     CHECK(dropped["dropped_bytes"].get<double>() > 0);
     const auto b = node.complete("reader", greedy(handoff_prompt(a_prompt, a), 4));
     CHECK(b["kvrelay"]["cached_tokens"] == 0);
-    CHECK(json::parse(http_request(node.admin_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >= 1);  // B's own
+    CHECK(json::parse(admin_request(node.admin_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >= 1);  // B's own
   }
 }
 

@@ -90,7 +90,7 @@ TEST_CASE("a plugin codec is a medium: forced on a route, B's sidecar fetches A'
   CHECK(node_b.metric_sum("kvrelay_kv_bytes_total", {"direction=\"fetched\"", "codec=\"raw\""}) == 0);
 
   // A plugin this sidecar has not loaded cannot be forced: the route would claim what it cannot do.
-  const auto refused = http_request(node_b.admin_port(), "PUT", "/admin/routes/writer-to-reader",
+  const auto refused = admin_request(node_b.admin_port(), "PUT", "/admin/routes/writer-to-reader",
                                     json{{"forced_medium", "codec:absent"}}.dump());
   CHECK(refused.status == 400);
   CHECK_THAT(refused.body, Catch::Contains("not loaded"));

@@ -40,6 +40,9 @@ bad_variants = {
     "missing schema_version": lambda d: d.pop("schema_version"),
     "unknown codec device": lambda d: d.setdefault("codecs", {}).update(device="tpu"),
     "unknown memory strategy": lambda d: d.setdefault("limits", {}).update(memory_strategy="lazy"),
+    "admin token file and variable": lambda d: d.update(admin={"token_file": "t", "token_env": "T"}),
+    "token for reads without a token": lambda d: d.update(admin={"require_token_for_reads": True}),
+    "uid of a peer on another host": lambda d: d.update(peers=[{"id": "p", "address": "h:1", "uid": 5}]),
 }
 for name, mutate in bad_variants.items():
     document = copy.deepcopy(base)

@@ -14,14 +14,24 @@
 
 namespace {
 
+// With an admin token, so that the Authorization header's parsing is fuzzed too.
+std::shared_ptr<const kvrelay::Policy> fuzz_policy() {
+  auto policy = std::make_shared<kvrelay::Policy>();
+  policy->admin.token_file = "fuzz.token";
+  policy->admin.token = "fuzz-admin-token-0123456789";
+  return policy;
+}
+
 const kvrelay::proxy::AdminRouter& router() {
   using namespace kvrelay::proxy;
-  static const AdminRouter instance({
-      {http::verb::get, "/healthz", "liveness",
-       [](const HttpRequest& r) { return make_json_response(http::status::ok, "{}", r); }},
-      {http::verb::put, "/admin/routes/*", "route",
-       [](const HttpRequest& r) { return make_json_response(http::status::ok, r.body(), r); }},
-  });
+  static const AdminRouter instance(
+      {
+          {http::verb::get, Access::kPublic, "/healthz", "liveness",
+           [](const HttpRequest& r) { return make_json_response(http::status::ok, "{}", r); }},
+          {http::verb::put, Access::kMutate, "/admin/routes/*", "route",
+           [](const HttpRequest& r) { return make_json_response(http::status::ok, r.body(), r); }},
+      },
+      [policy = fuzz_policy()] { return policy; });
   return instance;
 }
 

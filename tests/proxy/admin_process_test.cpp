@@ -42,8 +42,8 @@ TEST_CASE("admin lists routes and changes one live", "[proxy][admin][process]") 
   REQUIRE(routes["routes"].size() == 1);
   CHECK(routes["routes"][0]["enabled"] == true);
 
-  const auto updated = http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b",
-                                    R"({"enabled": false, "forced_medium": "kv_raw", "audit_fraction": 0.5})");
+  const auto updated = admin_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b",
+                                     R"({"enabled": false, "forced_medium": "kv_raw", "audit_fraction": 0.5})");
   REQUIRE(updated.status == 200);
   CHECK(json::parse(updated.body)["forced_medium"] == "kv_raw");
   const auto after = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
@@ -51,22 +51,22 @@ TEST_CASE("admin lists routes and changes one live", "[proxy][admin][process]") 
   CHECK(after["routes"][0]["audit_fraction"] == 0.5);
 
   // Turned back on, live, without a restart.
-  CHECK(http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": true})").status == 200);
+  CHECK(admin_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": true})").status == 200);
   CHECK(json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body)["routes"][0]["enabled"] == true);
 }
 
 TEST_CASE("admin rejects bad route changes with a message naming the problem", "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
-  const auto unknown = http_request(daemon.admin_port(), "PUT", "/admin/routes/nope", R"({"enabled": false})");
+  const auto unknown = admin_request(daemon.admin_port(), "PUT", "/admin/routes/nope", R"({"enabled": false})");
   CHECK(unknown.status == 404);
-  const auto bad_type = http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": "no"})");
+  const auto bad_type = admin_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"enabled": "no"})");
   CHECK(bad_type.status == 400);
   CHECK_THAT(bad_type.body, Catch::Contains("/enabled: expected boolean"));
   const auto not_allowed =
-      http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"forced_medium": "kv_int4"})");
+      admin_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", R"({"forced_medium": "kv_int4"})");
   CHECK(not_allowed.status == 400);
   CHECK_THAT(not_allowed.body, Catch::Contains("not in the route's allowed_media"));
-  CHECK(http_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", "{oops").status == 400);
+  CHECK(admin_request(daemon.admin_port(), "PUT", "/admin/routes/a-to-b", "{oops").status == 400);
   // Nothing of the rejected changes was applied.
   const auto routes = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
   CHECK(routes["routes"][0]["enabled"] == true);
@@ -78,15 +78,15 @@ TEST_CASE("reload applies a valid policy and rejects a bad one, which keeps the 
   DaemonUnderTest daemon(policy_with_routes());
   auto next = policy_with_routes();
   next["routes"][0]["priority"] = 6;
-  write_file(daemon.dir() / "policy.json", next.dump());
-  const auto applied = http_request(daemon.admin_port(), "POST", "/admin/reload");
+  daemon.write_policy(next);
+  const auto applied = admin_request(daemon.admin_port(), "POST", "/admin/reload");
   REQUIRE(applied.status == 200);
   CHECK(json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body)["routes"][0]["priority"] == 6);
 
   auto bad = next;
   bad["routes"][0]["to"] = "ghost";
-  write_file(daemon.dir() / "policy.json", bad.dump());
-  const auto rejected = http_request(daemon.admin_port(), "POST", "/admin/reload");
+  daemon.write_policy(bad);
+  const auto rejected = admin_request(daemon.admin_port(), "POST", "/admin/reload");
   CHECK(rejected.status == 422);
   CHECK_THAT(rejected.body, Catch::Contains("/routes/0/to: expected an agent id from /agents, got \\\"ghost\\\""));
   const auto routes = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
@@ -103,7 +103,7 @@ TEST_CASE("SIGHUP reloads the policy file", "[proxy][admin][process]") {
   DaemonUnderTest daemon(policy_with_routes());
   auto next = policy_with_routes();
   next["routes"][0]["audit_fraction"] = 0.25;
-  write_file(daemon.dir() / "policy.json", next.dump());
+  daemon.write_policy(next);
   daemon.process().send_signal(SIGHUP);
   const bool reloaded = wait_until(
       [&] {
@@ -198,8 +198,8 @@ TEST_CASE("codecs.device places the GPU codecs at start, or refuses to start wit
     // The placement is made at start: a reload says so instead of claiming it applied.
     auto moved = policy;
     moved["codecs"]["device"] = "cpu";
-    write_file(daemon.dir() / "policy.json", moved.dump());
-    const auto reloaded = http_request(daemon.admin_port(), "POST", "/admin/reload");
+    daemon.write_policy(moved);
+    const auto reloaded = admin_request(daemon.admin_port(), "POST", "/admin/reload");
     REQUIRE(reloaded.status == 200);
     CHECK(json::parse(reloaded.body)["restart_required"] == json::array({"/codecs/device"}));
   }
@@ -286,7 +286,7 @@ TEST_CASE("the admin API answers only on listen.admin: every admin path is a 404
 
   for (const auto& call : admin_calls()) {
     INFO(call.method << " " << call.target);
-    CHECK(http_request(daemon.admin_port(), call.method, call.target, call.body).status == 200);
+    CHECK(admin_request(daemon.admin_port(), call.method, call.target, call.body).status == 200);
   }
   // The admin listener's PUT did take effect.
   const auto after = json::parse(http_request(daemon.admin_port(), "GET", "/admin/routes").body);
@@ -320,8 +320,8 @@ TEST_CASE("listen.metrics_on_http serves /metrics on the agent listener, live ac
   CHECK(http_request(daemon.http_port(), "GET", "/admin/routes").status == 404);
 
   policy["listen"]["metrics_on_http"] = false;
-  write_file(daemon.dir() / "policy.json", policy.dump());
-  REQUIRE(http_request(daemon.admin_port(), "POST", "/admin/reload").status == 200);
+  daemon.write_policy(policy);
+  REQUIRE(admin_request(daemon.admin_port(), "POST", "/admin/reload").status == 200);
   CHECK(http_request(daemon.http_port(), "GET", "/metrics").status == 404);
   CHECK(http_request(daemon.admin_port(), "GET", "/metrics").status == 200);
 }

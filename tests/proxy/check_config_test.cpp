@@ -6,7 +6,8 @@ using namespace kvrelay::test;
 
 TEST_CASE("check-config accepts every example in config/ and docker/", "[proxy][cli]") {
   TempDir dir;
-  std::vector<std::string> argv{kvrelay_binary().string(), "check-config"};
+  // The examples name admin token files of the hosts they are for, which this one has not.
+  std::vector<std::string> argv{kvrelay_binary().string(), "check-config", "--skip-secrets"};
   // The example policies and the ones the docker/ deployments ship.
   for (const char* folder : {"config", "docker"}) {
     for (const auto& entry : std::filesystem::directory_iterator(source_dir() / folder)) {

@@ -23,7 +23,7 @@ constexpr int kAnswerTokens = 16;
 // POST /admin/reload with `policy` written first; the reply body.
 json reload_reply(Sidecar& sidecar, const json& policy) {
   sidecar.write_policy(policy);
-  const auto reply = http_request(sidecar.admin_port(), "POST", "/admin/reload");
+  const auto reply = admin_request(sidecar.admin_port(), "POST", "/admin/reload");
   INFO(reply.body);
   REQUIRE(reply.status == 200);
   return json::parse(reply.body);
@@ -39,7 +39,7 @@ json admin_get(const Sidecar& sidecar, const std::string& path) {
 
 // PUT /admin/routes/<route> with `changes`.
 void change_route(const Sidecar& sidecar, const std::string& route, const json& changes) {
-  const auto reply = http_request(sidecar.admin_port(), "PUT", "/admin/routes/" + route, changes.dump());
+  const auto reply = admin_request(sidecar.admin_port(), "PUT", "/admin/routes/" + route, changes.dump());
   INFO(reply.body);
   REQUIRE(reply.status == 200);
 }

@@ -519,7 +519,7 @@ void fill_upstream_pools(const Soak& soak, Tally& tally) {
 void flush_stores(const Soak& soak) {
   for (int round = 0; round < 2; ++round) {
     for (const auto port : soak.admin_ports) {
-      const auto reply = http_request(port, "DELETE", "/admin/kv");
+      const auto reply = admin_request(port, "DELETE", "/admin/kv");
       INFO(reply.error << reply.body);
       REQUIRE(reply.status == 200);
     }

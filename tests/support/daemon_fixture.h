@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "support/admin_token.h"
 #include "support/child_process.h"
 #include "support/http_client.h"
 #include "support/test_paths.h"
@@ -14,10 +15,11 @@
 namespace kvrelay::test {
 
 // A kvrelay daemon in its own process, on kernel-chosen ports, found through its ready file.
+// Its policy gets the test admin token unless it sets "admin" itself (support/admin_token.h).
 class DaemonUnderTest {
  public:
   explicit DaemonUnderTest(const nlohmann::json& policy) {
-    write_file(dir_ / "policy.json", policy.dump(2));
+    write_file(dir_ / "policy.json", with_test_admin_token(policy, dir_.path()).dump(2));
     process_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{kvrelay_binary().string(), "serve", "--config", (dir_ / "policy.json").string(),
                                  "--ready-file", (dir_ / "ready.json").string()},
@@ -40,6 +42,10 @@ class DaemonUnderTest {
     return admin_port_;
   }
   [[nodiscard]] bool has_admin_listener() const { return admin_port_ != 0; }
+  // Rewrites the policy file (for a reload), with the test admin token as at start.
+  void write_policy(const nlohmann::json& policy) const {
+    write_file(dir_ / "policy.json", with_test_admin_token(policy, dir_.path()).dump(2));
+  }
   [[nodiscard]] ChildProcess& process() { return *process_; }
   [[nodiscard]] const TempDir& dir() const { return dir_; }
 

@@ -4,16 +4,20 @@
 // answers through its sidecar's front proxy, then agent B gets A's prompt + A's output + a
 // follow-up through B's sidecar, whose lookup imports A's KV with the medium the route chose.
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "support/admin_token.h"
 #include "support/child_process.h"
 #include "support/http_client.h"
 #include "support/refworker_process.h"
@@ -41,12 +45,19 @@ class Sidecar {
   [[nodiscard]] std::string socket_path() const { return (dir_ / "kvrelay.sock").string(); }
   [[nodiscard]] const std::string& node_id() const { return node_id_; }
 
-  void start(const nlohmann::json& policy) {
+  // run_as: the uid (and gid) the sidecar runs as, through setpriv; needs root. Its directory
+  // becomes that uid's, so that it can write its ready file and socket there.
+  void start(const nlohmann::json& policy, std::optional<std::uint32_t> run_as = std::nullopt) {
     write_policy(policy);
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{kvrelay_binary().string(), "serve", "--config", (dir_ / "policy.json").string(),
-                                 "--ready-file", (dir_ / "ready.json").string()},
-        dir_.path());
+    const auto config = (dir_ / "policy.json").string();
+    const auto ready_file = (dir_ / "ready.json").string();
+    std::vector<std::string> argv{kvrelay_binary().string(), "serve", "--config", config, "--ready-file", ready_file};
+    if (run_as) {
+      REQUIRE(::chown(dir_.path().c_str(), *run_as, *run_as) == 0);
+      const auto id = std::to_string(*run_as);
+      argv.insert(argv.begin(), {"/usr/bin/setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
+    }
+    process_ = std::make_unique<ChildProcess>(std::move(argv), dir_.path());
     const bool ready = wait_until([&] { return std::filesystem::exists(dir_ / "ready.json") || !process_->running(); },
                                   std::chrono::seconds(20));
     if (!ready || !std::filesystem::exists(dir_ / "ready.json"))
@@ -56,11 +67,14 @@ class Sidecar {
     admin_port_ = ports.value("admin", std::uint16_t{0});  // absent without listen.admin
     peer_port_ = ports.value("peer", std::uint16_t{0});
   }
-  void write_policy(const nlohmann::json& policy) { write_file(dir_ / "policy.json", policy.dump(2)); }
+  // With the test admin token unless the policy sets "admin" itself (support/admin_token.h).
+  void write_policy(const nlohmann::json& policy) {
+    write_file(dir_ / "policy.json", with_test_admin_token(policy, dir_.path()).dump(2));
+  }
   // Rewrites the policy and applies it live (POST /admin/reload).
   void reload(const nlohmann::json& policy) {
     write_policy(policy);
-    const auto reply = http_request(admin_port(), "POST", "/admin/reload");
+    const auto reply = admin_request(admin_port(), "POST", "/admin/reload");
     REQUIRE(reply.status == 200);
   }
 
@@ -83,7 +97,7 @@ class Sidecar {
   }
   void force_medium(const std::string& route, const nlohmann::json& medium) const {
     const auto reply =
-        http_request(admin_port(), "PUT", "/admin/routes/" + route, nlohmann::json{{"forced_medium", medium}}.dump());
+        admin_request(admin_port(), "PUT", "/admin/routes/" + route, nlohmann::json{{"forced_medium", medium}}.dump());
     INFO(reply.body);
     REQUIRE(reply.status == 200);
   }

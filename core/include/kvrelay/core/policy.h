@@ -49,6 +49,9 @@ struct PeerPolicy {
   std::string id;
   HostPort address;
   bool same_host = false;  // may use the shared-memory path instead of TCP
+  // same_host only: the uid its sidecar runs as, which its data-plane connections must carry
+  // (SO_PEERCRED); none: this daemon's own uid, so its connections are a worker's.
+  std::optional<std::uint32_t> uid;
 };
 
 struct AgentPolicy {
@@ -157,10 +160,28 @@ struct CostModelPolicy {
   [[nodiscard]] bool empty() const noexcept { return agents.empty() && media.empty(); }
 };
 
+// The admin API's credential (docs/security-admin.md). Without a token the admin API is
+// read-only. `token` is a secret: nothing logs it or serves it at any endpoint.
+struct AdminPolicy {
+  std::string token_file;                // read at load (start and every reload), trailing whitespace trimmed
+  std::string token_env;                 // or the name of an environment variable holding it; never both
+  bool require_token_for_reads = false;  // GET endpoints need it too (health probes never do)
+  std::string token;                     // filled by load_policy_file; "" = none configured
+  [[nodiscard]] bool names_token() const noexcept { return !token_file.empty() || !token_env.empty(); }
+};
+
+inline constexpr std::size_t kMinAdminTokenBytes = 16;
+inline constexpr std::size_t kMaxAdminTokenBytes = 4096;
+
+// Whether loading reads the secrets a policy names (the admin token's file or variable): the
+// daemon and check-config do; tools that need only the policy's shape may skip them.
+enum class PolicySecrets { kRead, kSkip };
+
 struct Policy {
   int schema_version = kPolicySchemaVersion;
   std::string node_id;
   ListenPolicy listen;
+  AdminPolicy admin;
   std::vector<PeerPolicy> peers;
   std::vector<AgentPolicy> agents;
   std::vector<RoutePolicy> routes;
@@ -178,7 +199,10 @@ struct Policy {
 // Parses and validates; on failure the error message lists every problem found, one per line,
 // each as "<source>: <json pointer>: <what was expected>, got <value>".
 [[nodiscard]] Result<Policy> parse_policy(std::string_view json_text, std::string_view source);
-[[nodiscard]] Result<Policy> load_policy_file(const std::string& path);
+// parse_policy reads no files; load_policy_file also reads the secrets unless told to skip them.
+[[nodiscard]] Result<Policy> load_policy_file(const std::string& path, PolicySecrets secrets = PolicySecrets::kRead);
+// Fills policy.admin.token from its file or variable; errors name /admin/token_file or /admin/token_env.
+[[nodiscard]] Status read_admin_token(Policy& policy);
 
 [[nodiscard]] Result<HostPort> parse_host_port(std::string_view text);
 [[nodiscard]] Result<HttpUrl> parse_http_url(std::string_view text);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -25,10 +26,33 @@
 
 namespace kvrelay::shm {
 
+// A same-host peer sidecar as the data plane knows it: the uid its connections carry (the
+// policy's peers[].uid).
+struct SameHostPeerUid {
+  std::string peer_id;
+  std::uint32_t uid = 0;
+};
+
+// Who a data-plane connection is, from its SO_PEERCRED uid alone, before any frame is read.
+struct ConnectionIdentity {
+  bool worker = false;  // the daemon's uid or one of listen.allowed_uids: every request
+  std::string peer_id;  // the same-host peer whose uid it is ("" for none)
+};
+
+// nullopt: neither a worker's uid nor a same-host peer's; the connection is refused. A uid that
+// is both is a worker's (SO_PEERCRED cannot tell the two apart), with peer_id set.
+[[nodiscard]] std::optional<ConnectionIdentity> identify_connection(std::uint32_t uid, std::uint32_t own_uid,
+                                                                    std::span<const std::uint32_t> allowed_uids,
+                                                                    std::span<const SameHostPeerUid> peers);
+
 struct ShmServerOptions {
   std::string socket_path;
   std::string socket_group;                 // "" keeps mode 0600; a group name gives 0660 + chgrp
   std::vector<std::uint32_t> allowed_uids;  // besides the daemon's own uid
+  // Same-host peer sidecars, asked at each accepted connection (so that a reload applies). A
+  // connection with one's uid and no worker's is that peer's: it may only look entries up,
+  // each lookup passing DataPlaneHooks::authorize_peer_lookup.
+  std::function<std::vector<SameHostPeerUid>()> same_host_peers;
   std::uint64_t max_region_bytes = 64ULL << 30;
   std::uint64_t max_pending_bytes_per_connection = 64ULL << 30;
   std::uint32_t max_connections = 256;
@@ -63,6 +87,13 @@ class DataPlaneHooks {
   virtual void published(const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                          std::string_view params_json) = 0;
   virtual void prefill_observed(const PrefillReport& report) = 0;
+  // A Lookup from a same-host peer sidecar's connection (ConnectionIdentity without worker):
+  // where the rules a TCP peer's Fetch gets apply to it too. An error is the reply. Poll thread.
+  [[nodiscard]] virtual Status authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key) {
+    (void)peer_id;
+    (void)key;
+    return ok();
+  }
 };
 
 // The store alone: the longest prefix whose key is present (no medium choice, no peers).
@@ -112,7 +143,7 @@ class ShmServer {
   [[nodiscard]] Result<std::vector<std::byte>> handle_commit(Connection& connection, const ControlFrame& frame,
                                                              bool with_context);
   void close_connection(std::size_t index);
-  [[nodiscard]] bool uid_allowed(std::uint32_t uid) const;
+  [[nodiscard]] std::optional<ConnectionIdentity> identify(std::uint32_t uid) const;
   // The Resolved (with the entry's fd) or error reply to a resolve.
   void resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
                      std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
