@@ -56,7 +56,7 @@ int run_send(const SendOptions& options) {
   HostPort target;
   if (!options.peer_id.empty()) {
     if (options.config.empty()) return fail_with("--peer needs --config");
-    auto policy = load_policy_file(options.config);
+    auto policy = load_policy_file(options.config, PolicySecrets::kSkip);  // the peers, not the admin token
     if (!policy) return fail_with(policy.error().message);
     const PeerPolicy* peer = policy.value().find_peer(options.peer_id);
     if (peer == nullptr) return fail_with("no peer '" + options.peer_id + "' in " + options.config);
