@@ -293,7 +293,11 @@ ReplayRun replay_through_sidecar(const TempDir& dir, int repeats) {
                                              {"upstream", fmt::format("http://127.0.0.1:{}", agent_b.port())},
                                              {"model", model},
                                              {"kv_connector", true}}})},
-                    {"routes", json::array({{{"id", "a-to-b"}, {"from", "a"}, {"to", "b"}}})},
+                    // The runner names each request's treatment; the route has to allow that.
+                    {"routes", json::array({{{"id", "a-to-b"},
+                                             {"from", "a"},
+                                             {"to", "b"},
+                                             {"audit", {{"fraction", 0}, {"client_treatments", true}}}}})},
                     {"logging", {{"level", "warn"}}}};
   write_file(dir / "policy.json", policy.dump(2));
   ChildProcess sidecar({kvrelay_binary().string(), "serve", "--config", (dir / "policy.json").string(), "--ready-file",
