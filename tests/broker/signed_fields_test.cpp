@@ -179,3 +179,48 @@ TEST_CASE("the front proxy overwrites a client's kvrelay fields, salts the chain
   CHECK(kvrelay::broker::request_signature_valid(to_y, kSignedNodeKey));
   CHECK(node.metric_sum("kvrelay_proxy_client_treatments_dropped_total", {"agent=\"y\""}) == 0);
 }
+
+TEST_CASE("salt and key files are read again on reload, and a bad one keeps the running secrets",
+          "[proxy][tenant][security][process]") {
+  RecordingUpstream upstream;
+  TempDir secrets;
+  write_file(secrets / "acme.salt", kSignedAcmeSalt);
+  write_file(secrets / "node.key", kSignedNodeKey);
+  Sidecar node("node-1");
+  json described = agent_json("x", "", upstream.port(), stories_model_json());
+  described["tenant"] = "acme";
+  json policy = sidecar_policy(node, json::array({described}), json::array());
+  policy["tenants"] = json::array({{{"id", "acme"}, {"salt_file", (secrets / "acme.salt").string()}}});
+  policy["signing"] = {{"node_key_file", (secrets / "node.key").string()}};
+  node.start(policy);
+  const auto forwarded = [&] {
+    const json body{{"prompt", {1, 2, 3}}, {"max_tokens", 2}};
+    REQUIRE(http_request(node.http_port(), "POST", "/agents/x/v1/completions", body.dump()).status == 200);
+    return upstream.last_body()["kv_transfer_params"]["kvrelay"];
+  };
+  const auto root_of = [](const char* salt) {
+    return kvrelay::block_hash_hex(kvrelay::broker::derive_chain_root(salt, ""));
+  };
+  CHECK(forwarded()["chain_root"] == root_of(kSignedAcmeSalt));
+
+  // Rotated salt and key: the next request uses both.
+  constexpr const char* kRotatedSalt = "acme-rotated-salt-0123456789abcdef";
+  constexpr const char* kRotatedKey = "node-key-rotated-0123456789";
+  write_file(secrets / "acme.salt", kRotatedSalt);
+  write_file(secrets / "node.key", kRotatedKey);
+  node.reload(policy);
+  auto rotated = forwarded();
+  CHECK(rotated["chain_root"] == root_of(kRotatedSalt));
+  CHECK(kvrelay::broker::request_signature_valid(rotated, kRotatedKey));
+
+  // A salt file cut short fails the reload, naming its pointer and not its contents; the
+  // running secrets stay.
+  write_file(secrets / "acme.salt", "too-short");
+  const auto refused = http_request(node.admin_port(), "POST", "/admin/reload");
+  CHECK(refused.status != 200);
+  CHECK(refused.body.find("/tenants/0/salt_file") != std::string::npos);
+  CHECK(refused.body.find("too-short") == std::string::npos);
+  rotated = forwarded();
+  CHECK(rotated["chain_root"] == root_of(kRotatedSalt));
+  CHECK(kvrelay::broker::request_signature_valid(rotated, kRotatedKey));
+}

@@ -46,7 +46,7 @@ std::uint64_t cached_tokens(const json& reply) {
 
 }  // namespace
 
-TEST_CASE("two tenants with identical prompts share no KV; one tenant's agents do",
+TEST_CASE("two tenants with identical prompts share no KV, one tenant's agents do",
           "[broker][tenant][security][process]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
