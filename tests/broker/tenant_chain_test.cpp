@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kvrelay/broker/request_context.h"
 #include "kvrelay/broker/request_signature.h"
 #include "kvrelay/core/block_hash.h"
 
@@ -138,4 +139,18 @@ TEST_CASE("with a node key, unsigned or forged kvrelay fields are read as none",
   const auto none = trusted_request_context(policy, "");
   REQUIRE(none);
   CHECK(none.value().ignored.empty());  // no fields at all is not a forgery
+}
+
+TEST_CASE("a request context carries its tenant and chain root both ways", "[broker][tenant]") {
+  RequestContext context;
+  context.agent = "reader";
+  context.tenant = "acme";
+  context.chain_root = derive_chain_root(kAcmeSalt, "s");
+  const auto parsed = parse_request_context(request_context_json(context).dump());
+  REQUIRE(parsed);
+  CHECK(parsed.value().tenant == "acme");
+  CHECK(parsed.value().chain_root == context.chain_root);
+  CHECK_FALSE(parse_request_context(R"({"chain_root": "xyz"})"));
+  CHECK_FALSE(parse_request_context(R"({"chain_root": 12})"));
+  CHECK_FALSE(parse_request_context(R"({"agent": "reader"})").value().chain_root);
 }
