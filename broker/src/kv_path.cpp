@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "kvrelay/broker/tenant_chain.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/decision/engine_from_policy.h"
@@ -18,6 +19,7 @@
 #include "peer_links_fetcher.h"
 #include "plan.h"
 #include "record.h"
+#include "trusted_context.h"
 
 namespace kvrelay::broker {
 
@@ -30,6 +32,17 @@ constexpr std::size_t kPushQueueLimit = 64;
 
 double milliseconds_since(Clock::time_point started) {
   return std::chrono::duration<double, std::milli>(Clock::now() - started).count();
+}
+
+// In a policy with tenants, the lookup's chain as its tenant's store scope files it
+// (tenant_chain.h); the worker's own chain otherwise.
+const shm::ResolveRequest& scoped_lookup(const Policy& policy, const shm::ResolveRequest& worker_request,
+                                         const std::string& tenant, shm::ResolveRequest& scoped) {
+  if (policy.tenants.empty()) return worker_request;
+  scoped = worker_request;
+  for (auto& hash : scoped.block_hashes)
+    hash = tenant_scoped_key({scoped.model_id, hash}, tenant).context_hash;
+  return scoped;
 }
 
 }  // namespace
@@ -124,12 +137,12 @@ std::optional<EngineAdvice> KvPath::advise(const Policy& policy, const RoutePoli
 }
 
 // Plan, fetch what the plan asks for, materialize the entry served, record all of it.
-Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
+Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_request) {
   const auto started = Clock::now();
   const auto policy = policy_->current();
-  json record{{"kind", "lookup"}, {"time_unix_ms", unix_millis()}, {"prompt_tokens", request.prompt_tokens}};
+  json record{{"kind", "lookup"}, {"time_unix_ms", unix_millis()}, {"prompt_tokens", worker_request.prompt_tokens}};
   const auto finish = [&](std::string_view outcome, std::size_t served_blocks) {
-    finish_lookup(std::move(record), outcome, served_blocks * request.block_tokens, milliseconds_since(started),
+    finish_lookup(std::move(record), outcome, served_blocks * worker_request.block_tokens, milliseconds_since(started),
                   metrics_, log_);
   };
   const auto fail_with = [&](Error error) -> Result<shm::ResolvedEntry> {
@@ -138,12 +151,19 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
     return error;
   };
 
-  auto parsed = parse_request_context(request.params_json);
+  auto parsed = trusted_request_context(*policy, worker_request.params_json);
   if (!parsed) return fail_with(parsed.error());
-  const RequestContext& context = parsed.value();
+  if (!parsed.value().ignored.empty()) {
+    metrics_.ignored_params.with({"lookup", parsed.value().ignored}).inc();
+    record["kvrelay_params"] = "ignored: " + parsed.value().ignored;
+  }
+  const RequestContext& context = parsed.value().context;
+  shm::ResolveRequest scoped;
+  const shm::ResolveRequest& request = scoped_lookup(*policy, worker_request, context.tenant, scoped);
   const RoutePolicy* route = pick_route(*policy, context);
   record["request_id"] = context.request_id;
   record["agent"] = context.agent;
+  if (!context.tenant.empty()) record["tenant"] = context.tenant;
   record["route"] = route != nullptr ? json(route->id) : json();
   if (context.treatment) record["treatment"] = treatment_json(*context.treatment);
   if (context.max_tokens) record["max_tokens"] = *context.max_tokens;
@@ -237,17 +257,22 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& request) {
                         choice.serve_held_prefix ? std::string("kv_raw") : choice.medium, std::move(fidelity)}};
 }
 
-void KvPath::published(const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
+void KvPath::published(const kv_store::EntryKey& worker_key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                        std::string_view params_json) {
-  auto parsed = parse_request_context(params_json);
-  if (!parsed || parsed.value().agent.empty()) return;
   const auto policy = policy_->current();
+  auto parsed = trusted_request_context(*policy, params_json);
+  if (parsed && !parsed.value().ignored.empty())
+    metrics_.ignored_params.with({"publish", parsed.value().ignored}).inc();
+  const std::string tenant = parsed ? parsed.value().context.tenant : std::string();
+  const kv_store::EntryKey key = refile_in_tenant_scope(*policy, worker_key, entry, tenant);
+  if (!parsed || parsed.value().context.agent.empty()) return;
+  const RequestContext& published_context = parsed.value().context;
   for (const auto& route : policy->routes) {
-    if (route.from_agent != parsed.value().agent || !route.push || !route.enabled) continue;
+    if (route.from_agent != published_context.agent || !route.push || !route.enabled) continue;
     const auto* to = policy->find_agent(route.to_agent);
     if (to == nullptr || to->node.empty() || to->node == policy->node_id) continue;  // same node: already here
     if (policy->find_peer(to->node) == nullptr) continue;
-    RequestContext context = parsed.value();
+    RequestContext context = published_context;
     context.treatment.reset();
     context.max_tokens.reset();  // A's answer budget; B's is not known before B asks
     // What the receiving node holds is not known here: the whole entry is priced.
@@ -329,16 +354,33 @@ void KvPath::run_pusher() {
   }
 }
 
+kv_store::EntryKey KvPath::refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
+                                                  const std::shared_ptr<const kv_store::StoredEntry>& entry,
+                                                  const std::string& tenant) {
+  if (policy.tenants.empty()) return worker_key;
+  // The data plane filed it under the worker's key; lookups read only their tenant's scope, so
+  // until it is moved there nobody's lookup serves it.
+  const auto scoped = tenant_scoped_key(worker_key, tenant);
+  if (auto put = store_->put(scoped, entry); !put && put.error().code != ErrorCode::kAlreadyExists) {
+    spdlog::warn("KV path: published entry not filed in its tenant's scope: {}", put.error().to_string());
+  }
+  (void)store_->erase(worker_key);
+  return scoped;
+}
+
 void KvPath::prefill_observed(const shm::PrefillReport& report) {
-  auto parsed = parse_request_context(report.params_json);
   const auto policy = policy_->current();
-  std::string agent = parsed ? parsed.value().agent : std::string();
+  auto parsed = trusted_request_context(*policy, report.params_json);
+  if (parsed && !parsed.value().ignored.empty()) {
+    metrics_.ignored_params.with({"prefill_report", parsed.value().ignored}).inc();
+  }
+  std::string agent = parsed ? parsed.value().context.agent : std::string();
   if (policy->find_agent(agent) == nullptr) {
     metrics_.prefill_reports.with({"unknown"}).inc();
     return;
   }
   metrics_.prefill_reports.with({agent}).inc();
-  const auto outcome = outcomes_.reported(parsed ? parsed.value().request_id : std::string(), report.seconds);
+  const auto outcome = outcomes_.reported(parsed ? parsed.value().context.request_id : std::string(), report.seconds);
   std::lock_guard lock(engine_mutex_);
   ensure_engine_locked(*policy);
   if (!engine_) return;

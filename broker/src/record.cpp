@@ -29,7 +29,11 @@ KvPathMetrics::KvPathMetrics(metrics::Registry& registry)
       pushes(registry.counter("kvrelay_kv_pushes_total", "KV pushed ahead on publish, by route and result",
                               {"route", "result"})),
       prefill_reports(registry.counter("kvrelay_kv_prefill_reports_total",
-                                       "Prefill timings workers reported to the cost model, by agent", {"agent"})) {}
+                                       "Prefill timings workers reported to the cost model, by agent", {"agent"})),
+      ignored_params(registry.counter("kvrelay_kv_ignored_params_total",
+                                      "Workers' messages whose kv_transfer_params.kvrelay fields were unsigned or "
+                                      "forged and were treated as absent, by message and reason",
+                                      {"message", "reason"})) {}
 
 void feed_codec(decision::DecisionEngine& engine, const CodecSample& sample) {
   const auto medium_name = medium_for_codec(sample.codec);

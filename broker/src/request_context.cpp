@@ -89,6 +89,12 @@ Result<RequestContext> parse_request_context(std::string_view params_json) {
     if (!treatment) return treatment.error();
     context.treatment = std::move(treatment).value();
   }
+  KVRELAY_TRY(read_label(params, "tenant", context.tenant));
+  if (const auto it = params.find("chain_root"); it != params.end() && !it->is_null()) {
+    const auto root = it->is_string() ? parse_block_hash_hex(it->get_ref<const std::string&>()) : std::nullopt;
+    if (!root) return context_type_error("chain_root", "16 hex digits", *it);
+    context.chain_root = *root;
+  }
   return context;
 }
 
@@ -104,6 +110,8 @@ json request_context_json(const RequestContext& context) {
   if (!context.routes.empty()) out["routes"] = context.routes;
   if (context.treatment) out["treatment"] = treatment_json(*context.treatment);
   if (context.max_tokens) out["max_tokens"] = *context.max_tokens;
+  put("tenant", context.tenant);
+  if (context.chain_root) out["chain_root"] = block_hash_hex(*context.chain_root);
   return out;
 }
 

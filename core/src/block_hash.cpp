@@ -2,6 +2,9 @@
 
 #include <xxhash.h>
 
+#include <fmt/format.h>
+
+#include <charconv>
 #include <cstring>
 
 namespace kvrelay {
@@ -24,17 +27,29 @@ BlockHash hash_block(BlockHash parent, std::uint64_t fingerprint_id, std::span<c
 }
 
 std::vector<BlockHash> hash_blocks(std::uint64_t fingerprint_id, std::span<const TokenId> tokens,
-                                   std::uint32_t block_tokens) {
+                                   std::uint32_t block_tokens, BlockHash root) {
   std::vector<BlockHash> hashes;
   if (block_tokens == 0) return hashes;
   const std::size_t full_blocks = tokens.size() / block_tokens;
   hashes.reserve(full_blocks);
-  BlockHash parent = kRootBlockHash;
+  BlockHash parent = root;
   for (std::size_t block = 0; block < full_blocks; ++block) {
     parent = hash_block(parent, fingerprint_id, tokens.subspan(block * block_tokens, block_tokens));
     hashes.push_back(parent);
   }
   return hashes;
+}
+
+std::string block_hash_hex(BlockHash hash) {
+  return fmt::format("{:016x}", hash);
+}
+
+std::optional<BlockHash> parse_block_hash_hex(std::string_view text) {
+  if (text.size() != 16) return std::nullopt;
+  BlockHash hash = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), hash, 16);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return hash;
 }
 
 }  // namespace kvrelay

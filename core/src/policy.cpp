@@ -117,6 +117,11 @@ const PeerPolicy* Policy::find_peer(std::string_view id) const noexcept {
   return found == peers.end() ? nullptr : &*found;
 }
 
+const TenantPolicy* Policy::find_tenant(std::string_view id) const noexcept {
+  const auto it = std::find_if(tenants.begin(), tenants.end(), [&](const TenantPolicy& t) { return t.id == id; });
+  return it == tenants.end() ? nullptr : &*it;
+}
+
 namespace {
 
 constexpr std::string_view kIdPattern = "identifier of letters, digits, '.', '_' or '-' (1..64 chars)";
@@ -259,6 +264,7 @@ void read_agent(const json& value, const std::string& pointer, AgentPolicy& out,
   read_identifier(reader, "node", out.node, diag, false);
   read_url(reader, "metrics_url", out.metrics_url, diag, false);
   reader.read_bool("accepts_sparse_kv", out.accepts_sparse_kv);
+  read_identifier(reader, "tenant", out.tenant, diag, false);
   reader.reject_unknown_keys();
 }
 
@@ -323,6 +329,7 @@ void read_route_audit(const json& value, const std::string& pointer, RouteAuditP
     }
   }
   reader.read_string("trials_file", out.trials_file, false);
+  reader.read_bool("client_treatments", out.client_treatments);
   reader.reject_unknown_keys();
 }
 
@@ -556,6 +563,85 @@ void check_references(const Policy& policy, Diagnostics& diag) {
   }
 }
 
+// Tenants and signing (docs/security-tenants.md): the sections' readers and their checks.
+void read_tenant(const json& value, const std::string& pointer, TenantPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  read_identifier(reader, "id", out.id, diag);
+  reader.read_string("salt_file", out.salt_file, true);
+  reader.reject_unknown_keys();
+}
+
+void read_signing(const json& value, const std::string& pointer, SigningPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_string("node_key_file", out.node_key_file, true);
+  reader.reject_unknown_keys();
+}
+
+std::string tenant_label(const std::string& tenant) {
+  return tenant.empty() ? std::string("the default tenant") : fmt::format("tenant \"{}\"", tenant);
+}
+
+void check_tenancy(const Policy& policy, Diagnostics& diag) {
+  check_unique_ids(policy.tenants, "/tenants", diag);
+  if (!policy.tenants.empty() && !policy.signing.enabled()) {
+    diag.problem("/signing/node_key_file",
+                 "tenants need a node key: the front proxy signs the tenant it names, and unsigned kvrelay fields "
+                 "would let any worker's client claim a tenant");
+  }
+  for (std::size_t index = 0; index < policy.agents.size(); ++index) {
+    const auto& tenant = policy.agents[index].tenant;
+    if (!tenant.empty() && policy.find_tenant(tenant) == nullptr) {
+      const json got = tenant;
+      diag.expected(pointer_append(pointer_append("/agents", index), "tenant"), "a tenant id from /tenants", &got);
+    }
+  }
+  for (std::size_t index = 0; index < policy.routes.size(); ++index) {
+    const auto& route = policy.routes[index];
+    const auto* from = policy.find_agent(route.from_agent);
+    const auto* to = policy.find_agent(route.to_agent);
+    if (from != nullptr && to != nullptr && from->tenant != to->tenant) {
+      diag.problem(pointer_append(pointer_append("/routes", index), "to"),
+                   fmt::format("a route connects agents of one tenant (KV is never shared across tenants): \"{}\" "
+                               "is in {}, \"{}\" in {}",
+                               from->id, tenant_label(from->tenant), to->id, tenant_label(to->tenant)));
+    }
+  }
+}
+
+// The bytes of a secret file, or why not (the reason names the path, never the contents). Opened
+// non-blocking and required to be a regular file, so a FIFO or device cannot hang a reload.
+std::optional<std::string> read_secret_file(const std::string& path, std::string& contents) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return fmt::format("cannot open {}: {}", path, std::strerror(errno));
+  struct stat info {};
+  std::optional<std::string> problem;
+  if (::fstat(fd, &info) != 0) {
+    problem = fmt::format("cannot stat {}: {}", path, std::strerror(errno));
+  } else if (!S_ISREG(info.st_mode)) {
+    problem = fmt::format("{} is not a regular file", path);
+  } else if (info.st_size < static_cast<off_t>(kMinSecretBytes) || info.st_size > static_cast<off_t>(kMaxSecretBytes)) {
+    problem = fmt::format("{} holds {} bytes; a secret is {}..{} bytes", path, info.st_size, kMinSecretBytes,
+                          kMaxSecretBytes);
+  } else {
+    contents.resize(static_cast<std::size_t>(info.st_size));
+    std::size_t done = 0;
+    while (done < contents.size()) {
+      const auto got = ::read(fd, contents.data() + done, contents.size() - done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        problem = fmt::format("cannot read {}: {}", path, got < 0 ? std::strerror(errno) : "file shrank");
+        break;
+      }
+      done += static_cast<std::size_t>(got);
+    }
+  }
+  ::close(fd);
+  if (problem) contents.clear();
+  return problem;
+}
+
 std::string line_and_column(std::string_view text, std::size_t byte_offset) {
   std::size_t line = 1;
   std::size_t column = 1;
@@ -620,31 +706,6 @@ std::string_view trim_trailing_whitespace(std::string_view text) {
   return text;
 }
 
-// The token file's contents (at most kMaxAdminTokenBytes), or what stops us reading them.
-Result<std::string> read_token_file(const std::string& path) {
-  // Symlinks are followed: Kubernetes mounts a Secret's files through them.
-  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!file) return fail(ErrorCode::kNotFound, fmt::format("cannot open \"{}\": {}", path, std::strerror(errno)));
-  struct stat info {};
-  if (::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode)) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("\"{}\" is not a regular file", path));
-  }
-  std::string contents(kMaxAdminTokenBytes + 1, '\0');
-  std::size_t filled = 0;
-  while (filled < contents.size()) {
-    const auto got = ::read(file.get(), contents.data() + filled, contents.size() - filled);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return fail(ErrorCode::kIo, fmt::format("cannot read \"{}\": {}", path, std::strerror(errno)));
-    if (got == 0) break;
-    filled += static_cast<std::size_t>(got);
-  }
-  if (filled > kMaxAdminTokenBytes) {
-    return fail(ErrorCode::kInvalidArgument, fmt::format("\"{}\" is larger than {} bytes", path, kMaxAdminTokenBytes));
-  }
-  contents.resize(filled);
-  return contents;
-}
-
 // Same-host peers are told apart by the uid of their data-plane connections (SO_PEERCRED), so
 // two of them may not share one.
 void check_same_host_peer_uids(const Policy& policy, Diagnostics& diag) {
@@ -672,10 +733,11 @@ Status read_admin_token(Policy& policy) {
   std::string pointer;
   if (!admin.token_file.empty()) {
     pointer = "/admin/token_file";
-    auto contents = read_token_file(admin.token_file);
-    if (!contents)
-      return fail(contents.error().code, fmt::format("{}: {}: {}", policy.source, pointer, contents.error().message));
-    token = std::string(trim_trailing_whitespace(contents.value()));
+    std::string contents;
+    if (auto problem = read_secret_file(admin.token_file, contents)) {
+      return fail(ErrorCode::kInvalidArgument, fmt::format("{}: {}: {}", policy.source, pointer, *problem));
+    }
+    token = std::string(trim_trailing_whitespace(contents));
   } else {
     pointer = "/admin/token_env";
     const char* value = std::getenv(admin.token_env.c_str());
@@ -742,10 +804,14 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     if (const auto* cost_model = root.field("cost_model", false)) {
       read_cost_model(*cost_model, "/cost_model", policy.cost_model, diag);
     }
+    read_array(root, "tenants", policy.tenants, diag,
+               [&](const json& v, const std::string& p, TenantPolicy& out) { read_tenant(v, p, out, diag); });
+    if (const auto* signing = root.field("signing", false)) read_signing(*signing, "/signing", policy.signing, diag);
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
     if (diag.empty()) check_references(policy, diag);
     if (diag.empty()) check_same_host_peer_uids(policy, diag);
+    if (diag.empty()) check_tenancy(policy, diag);
   }
   if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
   return policy;
@@ -759,9 +825,27 @@ Result<Policy> load_policy_file(const std::string& path, PolicySecrets secrets) 
   if (file.bad()) return fail(ErrorCode::kIo, fmt::format("{}: read failed", path));
   KVRELAY_TRY(auto policy, parse_policy(contents.str(), path));
   if (secrets == PolicySecrets::kRead) {
-    KVRELAY_TRY(read_admin_token(policy));
+    KVRELAY_TRY(read_policy_secrets(policy));
   }
   return policy;
+}
+
+Status read_policy_secrets(Policy& policy) {
+  KVRELAY_TRY(read_admin_token(policy));
+  Diagnostics diag{policy.source};
+  for (std::size_t index = 0; index < policy.tenants.size(); ++index) {
+    auto& tenant = policy.tenants[index];
+    if (auto problem = read_secret_file(tenant.salt_file, tenant.salt)) {
+      diag.problem(pointer_append(pointer_append("/tenants", index), "salt_file"), *problem);
+    }
+  }
+  if (policy.signing.enabled()) {
+    if (auto problem = read_secret_file(policy.signing.node_key_file, policy.signing.node_key)) {
+      diag.problem("/signing/node_key_file", *problem);
+    }
+  }
+  if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
+  return ok();
 }
 
 }  // namespace kvrelay

@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <random>
 
 #include "kvrelay/broker/request_context.h"
+#include "kvrelay/broker/request_signature.h"
+#include "kvrelay/broker/tenant_chain.h"
 #include "kvrelay/proxy/upstream_relay.h"
 
 namespace kvrelay::proxy {
@@ -44,28 +48,57 @@ std::string generate_request_id() {
   return fmt::format("{:016x}{:016x}", generator(), generator());
 }
 
-Result<std::string> inject_kv_transfer_params(std::string_view body, const std::string& params_json) {
+namespace {
+
+// The request's cache salt: vLLM's top-level cache_salt, else kv_transfer_params.cache_salt.
+Result<std::string> request_cache_salt(const nlohmann::json& document, const nlohmann::json& params) {
+  for (const auto* holder : {&document, &params}) {
+    const auto it = holder->find("cache_salt");
+    if (it == holder->end() || it->is_null()) continue;
+    if (!it->is_string() || it->get_ref<const std::string&>().empty()) {
+      return fail(ErrorCode::kInvalidArgument, "cache_salt must be a non-empty string");
+    }
+    return it->get<std::string>();
+  }
+  return std::string();
+}
+
+}  // namespace
+
+Result<InjectedBody> inject_kv_transfer_params(std::string_view body, nlohmann::json kvrelay,
+                                               const KvParamsInjection& options) {
   nlohmann::json document = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (document.is_discarded()) return fail(ErrorCode::kInvalidArgument, "request body is not valid JSON");
   if (!document.is_object()) return fail(ErrorCode::kInvalidArgument, "request body must be a JSON object");
   auto& params = document["kv_transfer_params"];
   if (params.is_null()) params = nlohmann::json::object();
   if (!params.is_object()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params must be a JSON object");
-  auto injected = nlohmann::json::parse(params_json);
+  if (!kvrelay.is_object()) return fail(ErrorCode::kInternal, "the injected kvrelay fields are not an object");
   // The answer's length budget prices a lossy medium's extra decode for the decision engine.
   for (const char* field : {"max_tokens", "max_completion_tokens"}) {
     if (const auto budget = document.find(field);
-        budget != document.end() && budget->is_number_unsigned() && !injected.contains("max_tokens")) {
-      injected["max_tokens"] = *budget;
+        budget != document.end() && budget->is_number_unsigned() && !kvrelay.contains("max_tokens")) {
+      kvrelay["max_tokens"] = *budget;
     }
   }
+  KVRELAY_TRY(const auto cache_salt, request_cache_salt(document, params));
+  if (const auto root = broker::derive_chain_root(options.tenant_salt, cache_salt); root != kRootBlockHash) {
+    kvrelay["chain_root"] = block_hash_hex(root);
+  }
+  InjectedBody injected;
   if (const auto client = params.find("kvrelay"); client != params.end() && client->is_object()) {
     if (const auto treatment = client->find("treatment"); treatment != client->end()) {
-      injected["treatment"] = *treatment;
+      if (options.client_treatment_allowed && !kvrelay.contains("treatment")) {
+        kvrelay["treatment"] = *treatment;
+      } else {
+        injected.client_treatment_dropped = true;
+      }
     }
   }
-  params["kvrelay"] = std::move(injected);
-  return document.dump();
+  if (!options.node_key.empty()) broker::sign_request_context(kvrelay, options.node_key);
+  params["kvrelay"] = std::move(kvrelay);
+  injected.body = document.dump();
+  return injected;
 }
 
 std::uint64_t prompt_token_count(std::string_view body) {
@@ -89,6 +122,13 @@ bool client_sent_treatment(std::string_view body) {
   if (params == document.end() || !params->is_object()) return false;
   const auto kvrelay = params->find("kvrelay");
   return kvrelay != params->end() && kvrelay->is_object() && kvrelay->contains("treatment");
+}
+
+// The offline audit's runner names its treatments; only routes that say so take them.
+bool client_treatments_allowed(const Policy& policy, const std::string& agent_id) {
+  return std::any_of(policy.routes.begin(), policy.routes.end(), [&](const RoutePolicy& route) {
+    return route.to_agent == agent_id && route.enabled && route.audit.client_treatments;
+  });
 }
 
 const RoutePolicy* audited_route_into(const Policy& policy, const std::string& agent_id) {
@@ -115,7 +155,12 @@ FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
       upstream_errors(registry.counter("kvrelay_proxy_upstream_errors_total",
                                        "Upstream failures by agent and kind (connect, timeout, read, write, client)",
                                        {"agent", "kind"})),
-      in_flight(registry.gauge("kvrelay_proxy_requests_in_flight", "Proxied requests not yet finished")) {}
+      in_flight(registry.gauge("kvrelay_proxy_requests_in_flight", "Proxied requests not yet finished")),
+      client_treatments_dropped(
+          registry.counter("kvrelay_proxy_client_treatments_dropped_total",
+                           "Treatments clients named in kv_transfer_params.kvrelay that no route into the agent "
+                           "allows (routes[].audit.client_treatments), dropped, by agent",
+                           {"agent"})) {}
 
 FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry,
                        std::shared_ptr<OnlineAudit> audit)
@@ -159,9 +204,11 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
     for (const auto& route : policy->routes) {
       if (route.to_agent == agent->id && route.enabled) context.routes.push_back(route.id);
     }
+    context.tenant = agent->tenant;
+    const bool client_treatments = client_treatments_allowed(*policy, agent->id);
     const RoutePolicy* route = audit_ ? audited_route_into(*policy, agent->id) : nullptr;
-    const auto treatment =
-        route != nullptr && !client_sent_treatment(request.body()) ? audit_->draw(*route) : std::nullopt;
+    const bool keeps_client_treatment = client_treatments && client_sent_treatment(request.body());
+    const auto treatment = route != nullptr && !keeps_client_treatment ? audit_->draw(*route) : std::nullopt;
     if (treatment) {
       audit::Trial covariates;
       covariates.context_tokens = prompt_token_count(request.body());
@@ -176,14 +223,24 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       context.treatment = *treatment;
       audited = true;
     }
-    auto body = inject_kv_transfer_params(request.body(), broker::request_context_json(context).dump());
+    const auto* tenant = policy->find_tenant(agent->tenant);
+    const KvParamsInjection injection{client_treatments, tenant != nullptr ? tenant->salt : std::string_view(),
+                                      policy->signing.node_key};
+    auto body = inject_kv_transfer_params(request.body(), broker::request_context_json(context), injection);
+    if (body && body.value().client_treatment_dropped) {
+      metrics_.client_treatments_dropped.with({agent->id}).inc();
+      spdlog::warn(
+          "front proxy: request {} to agent {}: dropped the client's kv_transfer_params.kvrelay.treatment "
+          "(no route into the agent sets audit.client_treatments)",
+          request_id, agent->id);
+    }
     if (!body) {
       if (audited) audit_->record_outcome(request_id, AuditOutcome{0.0, 0.0, 400, {}, {}});
       metrics_.requests.with({agent->id, target->upstream_path, "400"}).inc();
       return make_json_error(http::status::bad_request, "invalid_request_error", body.error().message, version,
                              keep_alive);
     }
-    request.body() = std::move(body).value();
+    request.body() = std::move(body).value().body;
   }
 
   HttpRequest upstream_request{request.method(), agent->upstream.base_path + target->upstream_path, 11};

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 namespace kvrelay::proxy {
 
@@ -88,6 +89,7 @@ void diff_agent(Diff& diff, const std::string& at, const AgentPolicy& before, co
   diff.field(kLive, at + "/node", before.node, after.node);
   diff.field(kLive, at + "/metrics_url", before.metrics_url, after.metrics_url);
   diff.field(kLive, at + "/accepts_sparse_kv", before.accepts_sparse_kv, after.accepts_sparse_kv);
+  diff.field(kLive, at + "/tenant", before.tenant, after.tenant);
 }
 
 void diff_route(Diff& diff, const std::string& at, const RoutePolicy& before, const RoutePolicy& after) {
@@ -103,6 +105,7 @@ void diff_route(Diff& diff, const std::string& at, const RoutePolicy& before, co
   diff.field(kLive, at + "/audit_fraction", before.audit.fraction, after.audit.fraction);
   diff.field(kLive, at + "/audit/treatments", before.audit.treatments, after.audit.treatments);
   diff.field(kLive, at + "/audit/trials_file", before.audit.trials_file, after.audit.trials_file);
+  diff.field(kLive, at + "/audit/client_treatments", before.audit.client_treatments, after.audit.client_treatments);
   diff.field(kLive, at + "/hysteresis", before.hysteresis_threshold, after.hysteresis_threshold);
   diff.field(kLive, at + "/quality_floor", before.quality_floor, after.quality_floor);
   diff.field(kLive, at + "/push", before.push, after.push);
@@ -209,6 +212,14 @@ PolicyChanges diff_policies(const Policy& before, const Policy& after) {
   diff.field(kRestart, "/logging/format", before.logging.format, after.logging.format);
   diff.field(kRestart, "/logging/file", before.logging.file, after.logging.file);
   diff_cost_model(diff, before.cost_model, after.cost_model);
+  // Secrets are compared, never shown: a changed file's contents report its pointer only.
+  diff_items(diff, "/tenants", before.tenants, after.tenants,
+             [](Diff& d, const std::string& at, const TenantPolicy& old, const TenantPolicy& now) {
+               d.field(Applies::kLive, at + "/salt_file", std::tie(old.salt_file, old.salt),
+                       std::tie(now.salt_file, now.salt));
+             });
+  diff.field(Applies::kLive, "/signing/node_key_file", std::tie(before.signing.node_key_file, before.signing.node_key),
+             std::tie(after.signing.node_key_file, after.signing.node_key));
   return changes;
 }
 

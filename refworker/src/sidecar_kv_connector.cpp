@@ -24,9 +24,18 @@ Result<shm::ShmClient*> SidecarKvConnector::client() {
   return &*client_;
 }
 
-std::vector<BlockHash> SidecarKvConnector::block_hashes(std::span<const std::int32_t> tokens) const {
+std::vector<BlockHash> SidecarKvConnector::block_hashes(std::span<const std::int32_t> tokens,
+                                                        const nlohmann::json& params) const {
   std::vector<TokenId> ids(tokens.begin(), tokens.end());  // ids are validated non-negative upstream
-  return hash_blocks(fingerprint_id_, ids, block_tokens_);
+  return hash_blocks(fingerprint_id_, ids, block_tokens_, chain_root(params));
+}
+
+BlockHash chain_root(const nlohmann::json& params) {
+  if (!params.is_object()) return kRootBlockHash;
+  const auto it = params.find("chain_root");
+  if (it == params.end() || !it->is_string()) return kRootBlockHash;
+  // A malformed root hashes the default chain; the sidecar then finds nothing of a tenant's.
+  return parse_block_hash_hex(it->get_ref<const std::string&>()).value_or(kRootBlockHash);
 }
 
 std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float> kv, std::uint64_t tokens) {
@@ -82,7 +91,7 @@ Result<KvPrefix> SidecarKvConnector::segment_prefix(shm::ReadOnlyEntry entry, st
 Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::int32_t> tokens,
                                                            const nlohmann::json& params) {
   const std::lock_guard lock(mutex_);
-  const auto hashes = block_hashes(tokens);
+  const auto hashes = block_hashes(tokens, params);
   KVRELAY_TRY(auto* sidecar, client());
   if (sidecar->server_version() < 2) return lookup_by_keys(*sidecar, tokens, hashes);
   shm::ResolveRequest request;
@@ -129,7 +138,7 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup_by_keys(shm::ShmClien
 Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
                                    std::span<const float> kv, const nlohmann::json& params, const Fidelity& fidelity) {
   const std::lock_guard lock(mutex_);
-  const auto hashes = block_hashes(tokens);
+  const auto hashes = block_hashes(tokens, params);
   if (hashes.empty()) return ok();  // shorter than one block: nothing shareable
   const std::uint64_t full_tokens = hashes.size() * block_tokens_;
   KVRELAY_TRY(auto* sidecar, client());

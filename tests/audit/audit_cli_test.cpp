@@ -187,7 +187,8 @@ TEST_CASE("online audit: assignments precede outcomes in the trials file and fee
                                 {{"fraction", 1.0},
                                  {"treatments", json::array({{{"name", "T0"}, {"medium", "tokens"}, {"span", "none"}},
                                                              {{"name", "T3"}, {"medium", "kv_raw"}, {"span", "all"}}})},
-                                 {"trials_file", trials_file.string()}}}}})},
+                                 {"trials_file", trials_file.string()},
+                                 {"client_treatments", true}}}}})},
       {"logging", {{"level", "warn"}}}};
   write_file(dir / "policy.json", policy.dump(2));
   ChildProcess daemon({kvrelay_binary().string(), "serve", "--config", (dir / "policy.json").string(), "--ready-file",
@@ -208,7 +209,8 @@ TEST_CASE("online audit: assignments precede outcomes in the trials file and fee
     const auto reply = http_request(port, "POST", "/agents/b/v1/completions", body.dump());
     REQUIRE(reply.status == 200);
   }
-  // A client that names its treatment (the offline runner) keeps it and is not re-randomized.
+  // A client that names its treatment (the offline runner) keeps it and is not re-randomized, since
+  // the route allows client treatments.
   const json forced{{"prompt", json::array({1, 5, 6})},
                     {"max_tokens", 2},
                     {"kv_transfer_params",
@@ -293,7 +295,11 @@ ReplayRun replay_through_sidecar(const TempDir& dir, int repeats) {
                                              {"upstream", fmt::format("http://127.0.0.1:{}", agent_b.port())},
                                              {"model", model},
                                              {"kv_connector", true}}})},
-                    {"routes", json::array({{{"id", "a-to-b"}, {"from", "a"}, {"to", "b"}}})},
+                    // The runner names each request's treatment; the route has to allow that.
+                    {"routes", json::array({{{"id", "a-to-b"},
+                                             {"from", "a"},
+                                             {"to", "b"},
+                                             {"audit", {{"fraction", 0}, {"client_treatments", true}}}}})},
                     {"logging", {{"level", "warn"}}}};
   write_file(dir / "policy.json", policy.dump(2));
   ChildProcess sidecar({kvrelay_binary().string(), "serve", "--config", (dir / "policy.json").string(), "--ready-file",

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kvrelay/broker/request_signature.h"
+#include "kvrelay/broker/tenant_chain.h"
 #include "kvrelay/proxy/front_proxy.h"
 
 #include "support/child_process.h"
@@ -26,32 +28,59 @@ kvrelay::RoutePolicy audited_route(double fraction, std::string trials_file) {
 
 }  // namespace
 
-TEST_CASE("injected kv_transfer_params keep a treatment the client set", "[proxy][audit]") {
-  const auto forced = inject_kv_transfer_params(
-      R"({"prompt":[1,2],"kv_transfer_params":{"other":1,"kvrelay":{"treatment":{"name":"T0"},"agent":"spoofed"}}})",
-      R"({"agent":"b","request_id":"r1"})");
+TEST_CASE("injected kv_transfer_params keep a client's treatment only where a route allows it", "[proxy][audit]") {
+  constexpr const char* kClientBody =
+      R"({"prompt":[1,2],"kv_transfer_params":{"other":1,"kvrelay":{"treatment":{"name":"T0"},"agent":"spoofed"}}})";
+  const auto forced = inject_kv_transfer_params(kClientBody, json{{"agent", "b"}, {"request_id", "r1"}},
+                                                KvParamsInjection{true, {}, {}});
   REQUIRE(forced);
-  const auto body = json::parse(forced.value());
+  CHECK_FALSE(forced.value().client_treatment_dropped);
+  const auto body = json::parse(forced.value().body);
   CHECK(body["kv_transfer_params"]["other"] == 1);
   CHECK(body["kv_transfer_params"]["kvrelay"]["treatment"]["name"] == "T0");
   CHECK(body["kv_transfer_params"]["kvrelay"]["agent"] == "b");  // everything else is the sidecar's
-  const auto plain = inject_kv_transfer_params(R"({"prompt":[1]})", R"({"agent":"b"})");
+  const auto dropped = inject_kv_transfer_params(kClientBody, json{{"agent", "b"}});
+  REQUIRE(dropped);
+  CHECK(dropped.value().client_treatment_dropped);
+  CHECK_FALSE(json::parse(dropped.value().body)["kv_transfer_params"]["kvrelay"].contains("treatment"));
+  const auto plain = inject_kv_transfer_params(R"({"prompt":[1]})", json{{"agent", "b"}});
   REQUIRE(plain);
-  CHECK_FALSE(json::parse(plain.value())["kv_transfer_params"]["kvrelay"].contains("treatment"));
-  CHECK_FALSE(json::parse(plain.value())["kv_transfer_params"]["kvrelay"].contains("max_tokens"));
+  CHECK_FALSE(plain.value().client_treatment_dropped);
+  CHECK_FALSE(json::parse(plain.value().body)["kv_transfer_params"]["kvrelay"].contains("treatment"));
+  CHECK_FALSE(json::parse(plain.value().body)["kv_transfer_params"]["kvrelay"].contains("max_tokens"));
+  CHECK_FALSE(json::parse(plain.value().body)["kv_transfer_params"]["kvrelay"].contains("signature"));
+  CHECK_FALSE(json::parse(plain.value().body)["kv_transfer_params"]["kvrelay"].contains("chain_root"));
+}
+
+TEST_CASE("injected kv_transfer_params carry the tenant's chain root and are signed", "[proxy][security]") {
+  const KvParamsInjection injection{false, "tenant-salt-0123456789", "node-key-0123456789"};
+  const auto salted = inject_kv_transfer_params(R"({"prompt":[1],"cache_salt":"s1"})", json{{"agent", "b"}}, injection);
+  REQUIRE(salted);
+  const auto kvrelay = json::parse(salted.value().body)["kv_transfer_params"]["kvrelay"];
+  CHECK(kvrelay["chain_root"] ==
+        kvrelay::block_hash_hex(kvrelay::broker::derive_chain_root("tenant-salt-0123456789", "s1")));
+  CHECK(kvrelay::broker::request_signature_valid(kvrelay, "node-key-0123456789"));
+  // The cache salt may also come in kv_transfer_params (top level wins, as vLLM reads it there).
+  const auto in_params = inject_kv_transfer_params(R"({"prompt":[1],"kv_transfer_params":{"cache_salt":"s1"}})",
+                                                   json{{"agent", "b"}}, injection);
+  REQUIRE(in_params);
+  CHECK(json::parse(in_params.value().body)["kv_transfer_params"]["kvrelay"]["chain_root"] == kvrelay["chain_root"]);
+  const auto bad_salt = inject_kv_transfer_params(R"({"prompt":[1],"cache_salt":7})", json{{"agent", "b"}}, injection);
+  REQUIRE_FALSE(bad_salt);
+  CHECK_THAT(bad_salt.error().message, Catch::Contains("cache_salt"));
 }
 
 TEST_CASE("injected kv_transfer_params carry the request's answer budget", "[proxy][kv_path]") {
-  const auto completion = inject_kv_transfer_params(R"({"prompt":[1],"max_tokens":64})", R"({"agent":"b"})");
+  const auto completion = inject_kv_transfer_params(R"({"prompt":[1],"max_tokens":64})", json{{"agent", "b"}});
   REQUIRE(completion);
-  CHECK(json::parse(completion.value())["kv_transfer_params"]["kvrelay"]["max_tokens"] == 64);
-  const auto chat = inject_kv_transfer_params(R"({"messages":[],"max_completion_tokens":9})", R"({"agent":"b"})");
+  CHECK(json::parse(completion.value().body)["kv_transfer_params"]["kvrelay"]["max_tokens"] == 64);
+  const auto chat = inject_kv_transfer_params(R"({"messages":[],"max_completion_tokens":9})", json{{"agent", "b"}});
   REQUIRE(chat);
-  CHECK(json::parse(chat.value())["kv_transfer_params"]["kvrelay"]["max_tokens"] == 9);
+  CHECK(json::parse(chat.value().body)["kv_transfer_params"]["kvrelay"]["max_tokens"] == 9);
   // Not a count: left out rather than guessed.
-  const auto bad = inject_kv_transfer_params(R"({"prompt":[1],"max_tokens":-3})", R"({"agent":"b"})");
+  const auto bad = inject_kv_transfer_params(R"({"prompt":[1],"max_tokens":-3})", json{{"agent", "b"}});
   REQUIRE(bad);
-  CHECK_FALSE(json::parse(bad.value())["kv_transfer_params"]["kvrelay"].contains("max_tokens"));
+  CHECK_FALSE(json::parse(bad.value().body)["kv_transfer_params"]["kvrelay"].contains("max_tokens"));
 }
 
 TEST_CASE("prompt length and worker stats for audit covariates", "[proxy][audit]") {

@@ -49,8 +49,10 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   KvPath(const KvPath&) = delete;
   KvPath& operator=(const KvPath&) = delete;
 
-  [[nodiscard]] Result<shm::ResolvedEntry> resolve(const shm::ResolveRequest& request) override;
-  void published(const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
+  // Workers' kvrelay fields are verified first (broker/src/trusted_context.h); in a policy with
+  // tenants, lookups read and publishes file only their verified tenant's scope (tenant_chain.h).
+  [[nodiscard]] Result<shm::ResolvedEntry> resolve(const shm::ResolveRequest& worker_request) override;
+  void published(const kv_store::EntryKey& worker_key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                  std::string_view params_json) override;
   void prefill_observed(const shm::PrefillReport& report) override;
 
@@ -99,6 +101,11 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
   [[nodiscard]] EngineUpdate update_engine_locked(const Policy& policy);  // refresh's work, unrecorded
   void run_pusher();
+  // Where a published entry lives from now on: with tenants, moved from the worker's key to its
+  // tenant's scope (tenant_chain.h); the worker's key otherwise.
+  kv_store::EntryKey refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
+                                            const std::shared_ptr<const kv_store::StoredEntry>& entry,
+                                            const std::string& tenant);
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<kv_store::EntryStore> store_;

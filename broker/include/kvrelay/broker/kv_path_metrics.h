@@ -16,6 +16,8 @@ struct KvPathMetrics {
   metrics::Family<metrics::Histogram>& fetch_seconds;
   metrics::Family<metrics::Counter>& pushes;
   metrics::Family<metrics::Counter>& prefill_reports;
+  // message: lookup, publish, prefill_report; reason: unsigned, forged (broker/src/trusted_context.h)
+  metrics::Family<metrics::Counter>& ignored_params;
 };
 
 }  // namespace kvrelay::broker

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvrelay/core/block_hash.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/core/treatment.h"
 
@@ -25,10 +26,13 @@ struct RequestContext {
   std::vector<std::string> routes;  // the front proxy's candidate routes into this agent
   std::optional<Treatment> treatment;
   std::optional<std::uint32_t> max_tokens;  // the request's answer budget, when the client set one
+  std::string tenant;                       // the receiving agent's tenant; "" = the default tenant
+  // Where the request's block-hash chain starts (tenant_chain.h); absent: kRootBlockHash.
+  std::optional<BlockHash> chain_root;
 };
 
-// "" parses to an empty context. Every field is type-checked; errors name the field. A
-// treatment without a medium keeps the route's choice, without a span moves all of A's KV.
+// "" parses to an empty context. Fields it does not know (the signature) are ignored. Every field is type-checked;
+// errors name the field. A treatment without a medium keeps the route's choice, without a span moves all of A's KV.
 [[nodiscard]] Result<RequestContext> parse_request_context(std::string_view params_json);
 // The kvrelay object as the front proxy injects it (empty fields left out).
 [[nodiscard]] nlohmann::json request_context_json(const RequestContext& context);

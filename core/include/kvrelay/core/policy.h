@@ -5,6 +5,7 @@
 // JSON pointer of the offending value, so a daemon never starts (or reloads) on a bad policy.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,6 +64,7 @@ struct AgentPolicy {
   std::string node;           // node that serves this agent; "" = this node
   std::optional<HttpUrl> metrics_url;
   bool accepts_sparse_kv = false;  // receiver declared support for position-sparse KV
+  std::string tenant;              // a tenant id from Policy::tenants; "" = the unsalted default tenant
 };
 
 // Media a transfer can use. Plugin codecs appear as "codec:<name>".
@@ -77,6 +79,9 @@ struct RouteAuditPolicy {
   double fraction = 0.0;              // 0..1
   std::vector<Treatment> treatments;  // core/treatment.h
   std::string trials_file;
+  // Treatments a client names in kv_transfer_params.kvrelay (the offline audit runner) are
+  // honoured; otherwise the front proxy drops them and logs it.
+  bool client_treatments = false;
   friend bool operator==(const RouteAuditPolicy&, const RouteAuditPolicy&) = default;
 };
 
@@ -171,11 +176,32 @@ struct AdminPolicy {
 };
 
 inline constexpr std::size_t kMinAdminTokenBytes = 16;
-inline constexpr std::size_t kMaxAdminTokenBytes = 4096;
 
-// Whether loading reads the secrets a policy names (the admin token's file or variable): the
-// daemon and check-config do; tools that need only the policy's shape may skip them.
+// Whether loading reads the secrets a policy names (the admin token, tenant salts, the node
+// key): the daemon and check-config do; tools that need only the policy's shape may skip them.
 enum class PolicySecrets { kRead, kSkip };
+
+// Tenant isolation (docs/security-tenants.md). Each tenant's KV chains start at a root derived
+// from its secret salt (and the request's cache_salt), so KV is never shared across tenants; the
+// front proxy signs the kvrelay fields it injects with the node key, and the KV path treats
+// unsigned or forged fields as absent. Secrets are read from files by load_policy_file (at start
+// and on every reload) and never logged or shown at any endpoint.
+inline constexpr std::size_t kMinSecretBytes = 16;
+inline constexpr std::size_t kMaxSecretBytes = 4096;
+
+struct TenantPolicy {
+  std::string id;
+  std::string salt_file;
+  std::string salt;  // the file's bytes (read_policy_secrets)
+};
+
+struct SigningPolicy {
+  // "": the front proxy signs nothing and the KV path trusts a worker's kvrelay fields as they
+  // are (no tenants may be configured then).
+  std::string node_key_file;
+  std::string node_key;  // the file's bytes (read_policy_secrets)
+  [[nodiscard]] bool enabled() const noexcept { return !node_key_file.empty(); }
+};
 
 struct Policy {
   int schema_version = kPolicySchemaVersion;
@@ -189,18 +215,26 @@ struct Policy {
   CodecPolicy codecs;
   LoggingPolicy logging;
   CostModelPolicy cost_model;
+  std::vector<TenantPolicy> tenants;
+  SigningPolicy signing;
   std::string source;  // file the policy came from, for messages
 
   [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;
   [[nodiscard]] const RoutePolicy* find_route(std::string_view id) const noexcept;
   [[nodiscard]] const PeerPolicy* find_peer(std::string_view id) const noexcept;
+  [[nodiscard]] const TenantPolicy* find_tenant(std::string_view id) const noexcept;
 };
 
 // Parses and validates; on failure the error message lists every problem found, one per line,
 // each as "<source>: <json pointer>: <what was expected>, got <value>".
 [[nodiscard]] Result<Policy> parse_policy(std::string_view json_text, std::string_view source);
-// parse_policy reads no files; load_policy_file also reads the secrets unless told to skip them.
+// parse_policy reads no files; load_policy_file also reads the secrets (read_policy_secrets)
+// unless told to skip them.
 [[nodiscard]] Result<Policy> load_policy_file(const std::string& path, PolicySecrets secrets = PolicySecrets::kRead);
+// Reads the admin token (read_admin_token), every tenant's salt_file and signing.node_key_file
+// into the policy. A file that is missing, unreadable, not a regular file, or not
+// kMinSecretBytes..kMaxSecretBytes long fails, naming its JSON pointer and path (never its contents).
+[[nodiscard]] Status read_policy_secrets(Policy& policy);
 // Fills policy.admin.token from its file or variable; errors name /admin/token_file or /admin/token_env.
 [[nodiscard]] Status read_admin_token(Policy& policy);
 

@@ -3,6 +3,8 @@
 // The OpenAI-compatible front: /agents/{agent}/v1/{completions,chat/completions,models} are
 // forwarded to the agent's upstream from the policy, streamed back chunk by chunk.
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -33,6 +35,7 @@ struct FrontProxyMetrics {
   metrics::Family<metrics::Histogram>& latency;
   metrics::Family<metrics::Counter>& upstream_errors;
   metrics::Family<metrics::Gauge>& in_flight;
+  metrics::Family<metrics::Counter>& client_treatments_dropped;
 };
 
 class FrontProxy {
@@ -52,10 +55,26 @@ class FrontProxy {
   std::shared_ptr<OnlineAudit> audit_;
 };
 
-// Adds kv_transfer_params.kvrelay = `params` to a JSON request body (keeping anything the client
-// put in kv_transfer_params, and a treatment the client put in kv_transfer_params.kvrelay: that
-// is how an offline audit forces one). Errors name what is wrong with the body.
-[[nodiscard]] Result<std::string> inject_kv_transfer_params(std::string_view body, const std::string& params_json);
+// How the front proxy completes the kvrelay object it injects (docs/security-tenants.md).
+struct KvParamsInjection {
+  bool client_treatment_allowed = false;  // a route into the agent sets audit.client_treatments
+  std::string_view tenant_salt;           // the agent's tenant's salt; "" for the default tenant
+  std::string_view node_key;              // signs the object; "" leaves it unsigned
+};
+
+struct InjectedBody {
+  std::string body;
+  bool client_treatment_dropped = false;  // the client named a treatment that was not allowed
+};
+
+// Sets kv_transfer_params.kvrelay of a JSON request body to `kvrelay` plus the request's answer
+// budget, the chain root of the tenant salt and the request's cache_salt (top level, as in vLLM's
+// OpenAI API, else kv_transfer_params.cache_salt), a treatment the client put in
+// kv_transfer_params.kvrelay where `options` allow it (how an offline audit forces one), and the
+// signature over all of that. Every other field the client put in kv_transfer_params.kvrelay is
+// replaced; the rest of kv_transfer_params is kept. Errors name what is wrong with the body.
+[[nodiscard]] Result<InjectedBody> inject_kv_transfer_params(std::string_view body, nlohmann::json kvrelay,
+                                                             const KvParamsInjection& options = {});
 
 // Prompt length of a completions request whose prompt is token ids (0 when it is text).
 [[nodiscard]] std::uint64_t prompt_token_count(std::string_view body);

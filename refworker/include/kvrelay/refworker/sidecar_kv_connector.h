@@ -6,6 +6,8 @@
 //   request's kv_transfer_params.kvrelay, chooses the medium (and may fetch from a peer) and
 //   answers with the longest prefix it supplies (short of the whole prompt, so at least one token
 //   is prefilled for logits), mapped read-only and imported;
+//   Its chain starts at the root the request's kvrelay params name (chain_root), so tenants and
+//   cache salts never share a chain;
 // - publish: the KV of the full blocks of prompt + generated tokens is committed under the hash
 //   of its last block, so any later prompt that extends this context finds it.
 
@@ -40,7 +42,9 @@ class SidecarKvConnector final : public KvConnector {
   static Result<KvPrefix> copy_prefix(const shm::ReadOnlyEntry& entry, std::uint64_t prefix_tokens);
   // Leaves the bytes in the entry's segment; the session reads them straight into its cache.
   static Result<KvPrefix> segment_prefix(shm::ReadOnlyEntry entry, std::uint64_t prefix_tokens);
-  [[nodiscard]] std::vector<BlockHash> block_hashes(std::span<const std::int32_t> tokens) const;
+  // The prompt's chain from the root the request's kvrelay params name.
+  [[nodiscard]] std::vector<BlockHash> block_hashes(std::span<const std::int32_t> tokens,
+                                                    const nlohmann::json& params) const;
 
   std::string socket_path_;
   std::uint64_t fingerprint_id_;
@@ -48,6 +52,10 @@ class SidecarKvConnector final : public KvConnector {
   std::mutex mutex_;  // the model thread is the only caller today; the client is not thread-safe
   std::optional<shm::ShmClient> client_;
 };
+
+// Where a request's block-hash chain starts: kv_transfer_params.kvrelay.chain_root (16 hex digits,
+// set by the front proxy for a tenant or a cache_salt), else kRootBlockHash.
+[[nodiscard]] BlockHash chain_root(const nlohmann::json& params);
 
 // Copies the first `tokens` tokens of every layer's K and V out of a cache in KvLayout order.
 [[nodiscard]] std::vector<float> slice_kv_prefix(const KvLayout& layout, std::span<const float> kv,
