@@ -96,6 +96,11 @@ class Cluster:
         workers = {"agent-a": "node-a", "agent-b-local": "node-a", "agent-b": "node-b"}
         # Worker ports are not known before the workers start, and workers need the sockets: start
         # the sidecars with placeholder upstreams, then reload them with the real ones.
+        # TLS peers even on loopback, as a cluster runs them: development certificates for both
+        # nodes, made with the openssl CLI into the demo's temporary directory.
+        certs = self.work / "tls"
+        subprocess.run([str(pathlib.Path(__file__).resolve().parent / "make-dev-certs.sh"), str(certs),
+                        "node-a", "node-b"], check=True, stdout=subprocess.DEVNULL)
         policies = {}
         for node in ("node-a", "node-b"):
             policies[node] = {
@@ -104,6 +109,8 @@ class Cluster:
                 "listen": {"http": "127.0.0.1:0", "admin": "127.0.0.1:0", "peer": "127.0.0.1:0",
                            "unix_socket": sockets[node]},
                 "peers": [],
+                "peer_tls": {"certificate": str(certs / f"{node}.pem"), "private_key": str(certs / f"{node}-key.pem"),
+                             "ca_bundle": str(certs / "ca.pem")},
                 "agents": [],
                 "routes": [],
                 "limits": {"kv_lookup_timeout_ms": 30000, "peer_summary_interval_ms": 200},
@@ -129,7 +136,8 @@ class Cluster:
         for node in ("node-a", "node-b"):
             other = "node-b" if node == "node-a" else "node-a"
             policy = policies[node]
-            policy["peers"] = [{"id": other, "address": f"127.0.0.1:{peer_ports[other]}"}]
+            policy["peers"] = [{"id": other, "address": f"127.0.0.1:{peer_ports[other]}",
+                                "identity": f"spiffe://kvrelay.dev/node/{other}"}]
             policy["agents"] = [
                 {"id": agent, "upstream": f"http://127.0.0.1:{worker_ports[agent]}", "model": model,
                  "kv_connector": True, "metrics_url": f"http://127.0.0.1:{worker_ports[agent]}/metrics",

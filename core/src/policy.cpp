@@ -108,6 +108,14 @@ const PeerPolicy* Policy::find_peer(std::string_view id) const noexcept {
   return found == peers.end() ? nullptr : &*found;
 }
 
+const std::string& peer_identity(const PeerPolicy& peer) noexcept {
+  return peer.identity.empty() ? peer.address.host : peer.identity;
+}
+
+bool is_loopback_host(std::string_view host) noexcept {
+  return host == "localhost" || host == "::1" || host.substr(0, 4) == "127.";
+}
+
 namespace {
 
 constexpr std::string_view kIdPattern = "identifier of letters, digits, '.', '_' or '-' (1..64 chars)";
@@ -231,6 +239,7 @@ void read_peer(const json& value, const std::string& pointer, PeerPolicy& out, D
   read_host_port(reader, "address", address, diag, true);
   if (address) out.address = *address;
   reader.read_bool("same_host", out.same_host);
+  reader.read_string("identity", out.identity, false);
   reader.reject_unknown_keys();
 }
 
@@ -544,6 +553,39 @@ void check_references(const Policy& policy, Diagnostics& diag) {
   }
 }
 
+// Peer TLS (issue #25): the peer_tls section, and the rule that plaintext peers stay on loopback.
+void read_peer_tls(const json& value, const std::string& pointer, PeerTlsPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_string("certificate", out.certificate, false);
+  reader.read_string("private_key", out.private_key, false);
+  reader.read_string("ca_bundle", out.ca_bundle, false);
+  reader.read_bool("trusted_network", out.trusted_network);
+  const int files = int{!out.certificate.empty()} + int{!out.private_key.empty()} + int{!out.ca_bundle.empty()};
+  if (files != 0 && files != 3) {
+    diag.problem(pointer, "certificate, private_key and ca_bundle go together (TLS on) or not at all (plaintext)");
+  }
+  if (files == 0 && !out.trusted_network) {
+    diag.problem(pointer, "needs certificate, private_key and ca_bundle, or \"trusted_network\": true");
+  }
+  reader.reject_unknown_keys();
+}
+
+void check_plaintext_peers(const Policy& policy, Diagnostics& diag) {
+  if (policy.peer_tls.enabled() || policy.peer_tls.trusted_network) return;
+  constexpr std::string_view kNeeds = "needs /peer_tls (certificates) or /peer_tls/trusted_network";
+  if (policy.listen.peer && !is_loopback_host(policy.listen.peer->host)) {
+    diag.problem("/listen/peer", fmt::format("plaintext peer listener on {}, off loopback: {}",
+                                             policy.listen.peer->to_string(), kNeeds));
+  }
+  for (std::size_t index = 0; index < policy.peers.size(); ++index) {
+    if (is_loopback_host(policy.peers[index].address.host)) continue;
+    diag.problem(
+        pointer_append(pointer_append("/peers", index), "address"),
+        fmt::format("plaintext peer at {}, off loopback: {}", policy.peers[index].address.to_string(), kNeeds));
+  }
+}
+
 std::string line_and_column(std::string_view text, std::size_t byte_offset) {
   std::size_t line = 1;
   std::size_t column = 1;
@@ -609,9 +651,11 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     if (const auto* cost_model = root.field("cost_model", false)) {
       read_cost_model(*cost_model, "/cost_model", policy.cost_model, diag);
     }
+    if (const auto* tls = root.field("peer_tls", false)) read_peer_tls(*tls, "/peer_tls", policy.peer_tls, diag);
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
     if (diag.empty()) check_references(policy, diag);
+    if (diag.empty()) check_plaintext_peers(policy, diag);
   }
   if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
   return policy;

@@ -62,6 +62,12 @@ int run_send(const SendOptions& options) {
     if (peer == nullptr) return fail_with("no peer '" + options.peer_id + "' in " + options.config);
     client_options = peer::peer_client_options(policy.value());
     target = peer->address;
+    if (policy.value().peer_tls.enabled()) {  // as the daemon of that policy connects (issue #25)
+      auto tls = peer::PeerTls::load(policy.value().peer_tls);
+      if (!tls) return fail_with(tls.error().to_string());
+      client_options.tls = std::move(tls).value();
+      client_options.identity = peer_identity(*peer);
+    }
   } else {
     if (options.to.empty()) return fail_with("give --to HOST:PORT or --config with --peer ID");
     auto address = parse_host_port(options.to);

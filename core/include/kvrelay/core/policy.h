@@ -49,6 +49,7 @@ struct PeerPolicy {
   std::string id;
   HostPort address;
   bool same_host = false;  // may use the shared-memory path instead of TCP
+  std::string identity;    // what its TLS certificate must name (DNS or URI SAN); "" = address.host
 };
 
 struct AgentPolicy {
@@ -157,6 +158,22 @@ struct CostModelPolicy {
   [[nodiscard]] bool empty() const noexcept { return agents.empty() && media.empty(); }
 };
 
+// Peer TLS (issue #25): TLS 1.3 with mutual authentication on the peer plane. The three files
+// are set together (TLS on) or not at all; without them peers are plaintext, which the policy
+// allows only on loopback unless `trusted_network` says the network itself is trusted.
+struct PeerTlsPolicy {
+  std::string certificate;  // PEM: this node's certificate (chain), presented to every peer
+  std::string private_key;  // PEM: its key
+  std::string ca_bundle;    // PEM: the CAs whose certificates may connect, and that peers must have
+  bool trusted_network = false;
+  [[nodiscard]] bool enabled() const noexcept { return !certificate.empty(); }
+};
+struct PeerPolicy;
+// The name a peer's certificate must carry as a DNS or URI SAN: its `identity`, else its host.
+[[nodiscard]] const std::string& peer_identity(const PeerPolicy& peer) noexcept;
+// 127.0.0.0/8, ::1 or "localhost".
+[[nodiscard]] bool is_loopback_host(std::string_view host) noexcept;
+
 struct Policy {
   int schema_version = kPolicySchemaVersion;
   std::string node_id;
@@ -168,6 +185,7 @@ struct Policy {
   CodecPolicy codecs;
   LoggingPolicy logging;
   CostModelPolicy cost_model;
+  PeerTlsPolicy peer_tls;
   std::string source;  // file the policy came from, for messages
 
   [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;
