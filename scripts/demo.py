@@ -30,7 +30,7 @@ def main():
         handoff.warm_up(cluster, max(lengths))
         print(f"\nmodel: synthetic Llama {args.shape} (fp32, CPU), same weights on every worker")
         print("node-a: agent A and agent B-local behind one sidecar; node-b: agent B behind its own sidecar;")
-        print("sidecars peer over TCP. B gets A's prompt + A's 16-token answer + an 8-token follow-up.")
+        print("sidecars peer over TCP with mutual TLS (development certificates). B gets A's prompt + A's 16-token answer + an 8-token follow-up.")
         # Media are forced through the admin API, which answers only on each sidecar's admin listener.
         if not all(cluster.admin_only_on_admin_listener(node) for node in ("node-a", "node-b")):
             sys.exit("demo failed: the admin API must answer on listen.admin only, and 404 on the agent listener")

@@ -112,6 +112,11 @@ class Cluster:
         # (docs/security-tenants.md).
         salt_file = self.work / "demo.salt"
         salt_file.write_bytes(os.urandom(32))
+        # TLS peers even on loopback, as a cluster runs them: development certificates for both
+        # nodes, made with the openssl CLI into the demo's temporary directory.
+        certs = self.work / "tls"
+        subprocess.run([str(pathlib.Path(__file__).resolve().parent / "make-dev-certs.sh"), str(certs),
+                        "node-a", "node-b"], check=True, stdout=subprocess.DEVNULL)
         policies = {}
         for node in ("node-a", "node-b"):
             node_key = self.work / f"{node}.key"
@@ -123,6 +128,8 @@ class Cluster:
                            "unix_socket": sockets[node]},
                 "admin": {"token_file": str(self.admin_token_file)},
                 "peers": [],
+                "peer_tls": {"certificate": str(certs / f"{node}.pem"), "private_key": str(certs / f"{node}-key.pem"),
+                             "ca_bundle": str(certs / "ca.pem")},
                 "agents": [],
                 "routes": [],
                 "limits": {"kv_lookup_timeout_ms": 30000, "peer_summary_interval_ms": 200},
@@ -150,7 +157,8 @@ class Cluster:
         for node in ("node-a", "node-b"):
             other = "node-b" if node == "node-a" else "node-a"
             policy = policies[node]
-            policy["peers"] = [{"id": other, "address": f"127.0.0.1:{peer_ports[other]}"}]
+            policy["peers"] = [{"id": other, "address": f"127.0.0.1:{peer_ports[other]}",
+                                "identity": f"spiffe://kvrelay.dev/node/{other}"}]
             policy["agents"] = [
                 {"id": agent, "upstream": f"http://127.0.0.1:{worker_ports[agent]}", "model": model,
                  "kv_connector": True, "metrics_url": f"http://127.0.0.1:{worker_ports[agent]}/metrics",

@@ -6,6 +6,9 @@
 //   does on a handoff (broker::PeerLinks::fetch over TCP, then codec::decode_frame_view, into the
 //   links' warm buffers), alternating with a plain loopback socket pair moving the same bytes into
 //   a warm buffer (the physical peer). `kv_fetch_vs_raw_tcp_paired`: raw time / fetch time per pair.
+// - The same fetch over TLS peers (issue #25; development certificates from
+//   scripts/make-dev-certs.sh), in the same pairs: `tls_fetch_vs_plaintext_paired` is plaintext
+//   fetch time / TLS fetch time per pair.
 // - Worker data plane: ShmClient::publish / commit in place against memcpy, small ring messages.
 //
 // bench/transport_bench/README.md describes every field.
@@ -46,6 +49,7 @@
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/peer/peer_tls.h"
 #include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/server.h"
 
@@ -53,6 +57,9 @@
 
 #ifndef KVRELAY_BENCH_DAEMON_BINARY
 #define KVRELAY_BENCH_DAEMON_BINARY "kvrelay"
+#endif
+#ifndef KVRELAY_BENCH_DEV_CERTS
+#define KVRELAY_BENCH_DEV_CERTS "scripts/make-dev-certs.sh"
 #endif
 
 namespace {
@@ -402,6 +409,10 @@ std::uint64_t chain_hash_for(std::size_t bytes) {
 // fetching side's links (whose policy carries it too).
 struct StrategyRun {
   std::string strategy;
+  // TLS peers on both sides, certificates under certs/; the entries are filed under a real
+  // model's id so that the holder's fetch authorization lets the fetcher's agent have them.
+  bool tls = false;
+  std::uint64_t model_id = kModelId;
   std::filesystem::path dir;
   std::unique_ptr<Daemon> daemon;
   std::shared_ptr<FixedPolicy> policy;
@@ -424,7 +435,7 @@ std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegist
                                       const std::string& codec, std::uint64_t& request_id, std::string& error) {
   peer::FetchRequest request;
   request.request_id = ++request_id;
-  request.model_id = kModelId;
+  request.model_id = run.model_id;
   request.codec = codec;
   request.hashes = {chain_hash_for(bytes)};
   const auto policy = run.policy->current();
@@ -462,28 +473,55 @@ std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegist
   return sample;
 }
 
+// The TLS run's agent, on the fetching node: its model's id is what the entries are filed under.
+json bench_agent(const std::string& node) {
+  return {{"id", "reader"},
+          {"node", node},
+          {"upstream", "http://127.0.0.1:1"},
+          {"model",
+           {{"architecture", "llama"}, {"layers", 32}, {"kv_heads", 8}, {"head_dim", 128}, {"dtype", "fp16"},
+            {"weights", "transport-bench"}}}};
+}
+
+json tls_files(const std::string& node, const std::filesystem::path& dir) {
+  const auto certs = dir / "certs";
+  return {{"certificate", (certs / (node + ".pem")).string()},
+          {"private_key", (certs / (node + "-key.pem")).string()},
+          {"ca_bundle", (certs / "ca.pem").string()}};
+}
+
 json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint64_t peer_buffer_bytes) {
   json limits{{"shm_arena_bytes", arena_bytes}, {"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
   if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
   if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
-  return {{"schema_version", 1},
-          {"node", {{"id", "kv-holder"}}},
-          {"listen",
-           {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
-          {"limits", std::move(limits)},
-          {"logging", {{"level", "warn"}}}};
+  json policy{{"schema_version", 1},
+              {"node", {{"id", "kv-holder"}}},
+              {"listen",
+               {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
+              {"limits", std::move(limits)},
+              {"logging", {{"level", "warn"}}}};
+  if (run.tls) {
+    policy["peer_tls"] = tls_files("kv-holder", run.dir);
+    policy["peers"] = json::array({{{"id", "kv-fetcher"}, {"address", "127.0.0.1:1"}, {"identity", "kv-fetcher"}}});
+    policy["agents"] = json::array({bench_agent("kv-fetcher")});
+  }
+  return policy;
 }
 
 json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::uint64_t peer_buffer_bytes) {
   json limits{{"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
   if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
   if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
-  return {{"schema_version", 1},
-          {"node", {{"id", "kv-fetcher"}}},
-          {"listen", {{"http", "127.0.0.1:0"}}},
-          {"peers", json::array({{{"id", "holder"}, {"address", "127.0.0.1:" + std::to_string(peer_port)}}})},
-          {"limits", std::move(limits)},
-          {"logging", {{"level", "warn"}}}};
+  json holder{{"id", "holder"}, {"address", "127.0.0.1:" + std::to_string(peer_port)}};
+  if (run.tls) holder["identity"] = "kv-holder";
+  json policy{{"schema_version", 1},
+              {"node", {{"id", "kv-fetcher"}}},
+              {"listen", {{"http", "127.0.0.1:0"}}},
+              {"peers", json::array({holder})},
+              {"limits", std::move(limits)},
+              {"logging", {{"level", "warn"}}}};
+  if (run.tls) policy["peer_tls"] = tls_files("kv-fetcher", run.dir);
+  return policy;
 }
 
 // Starts the holder for `run.strategy` ("" = the field left out: the daemon's default), publishes
@@ -494,6 +532,20 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
   for (const std::size_t bytes : sizes)
     total += bytes;
   const std::uint64_t arena_bytes = total + 64 * kMiB;  // every entry in the arena, as the daemon prefers
+  if (run.tls) {
+    const std::string make_certs = std::string(KVRELAY_BENCH_DEV_CERTS) + " " + (run.dir / "certs").string() +
+                                   " kv-holder kv-fetcher > /dev/null";
+    if (std::system(make_certs.c_str()) != 0) {
+      run.error = "could not make development certificates: " + make_certs;
+      return;
+    }
+    auto parsed = parse_policy(holder_policy(run, arena_bytes, peer_buffer_bytes).dump(), "holder policy");
+    if (!parsed) {
+      run.error = parsed.error().to_string();
+      return;
+    }
+    run.model_id = parsed.value().find_agent("reader")->model.id();
+  }
   const json policy = holder_policy(run, arena_bytes, peer_buffer_bytes);
   // The daemon's own parser first: a field this build does not know is refused here by name.
   if (auto parsed = parse_policy(policy.dump(), "holder policy"); !parsed) {
@@ -511,7 +563,7 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
     return;
   }
   for (const std::size_t bytes : sizes) {
-    auto published = client.value().publish({kModelId, chain_hash_for(bytes)}, kv_layout_for(bytes),
+    auto published = client.value().publish({run.model_id, chain_hash_for(bytes)}, kv_layout_for(bytes),
                                             std::span(payload.data(), bytes));
     if (!published) {
       run.error = "publish: " + published.error().to_string();
@@ -526,6 +578,14 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
   run.policy = std::make_shared<FixedPolicy>(std::move(fetching).value());
   run.registry = std::make_unique<metrics::Registry>();
   run.links = std::make_unique<broker::PeerLinks>(run.policy, *run.registry);  // no prober: not started
+  if (run.tls) {
+    auto tls = peer::PeerTls::load(run.policy->current()->peer_tls);
+    if (!tls) {
+      run.error = "fetcher TLS: " + tls.error().to_string();
+      return;
+    }
+    run.links->set_tls(std::move(tls).value());
+  }
 }
 
 std::string size_key(std::size_t bytes) {
@@ -593,6 +653,8 @@ int main(int argc, char** argv) {
   app.add_option("--peer-buffer-mib", peer_buffer_mib,
                  "limits.peer_buffer_bytes of both sides in MiB (0: the policy default, left out)");
   app.add_flag("--skip-shm", skip_shm, "measure only the KV fetch and its raw baseline");
+  bool skip_tls = false;
+  app.add_flag("--skip-tls", skip_tls, "no TLS peer run (tls_fetch_vs_plaintext_paired)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::size_t> sizes;
@@ -664,6 +726,24 @@ int main(int argc, char** argv) {
     }
     runs.push_back(std::move(run));
   }
+  // The TLS run: the headline strategy's settings with TLS peers on both sides.
+  std::optional<std::size_t> tls_index;
+  json tls_note;
+  if (!runs.empty() && !skip_tls) {
+    auto run = std::make_unique<StrategyRun>();
+    run->strategy = runs.front()->strategy;
+    run->tls = true;
+    run->dir = base_dir / "tls";
+    std::filesystem::create_directories(run->dir);
+    start_strategy(*run, daemon_binary, sizes, payload, peer_buffer_bytes);
+    if (run->error.empty()) {
+      tls_index = runs.size();
+      runs.push_back(std::move(run));
+    } else {
+      tls_note = "not run: " + run->error;
+      std::fprintf(stderr, "TLS run: %s\n", run->error.c_str());
+    }
+  }
   if (runs.empty()) {
     std::fprintf(stderr, "no memory strategy could run\n");
     std::printf("%s\n", result.dump(2).c_str());
@@ -676,6 +756,7 @@ int main(int argc, char** argv) {
   // variants[(strategy index, codec)][size]
   std::map<std::pair<std::size_t, std::string>, std::map<std::size_t, VariantRuns>> variants;
   std::map<std::size_t, std::vector<double>> raw_gbps;
+  std::map<std::size_t, std::vector<double>> tls_vs_plaintext;  // per pair, raw codec
   for (const std::size_t bytes : sizes) {
     // Unmeasured first: connects, fills the warm buffers on both sides, settles the daemon.
     for (int warm = 0; warm < 2; ++warm) {
@@ -712,6 +793,14 @@ int main(int argc, char** argv) {
           variants[key][bytes].error = error;
         }
       }
+      double plaintext_seconds = 0;
+      double tls_seconds = 0;
+      for (const auto& [key, sample] : samples) {
+        if (key.second != "raw") continue;
+        if (tls_index && key.first == *tls_index) tls_seconds = sample.seconds;
+        if (key.first == 0) plaintext_seconds = sample.seconds;
+      }
+      if (plaintext_seconds > 0 && tls_seconds > 0) tls_vs_plaintext[bytes].push_back(plaintext_seconds / tls_seconds);
       if (raw_seconds <= 0) continue;
       raw_gbps[bytes].push_back(gbps(bytes, raw_seconds));
       for (const auto& [key, sample] : samples) {
@@ -760,7 +849,7 @@ int main(int argc, char** argv) {
       figures[prefix + "_steps_median"] = std::move(steps);
       if (!errors.empty()) figures[prefix + "_errors"] = std::move(errors);
     }
-    by_strategy[runs[index]->strategy] = std::move(figures);
+    by_strategy[runs[index]->tls ? runs[index]->strategy + "+tls" : runs[index]->strategy] = std::move(figures);
   }
   // The headline: the first strategy that ran (portable, the default, unless only prefault was asked for).
   const std::string headline = runs.front()->strategy;
@@ -774,11 +863,24 @@ int main(int argc, char** argv) {
     raw_median[size_key(bytes)] = audit::median(values);
   result["raw_tcp_gbps"] = std::move(raw_median);
   result["raw_tcp_gbps_runs"] = std::move(raw_json);
+  if (tls_index) {
+    json paired = json::object();
+    for (const std::size_t bytes : sizes)
+      paired[size_key(bytes)] = bench::spread_json(tls_vs_plaintext[bytes]);
+    const std::string tls_key = runs[*tls_index]->strategy + "+tls";
+    result["tls_fetch_vs_plaintext_paired"] = std::move(paired);
+    result["tls_fetch_gbps"] = by_strategy[tls_key]["kv_fetch_gbps"];
+    result["tls_fetch_vs_raw_tcp_paired"] = by_strategy[tls_key]["kv_fetch_vs_raw_tcp_paired"];
+    if (by_strategy[tls_key].contains("kv_fetch_errors")) result["tls_fetch_errors"] = by_strategy[tls_key]["kv_fetch_errors"];
+  } else if (!skip_tls) {
+    result["tls_fetch_vs_plaintext_paired"] = tls_note;
+  }
   result["memory_strategies"] = std::move(by_strategy);
   if (!strategy_notes.empty()) result["memory_strategy_notes"] = std::move(strategy_notes);
   result["machine"]["load_average_end"] = load_average();
   result["goals"] = {{"kv_fetch_vs_raw_tcp_paired", ">= 0.8 (median)"},
                      {"shm_publish_vs_memcpy_paired", ">= 0.8 (median)"},
+                     {"tls_fetch_vs_plaintext_paired", ">= 0.5 (median)"},
                      {"shm_small_msg_p50_us", "< 20"}};
   runs.clear();  // drain the daemons before their directory goes
   std::error_code ignored;

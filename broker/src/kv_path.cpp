@@ -334,9 +334,9 @@ void KvPath::run_pusher() {
       observe_codec(job.codec, job.entry->info.layout.dtype, job.entry->info.bytes, frame.value().size(),
                     std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
     }
-    Status pushed =
-        frame ? peers_->push(job.peer, std::random_device{}(), job.key, frame.value(), policy->limits.read_timeout)
-              : Status(frame.error());
+    Status pushed = frame ? peers_->push(job.peer, job.route, std::random_device{}(), job.key, frame.value(),
+                                         policy->limits.read_timeout)
+                          : Status(frame.error());
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     if (pushed) {
       metrics_.wire_bytes.with({"pushed", job.medium, job.codec}).inc(static_cast<double>(frame.value().size()));

@@ -21,7 +21,15 @@ PeerLinks::PeerLinks(std::shared_ptr<PolicySource> policy, metrics::Registry& re
       up_(registry.gauge("kvrelay_peer_up", "1 if the last call to the peer succeeded, else 0", {"peer"})),
       rtt_(registry.gauge("kvrelay_peer_link_rtt_seconds", "Windowed median RTT of the link to a peer", {"peer"})),
       throughput_(registry.gauge("kvrelay_peer_link_throughput_bytes_per_second",
-                                 "Windowed throughput of KV transfers on the link to a peer", {"peer"})) {}
+                                 "Windowed throughput of KV transfers on the link to a peer", {"peer"})),
+      certificate_expiry_(registry.gauge("kvrelay_peer_tls_certificate_expiry_seconds",
+                                         "Seconds until a peer-plane TLS certificate expires: this node's "
+                                         "(certificate=\"self\") and each connected peer's (its id)",
+                                         {"certificate"})),
+      refused_(registry.counter("kvrelay_peer_refused_total",
+                                "Peer connections and requests this node's peer server refused (issue #25): "
+                                "handshake, identity, push, fetch",
+                                {"reason"})) {}
 
 PeerLinks::~PeerLinks() {
   stop();
@@ -75,6 +83,8 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     options.read_timeout = timeout;
     options.link_estimator = estimator_;
     options.frame_buffers = buffers_;
+    options.tls = tls_;
+    options.identity = peer_identity(*peer_policy);
     auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options), deadline);
     if (!connected) {
       note_result(peer_id, &connected.error());
@@ -84,6 +94,7 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     slot.address = address;
     std::lock_guard state_lock(mutex_);
     state.remote_node = slot.client->remote().node_id;
+    if (tls_) state.certificate_not_after = slot.client->remote_certificate().not_after;
   }
   auto result = call(*slot.client);
   if (!result) {
@@ -172,11 +183,12 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch_same_host
   return over_tcp;
 }
 
-Status PeerLinks::push(const std::string& peer_id, std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                       std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
+Status PeerLinks::push(const std::string& peer_id, std::string_view route, std::uint64_t transfer_id,
+                       const kv_store::EntryKey& key, std::span<const std::uint8_t> frame,
+                       std::chrono::milliseconds timeout) {
   auto pushed =
       with_client(peer_id, kPush, timeout, peer::Deadline::max(), [&](peer::PeerClient& client) -> Result<bool> {
-        KVRELAY_TRY(client.push_encoded(transfer_id, key, frame));
+        KVRELAY_TRY(client.push_encoded(transfer_id, key, frame, route));
         return true;
       });
   if (!pushed) return pushed.error();
@@ -205,8 +217,20 @@ void PeerLinks::probe_all() {
   }
 }
 
+void PeerLinks::refresh_certificate_expiry() {
+  if (!tls_) return;
+  certificate_expiry_.with({"self"}).set(peer::seconds_until(tls_->not_after()));
+  std::lock_guard lock(mutex_);
+  for (const auto& [id, state] : peers_) {
+    if (state->certificate_not_after != std::chrono::system_clock::time_point{}) {
+      certificate_expiry_.with({id}).set(peer::seconds_until(state->certificate_not_after));
+    }
+  }
+}
+
 void PeerLinks::run_prober() {
   while (true) {
+    refresh_certificate_expiry();
     const auto interval = policy_->current()->limits.peer_summary_interval;
     if (interval.count() > 0) probe_all();
     std::unique_lock lock(stop_mutex_);
@@ -247,6 +271,9 @@ nlohmann::json PeerLinks::describe() const {
         if (state.summary_time != std::chrono::steady_clock::time_point{}) {
           view["summary_age_s"] = std::chrono::duration<double>(now - state.summary_time).count();
         }
+        if (state.certificate_not_after != std::chrono::system_clock::time_point{}) {
+          view["certificate_expires_in_s"] = peer::seconds_until(state.certificate_not_after);
+        }
         view["fetches"] = state.fetches;
         view["pushes"] = state.pushes;
         view["failures"] = state.failures;
@@ -260,7 +287,11 @@ nlohmann::json PeerLinks::describe() const {
     }
     peers.push_back(std::move(view));
   }
-  return nlohmann::json{{"node", policy->node_id}, {"peers", std::move(peers)}};
+  nlohmann::json view{{"node", policy->node_id}, {"peers", std::move(peers)}};
+  // Issue #25: whether the peer plane is TLS, and when this node's certificate expires.
+  view["tls"] = tls_ != nullptr;
+  if (tls_) view["certificate_expires_in_s"] = peer::seconds_until(tls_->not_after());
+  return view;
 }
 
 }  // namespace kvrelay::broker

@@ -122,6 +122,14 @@ const TenantPolicy* Policy::find_tenant(std::string_view id) const noexcept {
   return it == tenants.end() ? nullptr : &*it;
 }
 
+const std::string& peer_identity(const PeerPolicy& peer) noexcept {
+  return peer.identity.empty() ? peer.address.host : peer.identity;
+}
+
+bool is_loopback_host(std::string_view host) noexcept {
+  return host == "localhost" || host == "::1" || host.substr(0, 4) == "127.";
+}
+
 namespace {
 
 constexpr std::string_view kIdPattern = "identifier of letters, digits, '.', '_' or '-' (1..64 chars)";
@@ -248,6 +256,7 @@ void read_peer(const json& value, const std::string& pointer, PeerPolicy& out, D
   std::uint32_t uid = 0;
   if (reader.read_u32("uid", uid, 0, 0xFFFFFFFEU)) out.uid = uid;
   if (out.uid && !out.same_host) diag.problem(reader.pointer_of("uid"), "only a same_host peer has a uid");
+  reader.read_string("identity", out.identity, false);
   reader.reject_unknown_keys();
 }
 
@@ -642,6 +651,39 @@ std::optional<std::string> read_secret_file(const std::string& path, std::string
   return problem;
 }
 
+// Peer TLS (issue #25): the peer_tls section, and the rule that plaintext peers stay on loopback.
+void read_peer_tls(const json& value, const std::string& pointer, PeerTlsPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  reader.read_string("certificate", out.certificate, false);
+  reader.read_string("private_key", out.private_key, false);
+  reader.read_string("ca_bundle", out.ca_bundle, false);
+  reader.read_bool("trusted_network", out.trusted_network);
+  const int files = int{!out.certificate.empty()} + int{!out.private_key.empty()} + int{!out.ca_bundle.empty()};
+  if (files != 0 && files != 3) {
+    diag.problem(pointer, "certificate, private_key and ca_bundle go together (TLS on) or not at all (plaintext)");
+  }
+  if (files == 0 && !out.trusted_network) {
+    diag.problem(pointer, "needs certificate, private_key and ca_bundle, or \"trusted_network\": true");
+  }
+  reader.reject_unknown_keys();
+}
+
+void check_plaintext_peers(const Policy& policy, Diagnostics& diag) {
+  if (policy.peer_tls.enabled() || policy.peer_tls.trusted_network) return;
+  constexpr std::string_view kNeeds = "needs /peer_tls (certificates) or /peer_tls/trusted_network";
+  if (policy.listen.peer && !is_loopback_host(policy.listen.peer->host)) {
+    diag.problem("/listen/peer", fmt::format("plaintext peer listener on {}, off loopback: {}",
+                                             policy.listen.peer->to_string(), kNeeds));
+  }
+  for (std::size_t index = 0; index < policy.peers.size(); ++index) {
+    if (is_loopback_host(policy.peers[index].address.host)) continue;
+    diag.problem(
+        pointer_append(pointer_append("/peers", index), "address"),
+        fmt::format("plaintext peer at {}, off loopback: {}", policy.peers[index].address.to_string(), kNeeds));
+  }
+}
+
 std::string line_and_column(std::string_view text, std::size_t byte_offset) {
   std::size_t line = 1;
   std::size_t column = 1;
@@ -807,11 +849,13 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     read_array(root, "tenants", policy.tenants, diag,
                [&](const json& v, const std::string& p, TenantPolicy& out) { read_tenant(v, p, out, diag); });
     if (const auto* signing = root.field("signing", false)) read_signing(*signing, "/signing", policy.signing, diag);
+    if (const auto* tls = root.field("peer_tls", false)) read_peer_tls(*tls, "/peer_tls", policy.peer_tls, diag);
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
     if (diag.empty()) check_references(policy, diag);
     if (diag.empty()) check_same_host_peer_uids(policy, diag);
     if (diag.empty()) check_tenancy(policy, diag);
+    if (diag.empty()) check_plaintext_peers(policy, diag);
   }
   if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
   return policy;

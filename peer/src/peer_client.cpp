@@ -9,6 +9,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -42,6 +43,7 @@ struct PeerClient::State {
   asio::io_context io;
   std::shared_ptr<PeerConnection> connection;
   Hello remote;
+  PeerCertificate certificate;
   bool broken = false;             // after an error mid-protocol the stream position is unknown
   std::vector<std::byte> staging;  // options.stage_chunks: one chunk, kept warm across transfers
 
@@ -198,6 +200,18 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
     auto [connect_ec, endpoint] = co_await asio::async_connect(connection.socket, endpoints.value(), kNoThrow);
     if (connect_ec) co_return outcome::failure(at_stage("peer connect", io_error(connection, connect_ec, "connect")));
     tune_socket(connection.socket);
+    if (state->options.tls) {
+      auto shaken =
+          co_await start_tls(connection, state->options.tls->context(), false, state->options.connect_timeout);
+      if (!shaken) co_return outcome::failure(at_stage("peer TLS", shaken.error()));
+      state->certificate = remote_certificate(connection);
+      if (!names_identity(state->certificate, state->options.identity)) {
+        co_return fail(
+            ErrorCode::kPermissionDenied,
+            fmt::format("peer TLS: {} presents a certificate naming [{}], not identity '{}'", address.to_string(),
+                        fmt::join(state->certificate.names, ", "), state->options.identity));
+      }
+    }
     Hello mine;
     mine.node_id = state->options.node_id;
     mine.capabilities |= kCapFidelity;
@@ -380,6 +394,10 @@ const Hello& PeerClient::remote() const {
   return state_->remote;
 }
 
+const PeerCertificate& PeerClient::remote_certificate() const {
+  return state_->certificate;
+}
+
 Result<std::chrono::microseconds> PeerClient::ping() {
   KVRELAY_TRY(auto rtt, state_->run(ping_once(state_.get())));
   if (state_->options.link_estimator) state_->options.link_estimator->add_rtt(state_->remote.node_id, rtt);
@@ -400,7 +418,7 @@ Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchReq
 }
 
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                                std::span<const std::uint8_t> frame) {
+                                std::span<const std::uint8_t> frame, std::string_view route) {
   if (frame.empty()) return fail(ErrorCode::kInvalidArgument, "push of an empty frame");
   EncodedEntryHeader header;
   header.id = transfer_id;
@@ -409,6 +427,7 @@ Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::Entry
   header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
   if (state_->options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
   header.window_chunks = state_->options.window_chunks;
+  header.route = std::string(route);
   KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
   return ok();
 }

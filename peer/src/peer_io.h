@@ -3,33 +3,43 @@
 // Deadline-guarded reads and writes on one peer connection, shared by both ends of the peer
 // protocol. A watchdog coroutine closes the socket when the current deadline passes, which
 // fails the pending operation; errors come back as values (as_tuple), never as exceptions.
+// A TLS connection (issue #25) reads and writes through its ssl::stream once the handshake is
+// done; a plaintext one goes straight to the socket, as before.
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/peer/peer_protocol.h"
+#include "kvrelay/peer/peer_tls.h"
 
 namespace kvrelay::peer::detail {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 inline constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
+// Over the connection's own socket, which the watchdog closes on a deadline as for plaintext.
+using TlsStream = asio::ssl::stream<tcp::socket&>;
 
 struct PeerConnection {
   explicit PeerConnection(tcp::socket connected) : socket(std::move(connected)), timer(socket.get_executor()) {}
   tcp::socket socket;
   asio::steady_timer timer;
+  // Set by start_tls; the context lives as long as the stream made from it.
+  std::shared_ptr<asio::ssl::context> tls_context;
+  std::optional<TlsStream> tls;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   bool timed_out = false;
   // Set by close() (or the watchdog on a timeout); the watchdog runs until then. Not "socket
@@ -62,6 +72,14 @@ struct PeerConnection {
     timer.cancel();
   }
 };
+
+// Runs the TLS handshake (server or client side) within `timeout`; every read and write after it
+// goes through connection.tls. Nothing of kvrelay's is read before it completes.
+asio::awaitable<Status> start_tls(PeerConnection& connection, std::shared_ptr<asio::ssl::context> context, bool server,
+                                  std::chrono::milliseconds timeout);
+// What the handshake verified of the other side's certificate (empty on a plaintext connection).
+[[nodiscard]] PeerCertificate remote_certificate(PeerConnection& connection);
+[[nodiscard]] PeerCertificate certificate_of(const SSL* session);
 
 // Runs until close(); closes the socket when a deadline passes.
 asio::awaitable<void> watchdog(std::shared_ptr<PeerConnection> connection);

@@ -274,15 +274,22 @@ void put_encoded_fields(ByteWriter& writer, const EncodedEntryHeader& header) {
   writer.put(header.frame_bytes).put(header.chunk_bytes).put(header.window_chunks);
 }
 
-Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id) {
+Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id, bool may_name_route = false) {
   EncodedEntryHeader header;
   header.id = id;
   const auto key = kv_store::decode_key(reader);
   const auto frame_bytes = reader.get<std::uint64_t>();
   const auto chunk_bytes = reader.get<std::uint32_t>();
   const auto window_chunks = reader.get<std::uint32_t>();
-  if (!key || !frame_bytes || !chunk_bytes || !window_chunks || reader.remaining() != 0)
+  std::optional<std::string> route;  // a push's (issue #25): absent, or a non-empty name
+  bool route_ok = true;
+  if (may_name_route && reader.remaining() != 0) {
+    route = reader.get_string();
+    route_ok = route && !route->empty();
+  }
+  if (!key || !frame_bytes || !chunk_bytes || !window_chunks || !route_ok || reader.remaining() != 0)
     return fail(ErrorCode::kProtocol, "malformed encoded entry header");
+  if (route) header.route = std::move(*route);
   if (*window_chunks == 0 || *window_chunks > kMaxWindowChunks) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("window of {} chunks outside 1..{}", *window_chunks, kMaxWindowChunks));
@@ -328,6 +335,7 @@ std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header) {
   ByteWriter writer;
   writer.put(header.id);
   put_encoded_fields(writer, header);
+  if (!header.route.empty()) writer.put_string(header.route);
   return encode_peer_frame(PeerMessage::kPushEncoded, writer.bytes());
 }
 
@@ -335,7 +343,7 @@ Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payloa
   ByteReader reader(payload);
   const auto id = reader.get<std::uint64_t>();
   if (!id) return fail(ErrorCode::kTruncated, "push header truncated");
-  return get_encoded_fields(reader, *id);
+  return get_encoded_fields(reader, *id, true);
 }
 
 std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys) {

@@ -9,9 +9,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -26,6 +28,7 @@
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/kv_store/prefix_scan.h"
 #include "kvrelay/peer/fetch_encoding.h"
+#include "kvrelay/peer/peer_authorization.h"
 
 #include "peer_io.h"
 
@@ -57,6 +60,9 @@ using SharedPtr = std::shared_ptr<PeerServer::Shared>;
 // One session's state after its hello.
 struct Session {
   Hello remote;
+  // Who the peer is: with TLS the policy peer its certificate names, else its hello's node id.
+  std::string peer_id;
+  bool tls = false;
   std::vector<std::byte> staging;  // options.stage_chunks: one chunk, kept warm across replies
 };
 
@@ -86,6 +92,25 @@ asio::awaitable<Status> send_frame(PeerConnection& connection, const std::vector
   co_return co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, timeout);
 }
 
+// The identity the policy peer `peer_id` must present ("" when the policy has no such peer).
+std::string peer_claimed_identity(const SharedPtr& shared, const std::string& peer_id) {
+  const auto policy = shared->options.policy ? shared->options.policy() : nullptr;
+  const PeerPolicy* peer = policy ? policy->find_peer(peer_id) : nullptr;
+  return peer != nullptr ? peer_identity(*peer) : std::string();
+}
+
+void count_refused(const SharedPtr& shared, std::string_view reason) {
+  if (shared->options.on_refused) shared->options.on_refused(reason);
+}
+
+// The session's grant under the current policy; nullopt: no policy, nothing is restricted.
+std::optional<PeerGrant> session_grant(const SharedPtr& shared, const Session& session,
+                                       std::shared_ptr<const Policy>& policy) {
+  if (!shared->options.policy) return std::nullopt;
+  policy = shared->options.policy();
+  return grant_for(*policy, session.peer_id, session.tls);
+}
+
 // Answers a Fetch with the longest prefix of the chain this node holds, encoded with the
 // requested codec, or "not found".
 asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& connection, Session& session,
@@ -103,9 +128,19 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
                        lossless ? kv_store::FidelityRule::exact_only()
                                 : kv_store::FidelityRule::exact_or_lossy(codec::spec_name(spec.value()))});
   const std::shared_ptr<const kv_store::StoredEntry> entry = held.entry;
-  const kv_store::EntryKey key = held ? kv_store::EntryKey{request.model_id, chain[held.blocks - 1]} : kv_store::EntryKey{};
+  const kv_store::EntryKey key =
+      held ? kv_store::EntryKey{request.model_id, chain[held.blocks - 1]} : kv_store::EntryKey{};
   // A held prefix that adds nothing to what the asker has is a miss, like no prefix at all.
-  if (!entry || entry->info.layout.tokens <= request.skip_tokens) {
+  std::shared_ptr<const Policy> policy;
+  const auto grant = session_grant(shared, session, policy);
+  const bool refused = entry && grant && !authorize_fetch(*policy, *grant, key, *entry);
+  if (refused) {
+    // Answered as a miss, like KV this node does not hold: the asker learns nothing of it.
+    count_refused(shared, "fetch");
+    spdlog::warn("peer {}: fetch of model {:016x} refused: none of its agents uses that model", session.peer_id,
+                 request.model_id);
+  }
+  if (refused || !entry || entry->info.layout.tokens <= request.skip_tokens) {
     const auto miss = encode_fetch_reply(request.request_id, nullptr);
     co_return co_await send_frame(connection, miss, options.read_timeout);
   }
@@ -146,7 +181,7 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
 // Receives an encoded entry pushed ahead by a peer, decodes it to raw KV and files it.
 // `sender_records_fidelity`: the sender announced kCapFidelity; without it even a lossless
 // frame may carry KV computed over a lossy import, so it is filed as unverified (never exact).
-asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& connection,
+asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& connection, const Session& session,
                                        const EncodedEntryHeader& header, bool sender_records_fidelity) {
   const auto& options = shared->options;
   if (!options.codecs) co_return fail(ErrorCode::kUnsupported, "this sidecar has no codecs for pushed KV");
@@ -163,6 +198,14 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   const auto decode_started = std::chrono::steady_clock::now();
   auto decoded = codec::decode_frame_view(*options.codecs, frame, options.max_entry_bytes, shared->buffers);
   if (!decoded) co_return outcome::failure(decoded.error());
+  std::shared_ptr<const Policy> policy;
+  if (const auto grant = session_grant(shared, session, policy)) {
+    auto allowed = authorize_pushed_entry(*policy, *grant, header.route, decoded.value().header.layout);
+    if (!allowed) {
+      count_refused(shared, "push");  // decoded, never filed
+      co_return allowed;
+    }
+  }
   const double decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count();
   auto entry = kv_store::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv),
@@ -219,6 +262,15 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
   if (!remote) co_return outcome::failure(remote.error());
   Session session;
   session.remote = remote.value();
+  session.tls = connection.tls.has_value();
+  session.peer_id = session.remote.node_id;
+  const auto certificate = remote_certificate(connection);
+  const auto claimed_identity = peer_claimed_identity(shared, session.peer_id);
+  if (session.tls && !names_identity(certificate, claimed_identity)) {
+    count_refused(shared, "identity");
+    co_return fail(ErrorCode::kPermissionDenied,
+                   fmt::format("peer hello names node {}, which its certificate does not: refused", session.peer_id));
+  }
   Hello mine;
   mine.node_id = options.node_id;
   mine.capabilities |= kCapFidelity;
@@ -261,8 +313,16 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
       case PeerMessage::kPushEncoded: {
         auto header = decode_push_encoded(payload);
         if (!header) co_return outcome::failure(header.error());
+        std::shared_ptr<const Policy> policy;
+        if (const auto grant = session_grant(shared, session, policy)) {
+          auto allowed = authorize_push(*policy, *grant, header.value().route);
+          if (!allowed) {
+            count_refused(shared, "push");  // the session ends with this error: nothing is read or filed
+            co_return allowed;
+          }
+        }
         const bool sender_records_fidelity = (remote.value().capabilities & kCapFidelity) != 0;
-        auto received = co_await receive_pushed(shared, connection, header.value(), sender_records_fidelity);
+        auto received = co_await receive_pushed(shared, connection, session, header.value(), sender_records_fidelity);
         if (!received) co_return received;
         continue;
       }
@@ -280,13 +340,55 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
   co_return ok();
 }
 
+// After an error report: reads and drops what the peer still sends, until it closes or `grace`
+// passes. Closing with its bytes unread would reset the connection, and a peer still writing (a
+// refused push's chunks) would see a broken pipe instead of the report.
+asio::awaitable<void> drain(PeerConnection& connection, std::chrono::milliseconds grace) {
+  boost::system::error_code ignored;
+  connection.socket.shutdown(tcp::socket::shutdown_send, ignored);
+  connection.limit = std::chrono::steady_clock::now() + grace;
+  std::array<std::byte, 64 << 10> scratch{};
+  while (connection.socket.is_open()) {
+    connection.arm(grace);
+    auto [ec, n] = co_await connection.socket.async_read_some(asio::buffer(scratch), kNoThrow);
+    if (ec) break;
+  }
+}
+
+// TLS before anything else: a failed handshake, or a certificate that names no policy peer,
+// closes the connection before a byte of it is read as a kvrelay frame.
+asio::awaitable<Status> accept_tls(const SharedPtr& shared, PeerConnection& connection) {
+  const auto& options = shared->options;
+  auto shaken = co_await start_tls(connection, options.tls->context(), true, options.handshake_timeout);
+  if (!shaken) co_return shaken;
+  const auto certificate = remote_certificate(connection);
+  const auto policy = options.policy ? options.policy() : nullptr;
+  if (policy != nullptr) {
+    for (const auto& peer : policy->peers) {
+      if (names_identity(certificate, peer_identity(peer))) co_return ok();
+    }
+  }
+  co_return fail(ErrorCode::kPermissionDenied, fmt::format("certificate names [{}], no peer identity in the policy",
+                                                           fmt::join(certificate.names, ", ")));
+}
+
 asio::awaitable<void> run_session(SharedPtr shared, std::shared_ptr<PeerConnection> connection) {
+  if (shared->options.tls) {
+    const auto accepted = co_await accept_tls(shared, *connection);
+    if (!accepted) {
+      spdlog::warn("peer connection refused before any frame was read: {}", accepted.error().to_string());
+      count_refused(shared, accepted.error().code == ErrorCode::kPermissionDenied ? "identity" : "handshake");
+      connection->close();
+      co_return;
+    }
+  }
   const auto status = co_await session_body(shared, *connection);
   if (!status && connection->socket.is_open()) {
     spdlog::warn("peer session: {}", status.error().to_string());
     const auto report = encode_peer_error(status.error());
     const std::chrono::milliseconds grace(500);
     [[maybe_unused]] const auto sent = co_await send_frame(*connection, report, grace);
+    co_await drain(*connection, grace);
   } else if (!status) {
     spdlog::warn("peer session: {}", status.error().to_string());
   }

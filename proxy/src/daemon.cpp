@@ -26,6 +26,7 @@
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
 #include "kvrelay/peer/peer_server.h"
+#include "kvrelay/peer/peer_tls.h"
 #include "kvrelay/proxy/upstream_prober.h"
 #include "kvrelay/proxy/version.h"
 #include "kvrelay/kv_store/entry_store.h"
@@ -43,6 +44,7 @@ namespace asio = boost::asio;
 namespace {
 
 constexpr std::chrono::seconds kDrainDeadline{20};
+constexpr std::chrono::seconds kTlsWatchInterval{2};
 
 struct DaemonState {
   std::atomic<bool> ready{false};
@@ -138,6 +140,16 @@ int run_daemon(const DaemonOptions& options) {
   // received from a peer is what a local worker's lookup finds.
   auto entry_store = std::make_shared<kv_store::InMemoryEntryStore>(policy->limits.kv_store_bytes);
   auto peer_links = std::make_shared<broker::PeerLinks>(runtime_policy, *registry);
+  std::shared_ptr<peer::PeerTls> peer_tls;  // issue #25: the peer plane's TLS, when the policy has peer_tls
+  if (policy->peer_tls.enabled()) {
+    auto loaded_tls = peer::PeerTls::load(policy->peer_tls);
+    if (!loaded_tls) {
+      spdlog::critical("{}: /peer_tls: {}", policy->source, loaded_tls.error().to_string());
+      return 2;
+    }
+    peer_tls = std::move(loaded_tls).value();
+    peer_links->set_tls(peer_tls);
+  }
   auto kv_path = std::make_shared<broker::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
   peer_links->set_rtt_observer(
       [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
@@ -220,6 +232,9 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.stage_chunks = policy->limits.peer_staging;
     peer_options.codecs = codecs;
     peer_options.on_kv_bytes = [path = kv_path.get()](const peer::KvBytesEvent& event) { path->record_peer_kv(event); };
+    peer_options.tls = peer_tls;
+    peer_options.policy = [runtime_policy] { return runtime_policy->current(); };
+    peer_options.on_refused = [links = peer_links.get()](std::string_view reason) { links->note_refused(reason); };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());
@@ -258,10 +273,37 @@ int run_daemon(const DaemonOptions& options) {
       if (ec) return;
       spdlog::info("SIGHUP: reloading policy {}", runtime_policy->path());
       (void)runtime_policy->reload();  // outcome is logged and counted by reload() itself
+      if (peer_tls) {
+        if (auto reloaded = peer_tls->reload(); !reloaded) {
+          spdlog::error("SIGHUP: peer TLS files not reloaded, the old certificate stays: {}",
+                        reloaded.error().to_string());
+        } else {
+          spdlog::info("SIGHUP: peer TLS certificate, key and CA bundle reloaded");
+        }
+      }
       wait_for_reload();
     });
   };
   wait_for_reload();
+
+  // Peer TLS files are watched too (Kubernetes updates a Secret by swapping a symlink): a change
+  // rebuilds the context for new connections; a bad file keeps the old one.
+  asio::steady_timer tls_watch(io);
+  std::function<void()> watch_tls = [&] {
+    tls_watch.expires_after(kTlsWatchInterval);
+    tls_watch.async_wait([&](boost::system::error_code ec) {
+      if (ec || state->draining) return;
+      auto changed = peer_tls->reload_if_changed();
+      if (!changed) {
+        spdlog::error("peer TLS files changed but were not loaded, the old certificate stays: {}",
+                      changed.error().to_string());
+      } else if (changed.value()) {
+        spdlog::info("peer TLS files changed: certificate, key and CA bundle reloaded");
+      }
+      watch_tls();
+    });
+  };
+  if (peer_tls) watch_tls();
 
   asio::steady_timer drain_timer(io);
   const auto drain_started = std::make_shared<std::chrono::steady_clock::time_point>();
@@ -282,6 +324,7 @@ int run_daemon(const DaemonOptions& options) {
     state->draining = true;
     *drain_started = std::chrono::steady_clock::now();
     reload_signal.cancel();
+    tls_watch.cancel();
     upstream_prober->stop();
     main_server.drain();
     if (admin_server) admin_server->drain();

@@ -79,17 +79,18 @@ inline bool same_bytes(std::span<const std::byte> left, std::span<const std::byt
   return left.size() == right.size() && (left.empty() || std::memcmp(left.data(), right.data(), left.size()) == 0);
 }
 
-// Raw KV of a small model's layout, at least `at_least_bytes` of it, and its raw-codec frame:
-// what a sidecar pushes and fetches.
+// Raw KV of a small model's layout (or `shape`'s), at least `at_least_bytes` of it, and its
+// raw-codec frame: what a sidecar pushes and fetches.
 struct KvFrame {
   KvLayout layout;
   std::vector<std::byte> kv;
   std::vector<std::uint8_t> frame;
   [[nodiscard]] std::span<const std::uint8_t> bytes() const { return frame; }
 };
-inline KvFrame kv_frame(std::size_t at_least_bytes, std::uint64_t seed, std::string_view codec = "raw") {
+inline KvFrame kv_frame(std::size_t at_least_bytes, std::uint64_t seed, std::string_view codec = "raw",
+                        const KvLayout& shape = KvLayout{2, 2, 64, DType::kFloat16, 1}) {
   KvFrame out;
-  out.layout = KvLayout{2, 2, 64, DType::kFloat16, 1};
+  out.layout = shape;
   const std::uint64_t per_token = out.layout.total_bytes().value();
   out.layout.tokens = std::max<std::uint64_t>(1, (at_least_bytes + per_token - 1) / per_token);
   out.kv = peer_pattern(static_cast<std::size_t>(out.layout.total_bytes().value()), seed);

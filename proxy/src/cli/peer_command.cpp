@@ -38,6 +38,7 @@ struct SendOptions {
   bool no_staging = false;
   bool no_split = false;
   std::string node_id = "kvrelay-cli";
+  std::string route;  // the route the push is for, which the receiver authorizes (issue #25)
   std::string file;
 };
 
@@ -62,6 +63,12 @@ int run_send(const SendOptions& options) {
     if (peer == nullptr) return fail_with("no peer '" + options.peer_id + "' in " + options.config);
     client_options = peer::peer_client_options(policy.value());
     target = peer->address;
+    if (policy.value().peer_tls.enabled()) {  // as the daemon of that policy connects (issue #25)
+      auto tls = peer::PeerTls::load(policy.value().peer_tls);
+      if (!tls) return fail_with(tls.error().to_string());
+      client_options.tls = std::move(tls).value();
+      client_options.identity = peer_identity(*peer);
+    }
   } else {
     if (options.to.empty()) return fail_with("give --to HOST:PORT or --config with --peer ID");
     auto address = parse_host_port(options.to);
@@ -99,7 +106,7 @@ int run_send(const SendOptions& options) {
   if (!client) return fail_with(client.error().to_string());
   const kv_store::EntryKey key{options.model_id,
                                options.context_hash != 0 ? options.context_hash : options.transfer_id};
-  if (auto sent = client.value().push_encoded(options.transfer_id, key, frame); !sent) {
+  if (auto sent = client.value().push_encoded(options.transfer_id, key, frame, options.route); !sent) {
     return fail_with(sent.error().to_string());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -170,6 +177,9 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   send_command->add_flag("--no-split", send->no_split,
                          "Send a file that fits one chunk as one chunk, not as two halves that pipeline");
   send_command->add_option("--node-id", send->node_id, "Node id announced in the hello");
+  send_command->add_option("--route", send->route,
+                           "Route the push is for (a receiver that knows this node authorizes it; "
+                           "docs/security-peers.md)");
   send_command->add_option("file", send->file, "KV frame to push")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });
 

@@ -42,6 +42,10 @@ class PeerLinks {
 
   // Called with (peer id, RTT seconds) after each probe; set before start().
   void set_rtt_observer(std::function<void(const std::string&, double)> observer) { on_rtt_ = std::move(observer); }
+  // TLS for every peer connection (issue #25; the policy's peer_tls); set before start().
+  void set_tls(std::shared_ptr<peer::PeerTls> tls) { tls_ = std::move(tls); }
+  // Counts a connection or request the peer server refused (PeerServerOptions::on_refused).
+  void note_refused(std::string_view reason) { refused_.with({std::string(reason)}).inc(); }
   // Starts the prober (every limits.peer_summary_interval_ms; 0: no background probing).
   void start();
   void stop();
@@ -57,8 +61,10 @@ class PeerLinks {
                                                                             peer::Deadline deadline,
                                                                             std::uint64_t max_frame_bytes,
                                                                             const codec::CodecRegistry& codecs);
-  [[nodiscard]] Status push(const std::string& peer_id, std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                            std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
+  // `route`: the route it is pushed on, which the peer authorizes.
+  [[nodiscard]] Status push(const std::string& peer_id, std::string_view route, std::uint64_t transfer_id,
+                            const kv_store::EntryKey& key, std::span<const std::uint8_t> frame,
+                            std::chrono::milliseconds timeout);
   // Asks every peer now (what the prober does each interval).
   void probe_all();
 
@@ -85,6 +91,7 @@ class PeerLinks {
     bool reachable = false;
     std::string last_error;
     std::string remote_node;
+    std::chrono::system_clock::time_point certificate_not_after{};  // TLS: the peer's, as last seen
     std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash> held;
     std::chrono::steady_clock::time_point summary_time{};
     std::uint64_t fetches = 0;
@@ -107,6 +114,8 @@ class PeerLinks {
       std::uint64_t max_frame_bytes, const codec::CodecRegistry& codecs, std::chrono::milliseconds timeout);
   void note_result(const std::string& peer_id, const Error* error);
   void run_prober();
+  // kvrelay_peer_tls_certificate_expiry_seconds, for this node's certificate and each peer's seen.
+  void refresh_certificate_expiry();
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<peer::LinkEstimator> estimator_ = std::make_shared<peer::LinkEstimator>();
@@ -117,6 +126,9 @@ class PeerLinks {
   metrics::Family<metrics::Gauge>& up_;
   metrics::Family<metrics::Gauge>& rtt_;
   metrics::Family<metrics::Gauge>& throughput_;
+  metrics::Family<metrics::Gauge>& certificate_expiry_;
+  metrics::Family<metrics::Counter>& refused_;
+  std::shared_ptr<peer::PeerTls> tls_;
   std::mutex stop_mutex_;
   std::condition_variable stop_wake_;
   bool stopping_ = false;

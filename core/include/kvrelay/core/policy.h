@@ -53,6 +53,7 @@ struct PeerPolicy {
   // same_host only: the uid its sidecar runs as, which its data-plane connections must carry
   // (SO_PEERCRED); none: this daemon's own uid, so its connections are a worker's.
   std::optional<std::uint32_t> uid;
+  std::string identity;    // what its TLS certificate must name (DNS or URI SAN); "" = address.host
 };
 
 struct AgentPolicy {
@@ -202,6 +203,21 @@ struct SigningPolicy {
   std::string node_key;  // the file's bytes (read_policy_secrets)
   [[nodiscard]] bool enabled() const noexcept { return !node_key_file.empty(); }
 };
+// Peer TLS (issue #25): TLS 1.3 with mutual authentication on the peer plane. The three files
+// are set together (TLS on) or not at all; without them peers are plaintext, which the policy
+// allows only on loopback unless `trusted_network` says the network itself is trusted.
+struct PeerTlsPolicy {
+  std::string certificate;  // PEM: this node's certificate (chain), presented to every peer
+  std::string private_key;  // PEM: its key
+  std::string ca_bundle;    // PEM: the CAs whose certificates may connect, and that peers must have
+  bool trusted_network = false;
+  [[nodiscard]] bool enabled() const noexcept { return !certificate.empty(); }
+};
+struct PeerPolicy;
+// The name a peer's certificate must carry as a DNS or URI SAN: its `identity`, else its host.
+[[nodiscard]] const std::string& peer_identity(const PeerPolicy& peer) noexcept;
+// 127.0.0.0/8, ::1 or "localhost".
+[[nodiscard]] bool is_loopback_host(std::string_view host) noexcept;
 
 struct Policy {
   int schema_version = kPolicySchemaVersion;
@@ -217,6 +233,7 @@ struct Policy {
   CostModelPolicy cost_model;
   std::vector<TenantPolicy> tenants;
   SigningPolicy signing;
+  PeerTlsPolicy peer_tls;
   std::string source;  // file the policy came from, for messages
 
   [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;

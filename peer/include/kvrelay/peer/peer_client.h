@@ -17,6 +17,7 @@
 #include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/peer/link_estimator.h"
 #include "kvrelay/peer/peer_protocol.h"
+#include "kvrelay/peer/peer_tls.h"
 
 namespace kvrelay::peer {
 
@@ -45,6 +46,10 @@ struct PeerClientOptions {
   // Where fetched frames are received (optional: without it each fetch gets a fresh buffer,
   // which on some hosts costs more in first-touch page faults than the transfer).
   std::shared_ptr<WarmBufferPool> frame_buffers;
+  // Issue #25. Set: the connection is TLS (handshake within connect_timeout, before the hello),
+  // and the peer's certificate must name `identity` (a DNS or URI SAN) or the connect fails.
+  std::shared_ptr<PeerTls> tls;
+  std::string identity;
 };
 
 // Client options for talking to `peer` under `policy`: our node id, the policy's read timeout
@@ -62,6 +67,8 @@ class PeerClient {
                                                   Deadline deadline = Deadline::max());
 
   [[nodiscard]] const Hello& remote() const;
+  // What the TLS handshake verified of the peer's certificate (empty names: plaintext).
+  [[nodiscard]] const PeerCertificate& remote_certificate() const;
   [[nodiscard]] Result<std::chrono::microseconds> ping();
 
   // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
@@ -87,9 +94,10 @@ class PeerClient {
                                                           Deadline deadline = Deadline::max());
   // Sends an encoded KV frame (codec_plugins frame format) to the peer as a chunk stream; the
   // peer decodes it, files it under `key` by the frame's codec (lossy KV as lossy) and answers
-  // Committed. `frame` must stay valid until this returns.
+  // Committed. `frame` must stay valid until this returns. `route`: the route it is pushed on,
+  // which the peer authorizes (a peer whose policy lists peers refuses a push that names none).
   [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                                    std::span<const std::uint8_t> frame);
+                                    std::span<const std::uint8_t> frame, std::string_view route = {});
   // The keys the peer holds, most recently used first.
   [[nodiscard]] Result<std::vector<kv_store::EntryKey>> summary();
   [[nodiscard]] Result<PeerServerStats> stats();

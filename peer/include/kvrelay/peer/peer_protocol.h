@@ -136,6 +136,9 @@ struct EncodedEntryHeader {
   std::uint64_t frame_bytes = 0;  // the KV frame (codec_plugins frame format)
   std::uint32_t chunk_bytes = 1U << 20;
   std::uint32_t window_chunks = 8;
+  // PushEncoded only: the route it is pushed on, which the receiver authorizes (issue #25). Sent
+  // after the fields above when set, so a push that names none reads as it always did.
+  std::string route;
   [[nodiscard]] std::uint64_t chunk_count() const {
     return frame_bytes == 0 ? 0 : (frame_bytes + chunk_bytes - 1) / chunk_bytes;
   }

@@ -20,6 +20,7 @@
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/peer/peer_protocol.h"
+#include "kvrelay/peer/peer_tls.h"
 
 namespace kvrelay::peer {
 
@@ -55,6 +56,16 @@ struct PeerServerOptions {
   std::shared_ptr<const codec::CodecRegistry> codecs;
   // Encoded KV that left ("served") or arrived ("received"), with what its codec cost here.
   std::function<void(const KvBytesEvent& event)> on_kv_bytes;
+  // Issue #25. Set: every session is TLS, its handshake (within handshake_timeout) before any
+  // frame is read, and the client's certificate must name a policy peer's identity.
+  std::shared_ptr<PeerTls> tls;
+  // The live policy, which says who may connect, push and fetch (peer_authorization.h). Unset:
+  // no authorization (protocol tests without a policy).
+  std::function<std::shared_ptr<const Policy>()> policy;
+  // Each refusal: "handshake" (TLS failed), "identity" (a certificate or hello the policy does
+  // not know), "push" or "fetch" (not authorized). Connections refused at the handshake or
+  // identity were closed before any frame was read.
+  std::function<void(std::string_view reason)> on_refused;
 };
 
 class PeerServer {

@@ -1,0 +1,46 @@
+#pragma once
+
+// What an authenticated peer may do under the policy (issue #25). The peer's id is its TLS
+// certificate's identity (or, plaintext on loopback, its hello's node id); pushes and fetches
+// are allowed only for what the policy says its agents do.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kvrelay/core/policy.h"
+#include "kvrelay/core/result.h"
+#include "kvrelay/kv_store/entry_store.h"
+
+namespace kvrelay::peer {
+
+struct PeerGrant {
+  std::string peer_id;  // a policy peer's id, or an unknown hello's node id (which may do nothing)
+  // A plaintext hello that names no policy peer: nothing is restricted, as before issue #25
+  // (tests, and same-host tools). Plaintext runs only on loopback or a trusted network, where a
+  // hello's node id is a claim anyone there can make, so plaintext authorization guards against
+  // mistakes, not attackers; TLS identities are what it rests on. Never with TLS.
+  bool unrestricted = false;
+};
+
+// The grant of a session under `policy`: `peer_id` as authenticated.
+[[nodiscard]] PeerGrant grant_for(const Policy& policy, std::string_view peer_id, bool tls);
+
+// Models are matched by shape (layers, KV heads, head size, dtype): the KV a worker files is
+// keyed by its own fingerprint id (a digest of its weights), which need not be the id of the
+// fingerprint the policy declares for its agent, so ids cannot be compared yet.
+[[nodiscard]] bool same_model_shape(const ModelFingerprint& model, const KvLayout& layout) noexcept;
+
+// A push on `route_id`, before any of it is read: the route's `from` agent lives on the peer
+// and its `to` agent here. kPermissionDenied says which not.
+[[nodiscard]] Status authorize_push(const Policy& policy, const PeerGrant& grant, std::string_view route_id);
+// The pushed entry, decoded and not yet filed: KV of the route's `to` agent's model.
+[[nodiscard]] Status authorize_pushed_entry(const Policy& policy, const PeerGrant& grant, std::string_view route_id,
+                                            const KvLayout& layout);
+
+// Whether a fetch may return `entry` (filed under `key`): only entries of models that the
+// peer's agents use. The tenant half of the rule extends this one function.
+[[nodiscard]] bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::EntryKey& key,
+                                   const kv_store::StoredEntry& entry);
+
+}  // namespace kvrelay::peer

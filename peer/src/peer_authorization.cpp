@@ -1,0 +1,65 @@
+#include "kvrelay/peer/peer_authorization.h"
+
+#include <fmt/format.h>
+
+namespace kvrelay::peer {
+
+PeerGrant grant_for(const Policy& policy, std::string_view peer_id, bool tls) {
+  return PeerGrant{std::string(peer_id), !tls && policy.find_peer(peer_id) == nullptr};
+}
+
+bool same_model_shape(const ModelFingerprint& model, const KvLayout& layout) noexcept {
+  return model.layers == layout.layers && model.kv_heads == layout.kv_heads && model.head_dim == layout.head_dim &&
+         model.dtype == layout.dtype;
+}
+
+Status authorize_push(const Policy& policy, const PeerGrant& grant, std::string_view route_id) {
+  if (grant.unrestricted) return ok();
+  if (grant.peer_id.empty() || grant.peer_id == policy.node_id) {
+    return fail(ErrorCode::kPermissionDenied, "push refused: the peer names no node id but this node's or none");
+  }
+  const RoutePolicy* route = route_id.empty() ? nullptr : policy.find_route(route_id);
+  if (route == nullptr) {
+    return fail(ErrorCode::kPermissionDenied,
+                fmt::format("push from peer {} refused: route '{}' is not in node {}'s policy", grant.peer_id, route_id,
+                            policy.node_id));
+  }
+  const AgentPolicy* from = policy.find_agent(route->from_agent);
+  const AgentPolicy* to = policy.find_agent(route->to_agent);
+  if (from == nullptr || from->node != grant.peer_id) {
+    return fail(ErrorCode::kPermissionDenied,
+                fmt::format("push from peer {} refused: route {}'s from agent {} does not live on that peer",
+                            grant.peer_id, route->id, route->from_agent));
+  }
+  if (to == nullptr || (!to->node.empty() && to->node != policy.node_id)) {
+    return fail(ErrorCode::kPermissionDenied,
+                fmt::format("push from peer {} refused: route {}'s to agent {} does not live on node {}", grant.peer_id,
+                            route->id, route->to_agent, policy.node_id));
+  }
+  return ok();
+}
+
+Status authorize_pushed_entry(const Policy& policy, const PeerGrant& grant, std::string_view route_id,
+                              const KvLayout& layout) {
+  if (grant.unrestricted) return ok();
+  const RoutePolicy* route = policy.find_route(route_id);  // authorize_push found it; a reload may not
+  const AgentPolicy* to = route != nullptr ? policy.find_agent(route->to_agent) : nullptr;
+  if (to == nullptr || !same_model_shape(to->model, layout)) {
+    return fail(ErrorCode::kPermissionDenied,
+                fmt::format("push from peer {} refused: its entry is not of route {}'s to agent's model", grant.peer_id,
+                            route_id));
+  }
+  return ok();
+}
+
+bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::EntryKey& /*key*/,
+                     const kv_store::StoredEntry& entry) {
+  if (grant.unrestricted) return true;
+  if (grant.peer_id.empty() || grant.peer_id == policy.node_id) return false;  // "" is this node's agents
+  for (const auto& agent : policy.agents) {
+    if (agent.node == grant.peer_id && same_model_shape(agent.model, entry.info.layout)) return true;
+  }
+  return false;
+}
+
+}  // namespace kvrelay::peer

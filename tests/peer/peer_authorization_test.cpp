@@ -1,0 +1,85 @@
+// Authorization on the peer plane (issue #25), against a real TLS daemon: a peer pushes only on
+// routes from its own agents to this node's, and fetches only KV of models its agents use.
+#include <catch2/catch.hpp>
+
+#include "peer_security_fixture.h"
+#include "support/peer_fixture.h"
+
+namespace kvrelay::test {
+
+TEST_CASE("a peer pushing on a route it does not own is refused with an error, and nothing is stored",
+          "[peer][security]") {
+  const DevCerts certs({"node-a", "node-b"});
+  TlsPeerDaemon daemon(certs);
+  const auto frame = kv_frame(64U << 10, 7);
+  const std::uint64_t writer_model = daemon.model_of("writer");
+  struct Refused {
+    const char* route;
+    kv_store::EntryKey key;
+    const char* says;
+  };
+  const Refused cases[] = {
+      // writer lives on node-a: node-b does not own writer-to-reader.
+      {"writer-to-reader", {writer_model, 1}, "route writer-to-reader's from agent writer does not live on that peer"},
+      {"", {writer_model, 2}, "route '' is not in node node-a's policy"},
+      {"no-such-route", {writer_model, 3}, "route 'no-such-route' is not in node node-a's policy"},
+  };
+  for (const auto& refused : cases) {
+    INFO("route '" << refused.route << "'");
+    auto client = peer::PeerClient::connect(daemon.peer_address(), peer_as("node-b", certs.client("node-b")));
+    REQUIRE(client.has_value());
+    const auto pushed = client.value().push_encoded(9, refused.key, frame.bytes(), refused.route);
+    REQUIRE_FALSE(pushed.has_value());
+    CHECK(pushed.error().code == ErrorCode::kPermissionDenied);
+    CHECK_THAT(pushed.error().message, Catch::Contains(refused.says));
+    CHECK_FALSE(daemon.holds(refused.key));
+  }
+  // The right route, but KV of another model than its destination agent's: refused once decoded.
+  {
+    auto client = peer::PeerClient::connect(daemon.peer_address(), peer_as("node-b", certs.client("node-b")));
+    REQUIRE(client.has_value());
+    const kv_store::EntryKey key{writer_model, 4};
+    const auto other_kv = kv_frame(64U << 10, 8, "raw", other_model_shape());
+    const auto pushed = client.value().push_encoded(11, key, other_kv.bytes(), "reader-to-writer");
+    REQUIRE_FALSE(pushed.has_value());
+    CHECK(pushed.error().code == ErrorCode::kPermissionDenied);
+    CHECK_THAT(pushed.error().message,
+               Catch::Contains("its entry is not of route reader-to-writer's to agent's model"));
+    CHECK_FALSE(daemon.holds(key));
+  }
+  CHECK(daemon.refused("push") == 4);
+  // The route node-b owns is accepted.
+  auto client = peer::PeerClient::connect(daemon.peer_address(), peer_as("node-b", certs.client("node-b")));
+  REQUIRE(client.has_value());
+  const kv_store::EntryKey key{writer_model, 5};
+  REQUIRE(client.value().push_encoded(10, key, frame.bytes(), "reader-to-writer").has_value());
+  CHECK(daemon.holds(key));
+}
+
+TEST_CASE("a fetch of a model none of the peer's agents uses is answered not found, and counted", "[peer][security]") {
+  const DevCerts certs({"node-a", "node-b"});
+  TlsPeerDaemon daemon(certs);
+  auto client = peer::PeerClient::connect(daemon.peer_address(), peer_as("node-b", certs.client("node-b")));
+  REQUIRE(client.has_value());
+  // node-b may push to both agents here (its reader has routes to writer and to other), but its
+  // own agents use only writer's model.
+  const kv_store::EntryKey used{daemon.model_of("writer"), 21};
+  const kv_store::EntryKey unused{daemon.model_of("other"), 22};
+  const auto frame = kv_frame(64U << 10, 21);
+  const auto other_kv = kv_frame(64U << 10, 22, "raw", other_model_shape());
+  REQUIRE(client.value().push_encoded(21, used, frame.bytes(), "reader-to-writer").has_value());
+  REQUIRE(client.value().push_encoded(22, unused, other_kv.bytes(), "reader-to-other").has_value());
+  REQUIRE(daemon.holds(unused));
+  const auto fetch = [&](const kv_store::EntryKey& key) {
+    auto fetched =
+        client.value().fetch(peer::FetchRequest{key.context_hash, key.model_id, "raw", {key.context_hash}}, 1ULL << 32);
+    REQUIRE(fetched.has_value());
+    return fetched.value().has_value();
+  };
+  CHECK_FALSE(fetch(unused));
+  CHECK(daemon.refused("fetch") == 1);
+  CHECK(fetch(used));
+  CHECK(daemon.refused("fetch") == 1);
+}
+
+}  // namespace kvrelay::test
