@@ -621,7 +621,8 @@ void check_tenancy(const Policy& policy, Diagnostics& diag) {
 
 // The bytes of a secret file, or why not (the reason names the path, never the contents). Opened
 // non-blocking and required to be a regular file, so a FIFO or device cannot hang a reload.
-std::optional<std::string> read_secret_file(const std::string& path, std::string& contents) {
+std::optional<std::string> read_secret_file(const std::string& path, std::string& contents,
+                                            std::size_t min_bytes = kMinSecretBytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return fmt::format("cannot open {}: {}", path, std::strerror(errno));
   struct stat info {};
@@ -630,8 +631,8 @@ std::optional<std::string> read_secret_file(const std::string& path, std::string
     problem = fmt::format("cannot stat {}: {}", path, std::strerror(errno));
   } else if (!S_ISREG(info.st_mode)) {
     problem = fmt::format("{} is not a regular file", path);
-  } else if (info.st_size < static_cast<off_t>(kMinSecretBytes) || info.st_size > static_cast<off_t>(kMaxSecretBytes)) {
-    problem = fmt::format("{} holds {} bytes; a secret is {}..{} bytes", path, info.st_size, kMinSecretBytes,
+  } else if (info.st_size < static_cast<off_t>(min_bytes) || info.st_size > static_cast<off_t>(kMaxSecretBytes)) {
+    problem = fmt::format("{} holds {} bytes; a secret is {}..{} bytes", path, info.st_size, min_bytes,
                           kMaxSecretBytes);
   } else {
     contents.resize(static_cast<std::size_t>(info.st_size));
@@ -776,7 +777,8 @@ Status read_admin_token(Policy& policy) {
   if (!admin.token_file.empty()) {
     pointer = "/admin/token_file";
     std::string contents;
-    if (auto problem = read_secret_file(admin.token_file, contents)) {
+    // Sized by the token's own check below, after trailing whitespace is trimmed.
+    if (auto problem = read_secret_file(admin.token_file, contents, 0)) {
       return fail(ErrorCode::kInvalidArgument, fmt::format("{}: {}: {}", policy.source, pointer, *problem));
     }
     token = std::string(trim_trailing_whitespace(contents));

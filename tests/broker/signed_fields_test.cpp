@@ -216,7 +216,7 @@ TEST_CASE("salt and key files are read again on reload, and a bad one keeps the 
   // A salt file cut short fails the reload, naming its pointer and not its contents; the
   // running secrets stay.
   write_file(secrets / "acme.salt", "too-short");
-  const auto refused = http_request(node.admin_port(), "POST", "/admin/reload");
+  const auto refused = admin_request(node.admin_port(), "POST", "/admin/reload");
   CHECK(refused.status != 200);
   CHECK(refused.body.find("/tenants/0/salt_file") != std::string::npos);
   CHECK(refused.body.find("too-short") == std::string::npos);
