@@ -109,7 +109,7 @@ class Cluster:
         # the sidecars with placeholder upstreams, then reload them with the real ones.
         # Every agent is in one tenant, "demo": both sidecars hold its salt (so its KV crosses
         # nodes) and each signs its front proxy's kvrelay fields with a key of its own
-        # (docs/security-tenants.md).
+        # (docs/security.md).
         salt_file = self.work / "demo.salt"
         salt_file.write_bytes(os.urandom(32))
         # TLS peers even on loopback, as a cluster runs them: development certificates for both

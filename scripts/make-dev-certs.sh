@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Development certificates for kvrelay's TLS peer plane (docs/security-peers.md): a CA, and per
+# Development certificates for kvrelay's TLS peer plane (docs/security.md): a CA, and per
 # node id a certificate and key whose subject alternative names are DNS:<id> and
 # URI:spiffe://kvrelay.dev/node/<id> (either can be a policy peer's "identity").
 #

@@ -572,7 +572,7 @@ void check_references(const Policy& policy, Diagnostics& diag) {
   }
 }
 
-// Tenants and signing (docs/security-tenants.md): the sections' readers and their checks.
+// Tenants and signing (docs/security.md): the sections' readers and their checks.
 void read_tenant(const json& value, const std::string& pointer, TenantPolicy& out, Diagnostics& diag) {
   ObjectReader reader(value, pointer, diag);
   if (!reader.is_object()) return;

@@ -1,4 +1,4 @@
-// Same-host peers are authenticated by SO_PEERCRED against the policy (docs/security-admin.md):
+// Same-host peers are authenticated by SO_PEERCRED against the policy (docs/security.md):
 // node-b's sidecar runs as another uid (nobody) and fetches node-a's KV over node-a's data
 // plane. While node-a's policy names another uid for node-b, node-a refuses the connection
 // before reading a frame, and node-b's lookup falls back to TCP with node-a still serving; once

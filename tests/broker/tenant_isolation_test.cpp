@@ -1,4 +1,4 @@
-// Tenant isolation end to end (docs/security-tenants.md): real sidecars and reference workers
+// Tenant isolation end to end (docs/security.md): real sidecars and reference workers
 // (stories260K). Identical prompts of two tenants share no KV while one tenant's agents do, on
 // one node and across two; and a lookup whose kvrelay fields were written by the client itself,
 // straight to the worker around the front proxy (a forged signature or none), is served as if it

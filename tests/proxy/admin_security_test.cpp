@@ -1,4 +1,4 @@
-// The admin API's credential, on real daemons (docs/security-admin.md): a mutating request needs
+// The admin API's credential, on real daemons (docs/security.md): a mutating request needs
 // the policy's bearer token (401 without it or with a wrong one, 403 when none is configured),
 // changes nothing when refused, and every change is logged under the token's label, never the
 // token. A token file that is missing, empty or unreadable fails the policy load with its pointer.

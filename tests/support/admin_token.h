@@ -1,7 +1,7 @@
 #pragma once
 
 // The admin token test daemons start with, and requests that carry it: mutating admin
-// endpoints need a bearer token (docs/security-admin.md).
+// endpoints need a bearer token (docs/security.md).
 
 #include <nlohmann/json.hpp>
 

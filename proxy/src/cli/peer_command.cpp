@@ -179,7 +179,7 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   send_command->add_option("--node-id", send->node_id, "Node id announced in the hello");
   send_command->add_option("--route", send->route,
                            "Route the push is for (a receiver that knows this node authorizes it; "
-                           "docs/security-peers.md)");
+                           "docs/security.md)");
   send_command->add_option("file", send->file, "KV frame to push")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });
 

@@ -3,7 +3,7 @@
 // The front proxy signs the kv_transfer_params.kvrelay object it injects with the node key; the
 // KV path verifies it on every lookup, publish and prefill report a worker sends, so fields a
 // client wrote itself (talking to the engine around the proxy) are never believed
-// (docs/security-tenants.md). The signature authenticates where the fields came from; it is not
+// (docs/security.md). The signature authenticates where the fields came from; it is not
 // bound to the prompt, so whoever can read a signed object (the worker) could replay it.
 
 #include <nlohmann/json_fwd.hpp>

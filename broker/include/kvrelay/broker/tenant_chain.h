@@ -1,6 +1,6 @@
 #pragma once
 
-// Tenant isolation on the KV path (docs/security-tenants.md). Two mechanisms, each needed:
+// Tenant isolation on the KV path (docs/security.md). Two mechanisms, each needed:
 // - chain roots: a tenant's block-hash chains start at a root derived from its secret salt and
 //   the request's cache_salt, so identical prompts of different tenants (or salts) hash to
 //   different, unguessable chains and peer summaries advertise only salted hashes;

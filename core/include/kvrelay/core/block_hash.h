@@ -17,7 +17,7 @@ inline constexpr std::uint32_t kDefaultBlockTokens = 16;
 // Parent of the first block of the unsalted default chain. A constant (not a random seed as in
 // vLLM) so that independent sidecars name the same context identically. Tenants and per-request
 // cache salts start their chains at a root of their own (kv_transfer_params.kvrelay.chain_root,
-// docs/security-tenants.md).
+// docs/security.md).
 inline constexpr BlockHash kRootBlockHash = 0x6b7672656c6179ULL;  // "kvrelay"
 
 // hash(i) = xxh3_64(hash(i-1) || fingerprint_id || token ids of block i), all little-endian.

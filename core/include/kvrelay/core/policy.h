@@ -166,7 +166,7 @@ struct CostModelPolicy {
   [[nodiscard]] bool empty() const noexcept { return agents.empty() && media.empty(); }
 };
 
-// The admin API's credential (docs/security-admin.md). Without a token the admin API is
+// The admin API's credential (docs/security.md). Without a token the admin API is
 // read-only. `token` is a secret: nothing logs it or serves it at any endpoint.
 struct AdminPolicy {
   std::string token_file;                // read at load (start and every reload), trailing whitespace trimmed
@@ -182,7 +182,7 @@ inline constexpr std::size_t kMinAdminTokenBytes = 16;
 // key): the daemon and check-config do; tools that need only the policy's shape may skip them.
 enum class PolicySecrets { kRead, kSkip };
 
-// Tenant isolation (docs/security-tenants.md). Each tenant's KV chains start at a root derived
+// Tenant isolation (docs/security.md). Each tenant's KV chains start at a root derived
 // from its secret salt (and the request's cache_salt), so KV is never shared across tenants; the
 // front proxy signs the kvrelay fields it injects with the node key, and the KV path treats
 // unsigned or forged fields as absent. Secrets are read from files by load_policy_file (at start

@@ -1,7 +1,7 @@
 #pragma once
 
 // Who may call an admin endpoint: the bearer token of the policy's admin section
-// (docs/security-admin.md). The token is compared in constant time and never logged or
+// (docs/security.md). The token is compared in constant time and never logged or
 // echoed; an admin change is logged under a label derived from it.
 
 #include <string>

@@ -55,7 +55,7 @@ class FrontProxy {
   std::shared_ptr<OnlineAudit> audit_;
 };
 
-// How the front proxy completes the kvrelay object it injects (docs/security-tenants.md).
+// How the front proxy completes the kvrelay object it injects (docs/security.md).
 struct KvParamsInjection {
   bool client_treatment_allowed = false;  // a route into the agent sets audit.client_treatments
   std::string_view tenant_salt;           // the agent's tenant's salt; "" for the default tenant
