@@ -8,10 +8,11 @@
 #include <limits>
 #include <random>
 
+#include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/broker/tenant_chain.h"
 #include "kvrelay/decision/decision_json.h"
-#include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/decision/engine_from_policy.h"
+#include "kvrelay/peer/peer_authorization.h"
 
 #include "fetch_missing.h"
 #include "kv_media.h"
@@ -366,6 +367,19 @@ kv_store::EntryKey KvPath::refile_in_tenant_scope(const Policy& policy, const kv
   }
   (void)store_->erase(worker_key);
   return scoped;
+}
+
+Status KvPath::authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key,
+                                     const kv_store::StoredEntry& entry) {
+  const auto policy = policy_->current();
+  // Authenticated by its uid, as strongly as a TCP peer by its certificate: never unrestricted.
+  const auto grant = peer::grant_for(*policy, peer_id, /*tls=*/true);
+  if (peer::authorize_fetch(*policy, grant, key, entry)) return ok();
+  peers_->note_refused("fetch");
+  spdlog::warn("same-host peer {}: lookup of model {:016x} refused: none of its agents uses that model", peer_id,
+               key.model_id);
+  // Answered as a miss, like KV this node does not hold: the peer learns nothing of it.
+  return fail(ErrorCode::kNotFound, "no exact entry for this key");
 }
 
 void KvPath::prefill_observed(const shm::PrefillReport& report) {

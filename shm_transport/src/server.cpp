@@ -642,13 +642,13 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     case MessageType::kLookup: {
       const auto key = kv_store::decode_key(reader);
       if (!key || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed lookup");
-      if (!connection.identity.worker && hooks_) {
-        if (auto authorized = hooks_->authorize_peer_lookup(connection.identity.peer_id, *key); !authorized)
-          return refuse(authorized.error().code, authorized.error().message);
-      }
       // A lookup by key asks for the KV as published: lossy entries are not that.
       auto entry = store_->get_exact(*key);
       if (!entry) return refuse(ErrorCode::kNotFound, "no exact entry for this key");
+      if (!connection.identity.worker && hooks_) {
+        if (auto authorized = hooks_->authorize_peer_lookup(connection.identity.peer_id, *key, *entry); !authorized)
+          return refuse(authorized.error().code, authorized.error().message);
+      }
       // The kernel duplicates the descriptor into the client; ours stays with the store.
       ByteWriter out;
       auto type = entry_reply(connection, entry, false, out, reply_fds, reply_owned_fd);

@@ -3,7 +3,8 @@
 // plane. While node-a's policy names another uid for node-b, node-a refuses the connection
 // before reading a frame, and node-b's lookup falls back to TCP with node-a still serving; once
 // the policy names node-b's real uid, the same fetch goes over shared memory. A connection
-// identified as a same-host peer may only look entries up: a publish from it is refused.
+// identified as a same-host peer may only look entries up, and only entries of the models its
+// agents use (as a TCP peer's fetch): a publish from it is refused.
 #include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,6 +118,29 @@ TEST_CASE("a same-host peer whose uid is not the policy's is refused by SO_PEERC
     INFO(fetch.dump());
     CHECK(fetch.value("transport", "") == "shm");
     CHECK(fetch.value("result", "") == "fetched");
+  }
+
+  {  // An authenticated same-host peer gets what its TCP fetch would: KV of the models its agents
+     // use. With reader moved to node-c in node-a's policy, node-b has no agent there, so its
+     // lookup over shared memory and its TCP fetch are both answered as misses, and B prefills.
+    auto moved = a_policy(kNobody);
+    moved["agents"][1]["node"] = "node-c";
+    moved["peers"].push_back({{"id", "node-c"}, {"address", "127.0.0.1:2"}});
+    node_a.reload(moved);
+    const auto a_prompt = context_prompt(++seed);
+    const auto a = node_a.complete("writer", greedy(a_prompt, 20, true));
+    REQUIRE(a["kvrelay"]["published_tokens"].get<int>() >= 200);
+    const auto b = node_b.complete("reader", greedy(handoff_prompt(a_prompt, a), 8));
+    CHECK(b["kvrelay"]["cached_tokens"] == 0);
+    const auto decision = node_b.decisions(1).at(0);
+    INFO(decision.dump());
+    CHECK(decision.dump().find("\"fetched\"") == std::string::npos);
+    CHECK(wait_until(
+        [&] {
+          return node_a.process().stderr_text().find("same-host peer node-b: lookup of model") != std::string::npos;
+        },
+        std::chrono::seconds(5)));
+    node_a.reload(a_policy(kNobody));
   }
 
   // A connection identified as same-host peer node-b may look up, never publish: a peer's KV

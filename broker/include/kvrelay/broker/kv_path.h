@@ -55,6 +55,10 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   void published(const kv_store::EntryKey& worker_key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                  std::string_view params_json) override;
   void prefill_observed(const shm::PrefillReport& report) override;
+  // A same-host peer (identified by SO_PEERCRED) gets what its TCP fetch would: entries of the
+  // models its agents use (peer::authorize_fetch); anything else is a miss, counted as a refusal.
+  [[nodiscard]] Status authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key,
+                                             const kv_store::StoredEntry& entry) override;
 
   // Encoded KV the peer server served or received (its on_kv_bytes callback): counted, and its
   // encode (served) or decode (received) time fed to the engine.

@@ -87,11 +87,14 @@ class DataPlaneHooks {
   virtual void published(const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
                          std::string_view params_json) = 0;
   virtual void prefill_observed(const PrefillReport& report) = 0;
-  // A Lookup from a same-host peer sidecar's connection (ConnectionIdentity without worker):
-  // where the rules a TCP peer's Fetch gets apply to it too. An error is the reply. Poll thread.
-  [[nodiscard]] virtual Status authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key) {
+  // A Lookup from a same-host peer sidecar's connection (ConnectionIdentity without worker) that
+  // found `entry`: the rules a TCP peer's Fetch gets apply to it too. An error is the reply.
+  // Poll thread.
+  [[nodiscard]] virtual Status authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key,
+                                                     const kv_store::StoredEntry& entry) {
     (void)peer_id;
     (void)key;
+    (void)entry;
     return ok();
   }
 };
@@ -149,7 +152,8 @@ class ShmServer {
                      std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
   // The fields and fd of an Entry/Resolved reply: an arena block under a new lease for clients
   // that speak version 3, else a sealed memfd (a copy, for arena entries). Returns the reply type.
-  [[nodiscard]] Result<MessageType> entry_reply(Connection& connection, const std::shared_ptr<const kv_store::StoredEntry>& entry,
+  [[nodiscard]] Result<MessageType> entry_reply(Connection& connection,
+                                                const std::shared_ptr<const kv_store::StoredEntry>& entry,
                                                 bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
                                                 UniqueFd& reply_owned_fd);
   // Runs a resolve on the pool; the connection is not polled until its reply is sent.
