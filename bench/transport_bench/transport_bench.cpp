@@ -440,8 +440,8 @@ std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegist
   request.hashes = {chain_hash_for(bytes)};
   const auto policy = run.policy->current();
   const auto started = Clock::now();
-  auto fetched = run.links->fetch("holder", request, started + std::chrono::seconds(60), policy->limits.kv_store_bytes,
-                                  codecs);
+  auto fetched =
+      run.links->fetch("holder", request, started + std::chrono::seconds(60), policy->limits.kv_store_bytes, codecs);
   const auto received = Clock::now();
   if (!fetched) {
     error = fetched.error().to_string();
@@ -479,7 +479,11 @@ json bench_agent(const std::string& node) {
           {"node", node},
           {"upstream", "http://127.0.0.1:1"},
           {"model",
-           {{"architecture", "llama"}, {"layers", 32}, {"kv_heads", 8}, {"head_dim", 128}, {"dtype", "fp16"},
+           {{"architecture", "llama"},
+            {"layers", 32},
+            {"kv_heads", 8},
+            {"head_dim", 128},
+            {"dtype", "fp16"},
             {"weights", "transport-bench"}}}};
 }
 
@@ -494,12 +498,13 @@ json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint6
   json limits{{"shm_arena_bytes", arena_bytes}, {"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
   if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
   if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
-  json policy{{"schema_version", 1},
-              {"node", {{"id", "kv-holder"}}},
-              {"listen",
-               {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
-              {"limits", std::move(limits)},
-              {"logging", {{"level", "warn"}}}};
+  json policy{
+      {"schema_version", 1},
+      {"node", {{"id", "kv-holder"}}},
+      {"listen",
+       {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
+      {"limits", std::move(limits)},
+      {"logging", {{"level", "warn"}}}};
   if (run.tls) {
     policy["peer_tls"] = tls_files("kv-holder", run.dir);
     policy["peers"] = json::array({{{"id", "kv-fetcher"}, {"address", "127.0.0.1:1"}, {"identity", "kv-fetcher"}}});
@@ -533,8 +538,8 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
     total += bytes;
   const std::uint64_t arena_bytes = total + 64 * kMiB;  // every entry in the arena, as the daemon prefers
   if (run.tls) {
-    const std::string make_certs = std::string(KVRELAY_BENCH_DEV_CERTS) + " " + (run.dir / "certs").string() +
-                                   " kv-holder kv-fetcher > /dev/null";
+    const std::string make_certs =
+        std::string(KVRELAY_BENCH_DEV_CERTS) + " " + (run.dir / "certs").string() + " kv-holder kv-fetcher > /dev/null";
     if (std::system(make_certs.c_str()) != 0) {
       run.error = "could not make development certificates: " + make_certs;
       return;
@@ -570,7 +575,8 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
       return;
     }
   }
-  auto fetching = parse_policy(fetcher_policy(run, run.daemon->peer_port(), peer_buffer_bytes).dump(), "fetcher policy");
+  auto fetching =
+      parse_policy(fetcher_policy(run, run.daemon->peer_port(), peer_buffer_bytes).dump(), "fetcher policy");
   if (!fetching) {
     run.error = fetching.error().to_string();
     return;
@@ -616,10 +622,8 @@ nlohmann::json machine() {
       break;
     }
   }
-  return {{"host", name.nodename},
-          {"kernel", name.release},
-          {"cpu", cpu},
-          {"cores", std::thread::hardware_concurrency()}};
+  return {
+      {"host", name.nodename}, {"kernel", name.release}, {"cpu", cpu}, {"cores", std::thread::hardware_concurrency()}};
 }
 
 json load_average() {
@@ -632,8 +636,9 @@ json load_average() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"transport_bench: a KV fetch through a real kvrelay daemon next to raw loopback TCP, and the "
-               "shared-memory data plane next to memcpy (JSON)"};
+  CLI::App app{
+      "transport_bench: a KV fetch through a real kvrelay daemon next to raw loopback TCP, and the "
+      "shared-memory data plane next to memcpy (JSON)"};
   std::vector<std::size_t> sizes_mib{16, 256};
   std::string memory_strategy = "both";
   std::vector<std::string> codec_names{"raw"};
@@ -671,7 +676,8 @@ int main(int argc, char** argv) {
   // Data plane (worker <-> its sidecar).
   result["memcpy_gbps"] = bench_memcpy(payload);
   if (!skip_shm) {
-    const std::vector<std::byte> shm_payload(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(256 * kMiB));
+    const std::vector<std::byte> shm_payload(payload.begin(),
+                                             payload.begin() + static_cast<std::ptrdiff_t>(256 * kMiB));
     result["memfd_write_gbps"] = bench_memfd_write(shm_payload);
     // Arena big enough for the two entries the store keeps plus the one being written.
     const auto shm_results = bench_shm(shm_payload, 3 * shm_payload.size(), true);
@@ -708,8 +714,7 @@ int main(int argc, char** argv) {
     run->dir = base_dir / strategy;
     std::filesystem::create_directories(run->dir);
     start_strategy(*run, daemon_binary, sizes, payload, peer_buffer_bytes);
-    if (!run->error.empty() && strategy == "portable" &&
-        run->error.find("memory_strategy") != std::string::npos) {
+    if (!run->error.empty() && strategy == "portable" && run->error.find("memory_strategy") != std::string::npos) {
       // This build has no limits.memory_strategy: portable is what it does, with the field left out.
       strategy_notes[strategy] = "limits.memory_strategy refused by this build (" + run->error +
                                  "); ran with the field left out, which is portable";
@@ -871,7 +876,8 @@ int main(int argc, char** argv) {
     result["tls_fetch_vs_plaintext_paired"] = std::move(paired);
     result["tls_fetch_gbps"] = by_strategy[tls_key]["kv_fetch_gbps"];
     result["tls_fetch_vs_raw_tcp_paired"] = by_strategy[tls_key]["kv_fetch_vs_raw_tcp_paired"];
-    if (by_strategy[tls_key].contains("kv_fetch_errors")) result["tls_fetch_errors"] = by_strategy[tls_key]["kv_fetch_errors"];
+    if (by_strategy[tls_key].contains("kv_fetch_errors"))
+      result["tls_fetch_errors"] = by_strategy[tls_key]["kv_fetch_errors"];
   } else if (!skip_tls) {
     result["tls_fetch_vs_plaintext_paired"] = tls_note;
   }

@@ -212,7 +212,8 @@ void PeerLinks::probe_all() {
     if (!keys) continue;
     std::lock_guard lock(mutex_);
     auto& state = *peers_[id];
-    state.held = std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash>(keys.value().begin(), keys.value().end());
+    state.held =
+        std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash>(keys.value().begin(), keys.value().end());
     state.summary_time = std::chrono::steady_clock::now();
   }
 }

@@ -43,9 +43,8 @@ Error call_error(std::string_view stage, const Error& error, peer::Deadline dead
 }
 
 // The first entry of the chain (longest prefix first) that adds tokens to what the asker holds.
-Result<std::optional<std::pair<kv_store::EntryKey, shm::ReadOnlyEntry>>> look_up_chain(const ShmFetchContext& context,
-                                                                                  const peer::FetchRequest& request,
-                                                                                  peer::Deadline deadline) {
+Result<std::optional<std::pair<kv_store::EntryKey, shm::ReadOnlyEntry>>> look_up_chain(
+    const ShmFetchContext& context, const peer::FetchRequest& request, peer::Deadline deadline) {
   for (const std::uint64_t hash : request.hashes) {
     const auto wait = wait_for_call(context.call_timeout, deadline);
     if (!wait) return deadline_error("shm lookup");
@@ -78,8 +77,9 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> fetch_over_shm(const ShmFe
         context.socket_path, shm::kDataPlaneVersion,
         std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(*wait)));
     if (!connected) return call_error(fmt::format("shm connect {}", context.socket_path), connected.error(), deadline);
-    // Reads go through the arena's descriptor (pread): no need to touch the peer's pages here.
-    connected.value().set_warm_arena(false);
+    // Reads go through the arena's descriptor (pread): no need to touch the peer's pages here,
+    // whatever this sidecar's own memory strategy.
+    connected.value().set_memory_strategy(MemoryStrategy::kPortable);
     context.client.emplace(std::move(connected).value());
   }
   KVRELAY_TRY(auto found, look_up_chain(context, request, deadline));

@@ -15,26 +15,26 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/broker/kv_path.h"
+#include "kvrelay/broker/peer_links.h"
 #include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/kv_store/entry_store.h"
+#include "kvrelay/peer/peer_server.h"
+#include "kvrelay/peer/peer_tls.h"
 #include "kvrelay/proxy/admin_endpoints.h"
 #include "kvrelay/proxy/admin_router.h"
 #include "kvrelay/proxy/front_proxy.h"
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
-#include "kvrelay/peer/peer_server.h"
-#include "kvrelay/peer/peer_tls.h"
 #include "kvrelay/proxy/upstream_prober.h"
 #include "kvrelay/proxy/version.h"
-#include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/shm_transport/server.h"
 
 #include "kv_admin.h"
-#include "kvrelay/broker/kv_path.h"
-#include "kvrelay/broker/peer_links.h"
 #include "shm_metrics.h"
 
 namespace kvrelay::proxy {

@@ -24,9 +24,9 @@
 
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/core/byte_io.h"
-#include "kvrelay/shm_transport/fd_passing.h"
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/kv_store/prefix_scan.h"
+#include "kvrelay/shm_transport/fd_passing.h"
 
 namespace kvrelay::shm {
 
@@ -52,7 +52,7 @@ struct ArenaVerification {
 };
 
 struct ServedRegion {
-  UniqueFd fd;                        // a memfd region, or
+  UniqueFd fd;                                  // a memfd region, or
   std::shared_ptr<kv_store::ArenaBlock> block;  // an arena region
   std::uint64_t size = 0;
   std::shared_ptr<ArenaVerification> verification;  // once the client reported progress
@@ -201,7 +201,8 @@ ShmServer::~ShmServer() {
   if (listen_fd_) ::unlink(options_.socket_path.c_str());
 }
 
-Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, std::shared_ptr<kv_store::EntryStore> store) {
+Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options,
+                                                     std::shared_ptr<kv_store::EntryStore> store) {
   if (!store) return fail(ErrorCode::kInvalidArgument, "shm server needs an entry store");
   KVRELAY_TRY(options.ring.validate());
   KVRELAY_TRY(const auto address, socket_address(options.socket_path));
@@ -251,11 +252,11 @@ Result<std::unique_ptr<ShmServer>> ShmServer::listen(ShmServerOptions options, s
     server->verifier_ = std::make_unique<ResolvePool>(1);
     // A full arena makes room by evicting its least recently used entries from the store, as the
     // store does within its own budget. Weak: the store's entries keep the arena alive.
-    server->arena_->set_reclaimer(
-        [store = std::weak_ptr<kv_store::EntryStore>(server->store_), arena = server->arena_.get()](std::uint64_t bytes) {
-          const auto alive = store.lock();
-          return alive && alive->make_arena_room(*arena, bytes);
-        });
+    server->arena_->set_reclaimer([store = std::weak_ptr<kv_store::EntryStore>(server->store_),
+                                   arena = server->arena_.get()](std::uint64_t bytes) {
+      const auto alive = store.lock();
+      return alive && alive->make_arena_room(*arena, bytes);
+    });
     // Kernel mode too: the peer plane receives into arena blocks.
     server->arena_warmer_.start(server->options_.memory_strategy, server->arena_->bytes(),
                                 kv_store::PrefaultViews::kUserAndKernel, server->arena_, "shm arena");
@@ -439,9 +440,9 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
   reply = encode_frame(type.value(), id, out.bytes());
 }
 
-Result<MessageType> ShmServer::entry_reply(Connection& connection, const std::shared_ptr<const kv_store::StoredEntry>& shared,
-                                           bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
-                                           UniqueFd& reply_owned_fd) {
+Result<MessageType> ShmServer::entry_reply(Connection& connection,
+                                           const std::shared_ptr<const kv_store::StoredEntry>& shared, bool resolved,
+                                           ByteWriter& out, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
   const kv_store::StoredEntry& stored = *shared;
   const kv_store::StoredEntry* entry = &stored;
   std::shared_ptr<kv_store::StoredEntry> copy;

@@ -767,8 +767,7 @@ TEST_CASE("fault: seeded single-bit flips of a push's frames: B files nothing co
 // A push's key has nothing to be checked against on B (a fetch reply's has the hashes asked
 // for): the chunks' running checksums cover the stream header, key included, so a flipped key
 // bit fails the first chunk instead of filing A's KV under a key A never had.
-TEST_CASE("fault: a push whose key has a flipped bit is not filed under that key",
-          "[kv_path][e2e][process][fault]") {
+TEST_CASE("fault: a push whose key has a flipped bit is not filed under that key", "[kv_path][e2e][process][fault]") {
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");
   FaultPair pair(*model, true);

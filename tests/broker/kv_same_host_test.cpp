@@ -7,8 +7,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "support/kv_path_fixture.h"
 #include "refworker/skip.h"
+#include "support/kv_path_fixture.h"
 #include "support/stalling_relay.h"
 
 using namespace kvrelay::test;

@@ -23,12 +23,12 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kvrelay/broker/policy_source.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/peer/link_estimator.h"
 #include "kvrelay/peer/peer_client.h"
-#include "kvrelay/broker/policy_source.h"
 #include "kvrelay/shm_transport/client.h"
 
 namespace kvrelay::broker {

@@ -176,8 +176,6 @@ class ShmClient {
   void set_use_arena(bool use) { use_arena_ = use; }
   // ShmClientOptions::memory_strategy for arenas mapped from now on.
   void set_memory_strategy(MemoryStrategy strategy) { memory_strategy_ = strategy; }
-  // Compatibility spelling of set_memory_strategy: true is kPrefault.
-  void set_warm_arena(bool warm) { memory_strategy_ = warm ? MemoryStrategy::kPrefault : MemoryStrategy::kPortable; }
 
   // Small messages over the shared-memory ring (opened on first use).
   [[nodiscard]] Status open_ring();
