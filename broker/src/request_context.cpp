@@ -63,10 +63,14 @@ json treatment_json(const Treatment& treatment) {
 }
 
 Result<RequestContext> parse_request_context(std::string_view params_json) {
-  RequestContext context;
-  if (params_json.empty()) return context;
+  if (params_json.empty()) return RequestContext{};
   const json params = json::parse(params_json, nullptr, false);
   if (params.is_discarded()) return fail(ErrorCode::kInvalidArgument, "kv_transfer_params.kvrelay is not valid JSON");
+  return request_context_from_json(params);
+}
+
+Result<RequestContext> request_context_from_json(const json& params) {
+  RequestContext context;
   if (params.is_null()) return context;
   if (!params.is_object()) return context_type_error("", "an object", params);
   KVRELAY_TRY(read_label(params, "request_id", context.request_id));

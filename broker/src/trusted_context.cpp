@@ -23,7 +23,7 @@ Result<TrustedContext> trusted_request_context(const Policy& policy, std::string
     trusted.ignored = "forged";
     return trusted;
   }
-  KVRELAY_TRY(trusted.context, parse_request_context(params_json));
+  KVRELAY_TRY(trusted.context, request_context_from_json(params));  // parsed once, above
   return trusted;
 }
 

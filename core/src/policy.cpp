@@ -632,8 +632,8 @@ std::optional<std::string> read_secret_file(const std::string& path, std::string
   } else if (!S_ISREG(info.st_mode)) {
     problem = fmt::format("{} is not a regular file", path);
   } else if (info.st_size < static_cast<off_t>(min_bytes) || info.st_size > static_cast<off_t>(kMaxSecretBytes)) {
-    problem = fmt::format("{} holds {} bytes; a secret is {}..{} bytes", path, info.st_size, min_bytes,
-                          kMaxSecretBytes);
+    problem =
+        fmt::format("{} holds {} bytes; a secret is {}..{} bytes", path, info.st_size, min_bytes, kMaxSecretBytes);
   } else {
     contents.resize(static_cast<std::size_t>(info.st_size));
     std::size_t done = 0;

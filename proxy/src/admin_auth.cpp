@@ -1,11 +1,12 @@
 #include "kvrelay/proxy/admin_auth.h"
 
+#include <boost/beast/core/string.hpp>
 #include <fmt/format.h>
 
 #include <array>
-#include <optional>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <optional>
 
 namespace kvrelay::proxy {
 
@@ -26,10 +27,8 @@ std::optional<std::string_view> bearer_token(const HttpRequest& request) {
   if (found == request.end()) return std::nullopt;
   std::string_view value(found->value().data(), found->value().size());
   constexpr std::string_view kScheme = "bearer ";
-  if (value.size() <= kScheme.size()) return std::nullopt;
-  for (std::size_t index = 0; index < kScheme.size(); ++index) {
-    const char c = value[index];
-    if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c) != kScheme[index]) return std::nullopt;
+  if (value.size() <= kScheme.size() || !boost::beast::iequals(value.substr(0, kScheme.size()), kScheme)) {
+    return std::nullopt;
   }
   value.remove_prefix(kScheme.size());
   while (!value.empty() && value.front() == ' ')
@@ -39,14 +38,17 @@ std::optional<std::string_view> bearer_token(const HttpRequest& request) {
   return value;
 }
 
+// What a refused request presented: it names the request in the log and picks the challenge.
+enum class Presented { kNothing, kWrongToken };
+
 AdminAuthorization refuse(const HttpRequest& request, http::status status, std::string_view type,
-                          std::string_view message, std::string credential) {
+                          std::string_view message, Presented presented) {
   AdminAuthorization result;
-  result.credential = std::move(credential);
+  result.credential = presented == Presented::kWrongToken ? "a wrong bearer token" : "no credential";
   result.refusal = make_json_error(status, type, message, request.version(), request.keep_alive());
   if (status == http::status::unauthorized) {
     // RFC 6750 section 3: the challenge, with invalid_token when a token was sent and is wrong.
-    result.refusal.set(http::field::www_authenticate, result.credential == "a wrong bearer token"
+    result.refusal.set(http::field::www_authenticate, presented == Presented::kWrongToken
                                                           ? R"(Bearer realm="kvrelay-admin", error="invalid_token")"
                                                           : R"(Bearer realm="kvrelay-admin")");
   }
@@ -85,16 +87,16 @@ AdminAuthorization authorize_admin(const HttpRequest& request, Access access, co
   if (!needs_token) return AdminAuthorization{true, "unauthenticated", {}};
   if (!configured) {
     return refuse(request, http::status::forbidden, "admin_read_only",
-                  "the admin API is read-only: no admin token is configured (/admin/token_file)", "no credential");
+                  "the admin API is read-only: no admin token is configured (/admin/token_file)", Presented::kNothing);
   }
   const auto presented = bearer_token(request);
   if (!presented) {
     return refuse(request, http::status::unauthorized, "unauthorized",
-                  "this endpoint needs the admin token: send Authorization: Bearer <token>", "no credential");
+                  "this endpoint needs the admin token: send Authorization: Bearer <token>", Presented::kNothing);
   }
   if (!same_secret(*presented, admin.token)) {
     return refuse(request, http::status::unauthorized, "unauthorized", "the bearer token is not the admin token",
-                  "a wrong bearer token");
+                  Presented::kWrongToken);
   }
   return AdminAuthorization{true, admin_token_label(admin.token), {}};
 }

@@ -337,7 +337,8 @@ TEST_CASE("same-node handoff: one sidecar serves B A's KV over shared memory wit
     CHECK(dropped["dropped_bytes"].get<double>() > 0);
     const auto b = node.complete("reader", greedy(handoff_prompt(a_prompt, a), 4));
     CHECK(b["kvrelay"]["cached_tokens"] == 0);
-    CHECK(json::parse(admin_request(node.admin_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >= 1);  // B's own
+    CHECK(json::parse(admin_request(node.admin_port(), "DELETE", "/admin/kv").body)["dropped_entries"] >=
+          1);  // B's own
   }
 }
 

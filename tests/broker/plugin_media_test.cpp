@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "support/kv_path_fixture.h"
 #include "refworker/skip.h"
+#include "support/kv_path_fixture.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
@@ -91,7 +91,7 @@ TEST_CASE("a plugin codec is a medium: forced on a route, B's sidecar fetches A'
 
   // A plugin this sidecar has not loaded cannot be forced: the route would claim what it cannot do.
   const auto refused = admin_request(node_b.admin_port(), "PUT", "/admin/routes/writer-to-reader",
-                                    json{{"forced_medium", "codec:absent"}}.dump());
+                                     json{{"forced_medium", "codec:absent"}}.dump());
   CHECK(refused.status == 400);
   CHECK_THAT(refused.body, Catch::Contains("not loaded"));
 }

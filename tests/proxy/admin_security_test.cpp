@@ -241,8 +241,7 @@ TEST_CASE("a token file that is missing, empty or unreadable, or a token variabl
   check({{"token_file", (dir / "empty").string()}}, "/admin/token_file: expected a token of at least 16 characters");
   write_file(dir / "short", "short\n");
   check({{"token_file", (dir / "short").string()}}, "/admin/token_file: expected a token of at least 16 characters");
-  check({{"token_file", dir.path().string()}},
-        "/admin/token_file: " + dir.path().string() + " is not a regular file");
+  check({{"token_file", dir.path().string()}}, "/admin/token_file: " + dir.path().string() + " is not a regular file");
   check({{"token_env", "KVRELAY_TEST_UNSET_ADMIN_TOKEN"}},
         "/admin/token_env: environment variable KVRELAY_TEST_UNSET_ADMIN_TOKEN is not set");
   write_file(dir / "spaced", "has a space in it, so not a token\n");

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 
-#include "support/kv_path_fixture.h"
 #include "refworker/skip.h"
+#include "support/kv_path_fixture.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;

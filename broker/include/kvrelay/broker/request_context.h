@@ -34,6 +34,8 @@ struct RequestContext {
 // "" parses to an empty context. Fields it does not know (the signature) are ignored. Every field is type-checked;
 // errors name the field. A treatment without a medium keeps the route's choice, without a span moves all of A's KV.
 [[nodiscard]] Result<RequestContext> parse_request_context(std::string_view params_json);
+// The same, of the kvrelay object already parsed (null: an empty context).
+[[nodiscard]] Result<RequestContext> request_context_from_json(const nlohmann::json& params);
 // The kvrelay object as the front proxy injects it (empty fields left out).
 [[nodiscard]] nlohmann::json request_context_json(const RequestContext& context);
 [[nodiscard]] nlohmann::json treatment_json(const Treatment& treatment);

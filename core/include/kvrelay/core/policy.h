@@ -53,7 +53,7 @@ struct PeerPolicy {
   // same_host only: the uid its sidecar runs as, which its data-plane connections must carry
   // (SO_PEERCRED); none: this daemon's own uid, so its connections are a worker's.
   std::optional<std::uint32_t> uid;
-  std::string identity;    // what its TLS certificate must name (DNS or URI SAN); "" = address.host
+  std::string identity;  // what its TLS certificate must name (DNS or URI SAN); "" = address.host
 };
 
 struct AgentPolicy {
