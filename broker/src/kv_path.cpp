@@ -10,6 +10,7 @@
 
 #include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/broker/tenant_chain.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/peer/peer_authorization.h"
@@ -42,7 +43,7 @@ const shm::ResolveRequest& scoped_lookup(const Policy& policy, const shm::Resolv
   if (policy.tenants.empty()) return worker_request;
   scoped = worker_request;
   for (auto& hash : scoped.block_hashes)
-    hash = tenant_scoped_key({scoped.model_id, hash}, tenant).context_hash;
+    hash = kv_store::tenant_scoped_key({scoped.model_id, hash}, tenant).context_hash;
   return scoped;
 }
 
@@ -361,7 +362,7 @@ kv_store::EntryKey KvPath::refile_in_tenant_scope(const Policy& policy, const kv
   if (policy.tenants.empty()) return worker_key;
   // The data plane filed it under the worker's key; lookups read only their tenant's scope, so
   // until it is moved there nobody's lookup serves it.
-  const auto scoped = tenant_scoped_key(worker_key, tenant);
+  const auto scoped = kv_store::tenant_scoped_key(worker_key, tenant);
   if (auto put = store_->put(scoped, entry); !put && put.error().code != ErrorCode::kAlreadyExists) {
     spdlog::warn("KV path: published entry not filed in its tenant's scope: {}", put.error().to_string());
   }

@@ -1,7 +1,5 @@
 #include "kvrelay/broker/tenant_chain.h"
 
-#include <xxhash.h>
-
 #include <array>
 #include <cstring>
 #include <openssl/evp.h>
@@ -13,7 +11,6 @@ namespace kvrelay::broker {
 namespace {
 
 constexpr std::string_view kChainRootLabel{"kvrelay chain root v1\0", 22};
-constexpr std::string_view kScopeLabel{"kvrelay tenant scope v1\0", 24};
 
 }  // namespace
 
@@ -28,13 +25,6 @@ BlockHash derive_chain_root(std::string_view tenant_salt, std::string_view cache
   BlockHash root = 0;
   std::memcpy(&root, digest.data(), sizeof(root));  // little-endian hosts only, as the block hashes
   return root;
-}
-
-kv_store::EntryKey tenant_scoped_key(const kv_store::EntryKey& key, std::string_view tenant) {
-  std::string message(kScopeLabel);
-  message.append(reinterpret_cast<const char*>(&key.context_hash), sizeof(key.context_hash));
-  message.append(tenant);
-  return {key.model_id, XXH3_64bits(message.data(), message.size())};
 }
 
 }  // namespace kvrelay::broker

@@ -46,6 +46,8 @@ std::string_view error_code_name(ErrorCode code) noexcept {
       return "cancelled";
     case ErrorCode::kInternal:
       return "internal";
+    case ErrorCode::kChainMismatch:
+      return "chain_mismatch";
   }
   return "unknown_error";
 }

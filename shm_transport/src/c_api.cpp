@@ -71,6 +71,8 @@ constexpr int c_error_code(ErrorCode code) noexcept {
       return KVRELAY_E_CANCELLED;
     case ErrorCode::kInternal:
       return KVRELAY_E_INTERNAL;
+    case ErrorCode::kChainMismatch:
+      return KVRELAY_E_CHAIN_MISMATCH;
   }
   return -1;
 }

@@ -22,9 +22,6 @@ namespace kvrelay::broker {
 // default chain, which independent sidecars share by design).
 [[nodiscard]] BlockHash derive_chain_root(std::string_view tenant_salt, std::string_view cache_salt);
 
-// The key an entry of `tenant` ("" for the default tenant) is filed under in a policy with
-// tenants: xxh3_64 of the chain hash, a tag and the tenant id. Never equal to the unscoped key
-// (with overwhelming probability), so nothing the data plane filed unscoped is served scoped.
-[[nodiscard]] kv_store::EntryKey tenant_scoped_key(const kv_store::EntryKey& key, std::string_view tenant);
+// The store scope's key of an entry is kv_store::tenant_scoped_key (kv_store/entry_chain.h).
 
 }  // namespace kvrelay::broker

@@ -30,6 +30,7 @@ enum class ErrorCode : std::uint16_t {
   kUnsupported,
   kCancelled,
   kInternal,
+  kChainMismatch,  // KV whose token ids do not hash to the key it is filed under
 };
 
 // Stable lower_snake name, used in logs, metrics labels and CLI exit messages.

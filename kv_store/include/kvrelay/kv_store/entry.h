@@ -39,9 +39,13 @@ struct EntryInfo {
 
 // A committed entry: immutable bytes, either in its own memfd sealed against writes and resizes
 // (`fd`), or in a block of the sidecar's arena (`block`, and `fd` empty).
+struct EntryChain;
 struct StoredEntry {
   EntryInfo info;
   Fidelity fidelity;  // how faithful these bytes are to the source's KV; the store enforces it
+  // The token ids the entry's key was verified against (entry_chain.h). Null: KV a client
+  // published without them, which is served here but never leaves this node.
+  std::shared_ptr<const EntryChain> chain;
   UniqueFd fd;
   std::shared_ptr<const ArenaBlock> block;
   [[nodiscard]] bool in_arena() const noexcept { return block != nullptr; }

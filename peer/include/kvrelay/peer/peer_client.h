@@ -78,6 +78,9 @@ class PeerClient {
   // mid-frame) is broken, never reused.
   struct FetchedFrame {
     kv_store::EntryKey key;
+    // The token ids of the whole prefix the key names, as the source sent them: unverified until
+    // the asker recomputes the chain (broker's fetch stage).
+    kv_store::EntryChain chain;
     WarmBufferPool::Lease buffer;  // holds the frame (its first frame_bytes); back to frame_buffers when dropped
     std::size_t frame_bytes = 0;
     [[nodiscard]] std::span<const std::uint8_t> frame() const { return buffer.u8().first(frame_bytes); }

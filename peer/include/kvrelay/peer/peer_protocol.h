@@ -14,6 +14,7 @@
 
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/entry_chain.h"
 
 namespace kvrelay::peer {
 

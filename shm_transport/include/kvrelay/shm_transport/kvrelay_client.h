@@ -41,7 +41,8 @@ enum {
   KVRELAY_E_PROTOCOL = 17,
   KVRELAY_E_UNSUPPORTED = 18,
   KVRELAY_E_CANCELLED = 19,
-  KVRELAY_E_INTERNAL = 20
+  KVRELAY_E_INTERNAL = 20,
+  KVRELAY_E_CHAIN_MISMATCH = 21
 };
 
 typedef struct kvrelay_client kvrelay_client;
