@@ -57,9 +57,23 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
       break;
     }
     const auto position = std::find(request.block_hashes.begin(), request.block_hashes.end(), frame.key.context_hash);
+    if (position == request.block_hashes.end()) {
+      outcome.attempts.push_back({{"peer", source}, {"result", "the reply names a key that was not asked for"}});
+      continue;
+    }
     const auto blocks = static_cast<std::size_t>(position - request.block_hashes.begin()) + 1;
+    // The source's token ids must hash to the chain asked for: KV of other tokens is refused.
+    if (auto chained = kv_store::verify_chain_keys(request.model_id, frame.chain, in.scope,
+                                                   std::span(request.block_hashes).first(blocks));
+        !chained) {
+      outcome.attempts.push_back(
+          {{"peer", source}, {"transport", frame.transport}, {"result", chained.error().to_string()}});
+      if (in.on_chain_mismatch) in.on_chain_mismatch(source);
+      continue;
+    }
     auto entry = entry_from_frame({in.codecs, frame.frame(), in.held.entry.get(), blocks * request.block_tokens,
-                                   in.codec, in.lossless, in.max_bytes, fetcher.buffers(), in.arena});
+                                   in.codec, in.lossless, in.max_bytes, fetcher.buffers(), in.arena,
+                                   std::make_shared<const kv_store::EntryChain>(frame.chain)});
     if (!entry) {
       outcome.attempts.push_back({{"peer", source}, {"result", entry.error().message}});
       continue;

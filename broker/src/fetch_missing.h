@@ -7,12 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/kv_store/arena.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/prefix_scan.h"
 #include "kvrelay/shm_transport/control_protocol.h"
 
@@ -46,6 +48,9 @@ struct FetchInputs {
   std::uint64_t max_bytes = 0;  // limits.kv_store_bytes
   const codec::CodecRegistry& codecs;
   kv_store::ShmArena* arena = nullptr;
+  // How this node files chains: a fetched prefix's token ids must hash to the asked keys.
+  kv_store::ChainScope scope = kv_store::ChainScope::kUnscoped;
+  std::function<void(const std::string& source)> on_chain_mismatch;  // counted as a refusal
 };
 
 // Everything, from connecting to decoding, by in.deadline; past it, nothing fetched.

@@ -5,6 +5,7 @@
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/decision/media.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/memfd.h"
 
 namespace kvrelay::broker {
@@ -39,14 +40,17 @@ Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store:
   KVRELAY_TRY(copy_token_range(layout, view.bytes(), 0, tokens, bytes));
   KVRELAY_TRY(auto stored, kv_store::make_stored_entry(sliced, bytes, arena));
   stored->fidelity = entry.fidelity.prefix(tokens);
+  if (entry.chain)
+    stored->chain = std::make_shared<const kv_store::EntryChain>(kv_store::chain_prefix(*entry.chain, tokens));
   return std::shared_ptr<const kv_store::StoredEntry>(std::move(stored));
 }
 
 Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::StoredEntry& head,
                                                                 const KvLayout& tail_layout,
                                                                 std::span<const std::byte> tail,
-                                                                const Fidelity& tail_fidelity, WarmBufferPool& buffers,
-                                                                kv_store::ShmArena* arena) {
+                                                                const Fidelity& tail_fidelity,
+                                                                std::shared_ptr<const kv_store::EntryChain> chain,
+                                                                WarmBufferPool& buffers, kv_store::ShmArena* arena) {
   if (head.info.layout.layers == 0 || tail_layout.layers == 0) {
     return fail(ErrorCode::kLayoutMismatch, "cannot join opaque entries");
   }
@@ -59,6 +63,7 @@ Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::
   KVRELAY_TRY(join_tokens(head.info.layout, head_bytes.bytes(), tail_layout, tail, bytes.bytes()));
   KVRELAY_TRY(auto stored, kv_store::make_stored_entry(joined, bytes.bytes(), arena));
   stored->fidelity = head.fidelity.then(tail_fidelity, head.info.layout.tokens);
+  stored->chain = std::move(chain);
   return std::shared_ptr<const kv_store::StoredEntry>(std::move(stored));
 }
 

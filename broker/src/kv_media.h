@@ -37,10 +37,11 @@ namespace kvrelay::broker {
 // The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
 // sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is
 // read through the kernel and joined in buffers from `buffers`, never in fresh memory. Its
-// fidelity is exact up to the first lossy token of either part.
+// fidelity is exact up to the first lossy token of either part; `chain` the whole's token ids.
 [[nodiscard]] Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(
     const kv_store::StoredEntry& head, const KvLayout& tail_layout, std::span<const std::byte> tail,
-    const Fidelity& tail_fidelity, WarmBufferPool& buffers, kv_store::ShmArena* arena = nullptr);
+    const Fidelity& tail_fidelity, std::shared_ptr<const kv_store::EntryChain> chain, WarmBufferPool& buffers,
+    kv_store::ShmArena* arena = nullptr);
 
 // Encodes an entry's KV with `codec_spec` into a KV frame.
 [[nodiscard]] Result<std::vector<std::uint8_t>> encode_entry(const codec::CodecRegistry& codecs,

@@ -10,9 +10,9 @@
 
 #include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/broker/tenant_chain.h"
-#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/peer/peer_authorization.h"
 
 #include "fetch_missing.h"
@@ -45,6 +45,10 @@ const shm::ResolveRequest& scoped_lookup(const Policy& policy, const shm::Resolv
   for (auto& hash : scoped.block_hashes)
     hash = kv_store::tenant_scoped_key({scoped.model_id, hash}, tenant).context_hash;
   return scoped;
+}
+
+kv_store::ChainScope chain_scope(const Policy& policy) {
+  return policy.tenants.empty() ? kv_store::ChainScope::kUnscoped : kv_store::ChainScope::kTenant;
 }
 
 }  // namespace
@@ -192,9 +196,16 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   bool already_encoded = plan.held_already_encoded;
   std::string from = entry ? "local" : "";
   if (plan.ask_peers) {
-    FetchOutcome fetched = fetch_missing(
-        *fetcher_, {request, plan.held, plan.codec, plan.lossless, started + policy->limits.kv_lookup_timeout,
-                    policy->limits.kv_store_bytes, *codecs_, arena_.get()});
+    FetchOutcome fetched =
+        fetch_missing(*fetcher_, {request, plan.held, plan.codec, plan.lossless,
+                                  started + policy->limits.kv_lookup_timeout, policy->limits.kv_store_bytes, *codecs_,
+                                  arena_.get(), chain_scope(*policy), [this](const std::string& source) {
+                                    peers_->note_refused("chain");
+                                    spdlog::warn(
+                                        "KV path: KV fetched from {} refused: its token ids do not hash to the chain "
+                                        "asked for",
+                                        source);
+                                  }});
     record["fetch"] = std::move(fetched.attempts);
     if (fetched.fetched) {
       FetchedKv& kv = *fetched.fetched;
@@ -259,15 +270,17 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
                         choice.serve_held_prefix ? std::string("kv_raw") : choice.medium, std::move(fidelity)}};
 }
 
-void KvPath::published(const kv_store::EntryKey& worker_key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
+void KvPath::published(const kv_store::EntryKey& worker_key,
+                       const std::shared_ptr<const kv_store::StoredEntry>& published_entry,
                        std::string_view params_json) {
   const auto policy = policy_->current();
   auto parsed = trusted_request_context(*policy, params_json);
   if (parsed && !parsed.value().ignored.empty())
     metrics_.ignored_params.with({"publish", parsed.value().ignored}).inc();
   const std::string tenant = parsed ? parsed.value().context.tenant : std::string();
-  const kv_store::EntryKey key = refile_in_tenant_scope(*policy, worker_key, entry, tenant);
-  if (!parsed || parsed.value().context.agent.empty()) return;
+  const auto [key, filed] = refile_in_tenant_scope(*policy, worker_key, published_entry, tenant);
+  if (!filed || !parsed || parsed.value().context.agent.empty()) return;
+  const kv_store::StoredEntry* entry = filed.get();
   const RequestContext& published_context = parsed.value().context;
   for (const auto& route : policy->routes) {
     if (route.from_agent != published_context.agent || !route.push || !route.enabled) continue;
@@ -308,13 +321,21 @@ void KvPath::published(const kv_store::EntryKey& worker_key, const std::shared_p
       metrics_.pushes.with({route.id, "tokens"}).inc();
       continue;
     }
+    if (!entry->chain) {
+      // A peer could not check its key: KV published without token ids stays on this node.
+      record["outcome"] = "not_pushed";
+      record["reason"] = "the worker published this KV without its token ids";
+      log_.record(std::move(record));
+      metrics_.pushes.with({route.id, "no_token_ids"}).inc();
+      continue;
+    }
     std::lock_guard lock(push_mutex_);
     if (push_queue_.size() >= kPushQueueLimit) {
       metrics_.pushes.with({route.id, "dropped"}).inc();
       continue;  // the destination will fetch on demand instead
     }
     push_queue_.push_back(
-        PushJob{route.id, to->node, choice.medium, *codec_for_medium(choice.medium), key, entry, std::move(record)});
+        PushJob{route.id, to->node, choice.medium, *codec_for_medium(choice.medium), key, filed, std::move(record)});
     push_wake_.notify_one();
   }
 }
@@ -336,8 +357,8 @@ void KvPath::run_pusher() {
       observe_codec(job.codec, job.entry->info.layout.dtype, job.entry->info.bytes, frame.value().size(),
                     std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
     }
-    Status pushed = frame ? peers_->push(job.peer, job.route, std::random_device{}(), job.key, frame.value(),
-                                         policy->limits.read_timeout)
+    Status pushed = frame ? peers_->push(job.peer, job.route, std::random_device{}(), job.key, *job.entry->chain,
+                                         frame.value(), policy->limits.read_timeout)
                           : Status(frame.error());
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
     if (pushed) {
@@ -356,18 +377,32 @@ void KvPath::run_pusher() {
   }
 }
 
-kv_store::EntryKey KvPath::refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
-                                                  const std::shared_ptr<const kv_store::StoredEntry>& entry,
-                                                  const std::string& tenant) {
-  if (policy.tenants.empty()) return worker_key;
+KvPath::Filed KvPath::refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
+                                             const std::shared_ptr<const kv_store::StoredEntry>& entry,
+                                             const std::string& tenant) {
+  if (policy.tenants.empty()) return {worker_key, entry};
   // The data plane filed it under the worker's key; lookups read only their tenant's scope, so
   // until it is moved there nobody's lookup serves it.
   const auto scoped = kv_store::tenant_scoped_key(worker_key, tenant);
-  if (auto put = store_->put(scoped, entry); !put && put.error().code != ErrorCode::kAlreadyExists) {
+  std::shared_ptr<const kv_store::StoredEntry> filed = entry;
+  if (entry->chain) {
+    // Its chain names the tenant, so that a peer can recompute the scoped key it is fetched by.
+    auto shared = kv_store::share_entry(*entry);
+    if (!shared) {
+      spdlog::warn("KV path: published entry not filed in its tenant's scope: {}", shared.error().to_string());
+      (void)store_->erase(worker_key);
+      return {scoped, nullptr};
+    }
+    auto chain = std::make_shared<kv_store::EntryChain>(*entry->chain);
+    chain->tenant = tenant;
+    shared.value()->chain = std::move(chain);
+    filed = std::move(shared).value();
+  }
+  if (auto put = store_->put(scoped, filed); !put && put.error().code != ErrorCode::kAlreadyExists) {
     spdlog::warn("KV path: published entry not filed in its tenant's scope: {}", put.error().to_string());
   }
   (void)store_->erase(worker_key);
-  return scoped;
+  return {scoped, filed};
 }
 
 Status KvPath::authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key,
@@ -375,7 +410,7 @@ Status KvPath::authorize_peer_lookup(std::string_view peer_id, const kv_store::E
   const auto policy = policy_->current();
   // Authenticated by its uid, as strongly as a TCP peer by its certificate: never unrestricted.
   const auto grant = peer::grant_for(*policy, peer_id, /*tls=*/true);
-  if (peer::authorize_fetch(*policy, grant, key, entry)) return ok();
+  if (peer::authorize_fetch(*policy, grant, entry)) return ok();
   peers_->note_refused("fetch");
   spdlog::warn("same-host peer {}: lookup of model {:016x} refused: none of its agents uses that model", peer_id,
                key.model_id);

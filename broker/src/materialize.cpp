@@ -38,10 +38,11 @@ Result<FrameEntry> entry_from_frame(const FrameToEntry& in) {
   const auto decoded_at = MaterializeClock::now();
   const auto filed = [&]() -> Result<std::shared_ptr<const kv_store::StoredEntry>> {
     if (in.held != nullptr) {
-      return join_entry(*in.held, decoded.value().header.layout, kv, fidelity, in.buffers, in.arena);
+      return join_entry(*in.held, decoded.value().header.layout, kv, fidelity, in.chain, in.buffers, in.arena);
     }
     KVRELAY_TRY(auto made, kv_store::make_stored_entry(decoded.value().header.layout, kv, in.arena));
     made->fidelity = fidelity;
+    made->chain = in.chain;
     return std::shared_ptr<const kv_store::StoredEntry>(std::move(made));
   }();
   if (!filed) return fail(filed.error().code, filed.error().to_string());

@@ -16,6 +16,7 @@
 #include "kvrelay/core/warm_buffers.h"
 #include "kvrelay/kv_store/arena.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/entry_chain.h"
 
 namespace kvrelay::broker {
 
@@ -38,6 +39,7 @@ struct FrameToEntry {
   std::uint64_t max_bytes = 0;
   WarmBufferPool& buffers;
   kv_store::ShmArena* arena = nullptr;
+  std::shared_ptr<const kv_store::EntryChain> chain;  // the whole prefix's token ids, verified
 };
 
 // Errors carry the text a fetch attempt records ("entry does not cover its blocks", ...).

@@ -184,11 +184,11 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch_same_host
 }
 
 Status PeerLinks::push(const std::string& peer_id, std::string_view route, std::uint64_t transfer_id,
-                       const kv_store::EntryKey& key, std::span<const std::uint8_t> frame,
-                       std::chrono::milliseconds timeout) {
+                       const kv_store::EntryKey& key, const kv_store::EntryChain& chain,
+                       std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
   auto pushed =
       with_client(peer_id, kPush, timeout, peer::Deadline::max(), [&](peer::PeerClient& client) -> Result<bool> {
-        KVRELAY_TRY(client.push_encoded(transfer_id, key, frame, route));
+        KVRELAY_TRY(client.push_encoded(transfer_id, key, chain, frame, route));
         return true;
       });
   if (!pushed) return pushed.error();

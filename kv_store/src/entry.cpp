@@ -1,7 +1,10 @@
 #include "kvrelay/kv_store/entry.h"
 
+#include <fcntl.h>
+
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "kvrelay/core/bulk_hash.h"
@@ -48,6 +51,21 @@ Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, s
   entry->info = info;
   entry->fd = std::move(fd);
   return entry;
+}
+
+Result<std::shared_ptr<StoredEntry>> share_entry(const StoredEntry& entry) {
+  auto shared = std::make_shared<StoredEntry>();
+  shared->info = entry.info;
+  shared->fidelity = entry.fidelity;
+  shared->chain = entry.chain;
+  shared->block = entry.block;
+  if (!entry.block) {
+    const int copy = ::fcntl(entry.fd.get(), F_DUPFD_CLOEXEC, 0);
+    if (copy < 0)
+      return fail(ErrorCode::kIo, fmt::format("cannot duplicate an entry's memfd: {}", std::strerror(errno)));
+    shared->fd = UniqueFd(copy);
+  }
+  return shared;
 }
 
 Result<EntryView> view_entry(const StoredEntry& entry) {

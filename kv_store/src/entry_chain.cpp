@@ -1,8 +1,10 @@
 #include "kvrelay/kv_store/entry_chain.h"
 
-#include <fmt/format.h>
 #include <xxhash.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstring>
 
 namespace kvrelay::kv_store {
@@ -23,7 +25,8 @@ EntryKey tenant_scoped_key(const EntryKey& key, std::string_view tenant) {
 std::vector<BlockHash> chain_keys(std::uint64_t model_id, const EntryChain& chain, ChainScope scope) {
   auto hashes = hash_blocks(model_id, chain.tokens, chain.block_tokens, chain.root);
   if (scope == ChainScope::kTenant) {
-    for (auto& hash : hashes) hash = tenant_scoped_key({model_id, hash}, chain.tenant).context_hash;
+    for (auto& hash : hashes)
+      hash = tenant_scoped_key({model_id, hash}, chain.tenant).context_hash;
   }
   return hashes;
 }
@@ -43,6 +46,22 @@ Status verify_chain(const EntryKey& key, std::uint64_t tokens, const EntryChain&
     return fail(ErrorCode::kChainMismatch,
                 fmt::format("the entry's {} token ids hash to {:016x}, not to the key {:016x} it is filed under",
                             tokens, keys.back(), key.context_hash));
+  }
+  return ok();
+}
+
+Status verify_chain_keys(std::uint64_t model_id, const EntryChain& chain, ChainScope scope,
+                         std::span<const BlockHash> expected) {
+  if (chain.block_tokens == 0 || chain.tokens.size() != expected.size() * chain.block_tokens) {
+    return fail(ErrorCode::kChainMismatch, fmt::format("{} token ids in blocks of {} cannot name {} blocks",
+                                                       chain.tokens.size(), chain.block_tokens, expected.size()));
+  }
+  const auto keys = chain_keys(model_id, chain, scope);
+  const auto differs = std::mismatch(keys.begin(), keys.end(), expected.begin());
+  if (differs.first != keys.end()) {
+    return fail(ErrorCode::kChainMismatch,
+                fmt::format("the token ids of block {} hash to {:016x}, not to the {:016x} asked for",
+                            differs.first - keys.begin(), *differs.first, *differs.second));
   }
   return ok();
 }

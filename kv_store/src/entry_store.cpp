@@ -63,12 +63,13 @@ EntryStoreStats InMemoryEntryStore::stats() {
   return {entries_.size(), bytes_, evictions_, refused_downgrades_};
 }
 
-std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit) {
+std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit, const EntryFilter& shown) {
   std::lock_guard lock(mutex_);
   std::vector<EntryKey> keys;
   keys.reserve(std::min(limit, recency_.size()));
   for (const EntryKey& key : recency_) {
     if (keys.size() >= limit) break;
+    if (shown && !shown(*entries_.at(key).entry)) continue;
     keys.push_back(key);
   }
   return keys;

@@ -52,12 +52,27 @@ Status authorize_pushed_entry(const Policy& policy, const PeerGrant& grant, std:
   return ok();
 }
 
-bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::EntryKey& /*key*/,
-                     const kv_store::StoredEntry& entry) {
+Status authorize_pushed_tenant(const Policy& policy, const PeerGrant& grant, std::string_view route_id,
+                               const kv_store::EntryChain& chain) {
+  if (grant.unrestricted) return ok();
+  const RoutePolicy* route = policy.find_route(route_id);
+  const AgentPolicy* from = route != nullptr ? policy.find_agent(route->from_agent) : nullptr;
+  if (from == nullptr || from->tenant != chain.tenant) {
+    return fail(ErrorCode::kPermissionDenied,
+                fmt::format("push from peer {} refused: its entry is of tenant '{}', not of route {}'s from agent's",
+                            grant.peer_id, chain.tenant, route_id));
+  }
+  return ok();
+}
+
+bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::StoredEntry& entry) {
+  if (entry.chain == nullptr) return false;  // its key cannot be verified there: it stays here
   if (grant.unrestricted) return true;
   if (grant.peer_id.empty() || grant.peer_id == policy.node_id) return false;  // "" is this node's agents
   for (const auto& agent : policy.agents) {
-    if (agent.node == grant.peer_id && same_model_shape(agent.model, entry.info.layout)) return true;
+    if (agent.node == grant.peer_id && agent.tenant == entry.chain->tenant &&
+        same_model_shape(agent.model, entry.info.layout))
+      return true;
   }
   return false;
 }

@@ -296,6 +296,7 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   }
   PeerClient::FetchedFrame fetched;
   fetched.key = found.key;
+  fetched.chain = std::move(found.chain);
   const auto started = std::chrono::steady_clock::now();
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
   fetched.frame_bytes = static_cast<std::size_t>(found.frame_bytes);
@@ -418,11 +419,13 @@ Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchReq
 }
 
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                                std::span<const std::uint8_t> frame, std::string_view route) {
+                                const kv_store::EntryChain& chain, std::span<const std::uint8_t> frame,
+                                std::string_view route) {
   if (frame.empty()) return fail(ErrorCode::kInvalidArgument, "push of an empty frame");
   EncodedEntryHeader header;
   header.id = transfer_id;
   header.key = key;
+  header.chain = chain;
   header.frame_bytes = frame.size();
   header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
   if (state_->options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());

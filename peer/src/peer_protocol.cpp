@@ -31,6 +31,18 @@ bool known_peer_message(std::uint16_t type) noexcept {
   return false;
 }
 
+std::uint64_t max_payload_bytes(PeerMessage type) noexcept {
+  switch (type) {
+    case PeerMessage::kChunk:
+      return kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes};
+    case PeerMessage::kFetchReply:
+    case PeerMessage::kPushEncoded:
+      return kMaxEntryHeaderPayload;
+    default:
+      return kMaxControlPayload;
+  }
+}
+
 namespace {
 
 bool version_stable(PeerMessage type) {
@@ -53,8 +65,7 @@ Result<PeerHeader> decode_header(std::span<const std::byte, kPeerHeaderBytes> by
   if (version == kPeerVersion && !known_peer_message(type)) {
     return fail(ErrorCode::kProtocol, fmt::format("unknown peer message type {}", type));
   }
-  const std::uint64_t limit =
-      message == PeerMessage::kChunk ? kChunkHeaderBytes + std::uint64_t{kMaxChunkBytes} : kMaxControlPayload;
+  const std::uint64_t limit = max_payload_bytes(message);
   if (length > limit)
     return fail(ErrorCode::kProtocol, fmt::format("peer frame of {} bytes exceeds {}", length, limit));
   return PeerHeader{message, length, version};
@@ -272,22 +283,24 @@ namespace {
 void put_encoded_fields(ByteWriter& writer, const EncodedEntryHeader& header) {
   kv_store::encode_key(writer, header.key);
   writer.put(header.frame_bytes).put(header.chunk_bytes).put(header.window_chunks);
+  kv_store::encode_chain(writer, header.chain);
 }
 
-Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id, bool may_name_route = false) {
+Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id, bool names_route = false) {
   EncodedEntryHeader header;
   header.id = id;
   const auto key = kv_store::decode_key(reader);
   const auto frame_bytes = reader.get<std::uint64_t>();
   const auto chunk_bytes = reader.get<std::uint32_t>();
   const auto window_chunks = reader.get<std::uint32_t>();
-  std::optional<std::string> route;  // a push's (issue #25): absent, or a non-empty name
-  bool route_ok = true;
-  if (may_name_route && reader.remaining() != 0) {
-    route = reader.get_string();
-    route_ok = route && !route->empty();
-  }
-  if (!key || !frame_bytes || !chunk_bytes || !window_chunks || !route_ok || reader.remaining() != 0)
+  if (!key || !frame_bytes || !chunk_bytes || !window_chunks)
+    return fail(ErrorCode::kProtocol, "malformed encoded entry header");
+  auto chain = kv_store::decode_chain(reader);
+  if (!chain) return fail(chain.error().code, "encoded entry header: " + chain.error().message);
+  header.chain = std::move(chain).value();
+  std::optional<std::string> route;  // a push's: "" names none
+  if (names_route) route = reader.get_string();
+  if ((names_route && !route) || reader.remaining() != 0)
     return fail(ErrorCode::kProtocol, "malformed encoded entry header");
   if (route) header.route = std::move(*route);
   if (*window_chunks == 0 || *window_chunks > kMaxWindowChunks) {
@@ -335,7 +348,7 @@ std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header) {
   ByteWriter writer;
   writer.put(header.id);
   put_encoded_fields(writer, header);
-  if (!header.route.empty()) writer.put_string(header.route);
+  writer.put_string(header.route);
   return encode_peer_frame(PeerMessage::kPushEncoded, writer.bytes());
 }
 

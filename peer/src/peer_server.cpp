@@ -111,6 +111,12 @@ std::optional<PeerGrant> session_grant(const SharedPtr& shared, const Session& s
   return grant_for(*policy, session.peer_id, session.tls);
 }
 
+// How this node files chains: by tenant where its policy has tenants.
+kv_store::ChainScope chain_scope(const Policy* policy) {
+  return policy != nullptr && !policy->tenants.empty() ? kv_store::ChainScope::kTenant
+                                                       : kv_store::ChainScope::kUnscoped;
+}
+
 // Answers a Fetch with the longest prefix of the chain this node holds, encoded with the
 // requested codec, or "not found".
 asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& connection, Session& session,
@@ -133,14 +139,15 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   // A held prefix that adds nothing to what the asker has is a miss, like no prefix at all.
   std::shared_ptr<const Policy> policy;
   const auto grant = session_grant(shared, session, policy);
-  const bool refused = entry && grant && !authorize_fetch(*policy, *grant, key, *entry);
+  // KV published without its token ids never leaves this node: the asker could not verify it.
+  const bool refused = entry && entry->chain && grant && !authorize_fetch(*policy, *grant, *entry);
   if (refused) {
     // Answered as a miss, like KV this node does not hold: the asker learns nothing of it.
     count_refused(shared, "fetch");
-    spdlog::warn("peer {}: fetch of model {:016x} refused: none of its agents uses that model", session.peer_id,
-                 request.model_id);
+    spdlog::warn("peer {}: fetch of model {:016x} refused: none of its agents uses that model and tenant",
+                 session.peer_id, request.model_id);
   }
-  if (refused || !entry || entry->info.layout.tokens <= request.skip_tokens) {
+  if (refused || !entry || !entry->chain || entry->info.layout.tokens <= request.skip_tokens) {
     const auto miss = encode_fetch_reply(request.request_id, nullptr);
     co_return co_await send_frame(connection, miss, options.read_timeout);
   }
@@ -161,6 +168,7 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   header.chunk_bytes =
       transfer_chunk_bytes(std::min(options.chunk_bytes, session.remote.max_chunk_bytes), frame.size());
   header.window_chunks = options.window_chunks;
+  header.chain = *entry->chain;
   const auto reply = encode_fetch_reply(request.request_id, &header);
   ChunkStreamOptions stream;
   stream.staging = options.stage_chunks ? &session.staging : nullptr;
@@ -201,10 +209,19 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   std::shared_ptr<const Policy> policy;
   if (const auto grant = session_grant(shared, session, policy)) {
     auto allowed = authorize_pushed_entry(*policy, *grant, header.route, decoded.value().header.layout);
+    if (allowed) allowed = authorize_pushed_tenant(*policy, *grant, header.route, header.chain);
     if (!allowed) {
       count_refused(shared, "push");  // decoded, never filed
       co_return allowed;
     }
+  }
+  // The pushed token ids must hash to the key the peer files the KV under.
+  if (auto chained = kv_store::verify_chain(header.key, decoded.value().header.layout.tokens, header.chain,
+                                            chain_scope(policy.get()));
+      !chained) {
+    count_refused(shared, "chain");
+    co_return fail(chained.error().code,
+                   fmt::format("push from peer {} refused: {}", session.peer_id, chained.error().message));
   }
   const double decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count();
@@ -216,6 +233,7 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
   entry.value()->fidelity =
       sender_records_fidelity ? codec::fidelity_of(pushed_codec) : Fidelity::lossy(std::string(kUnverifiedFidelity));
+  entry.value()->chain = std::make_shared<const kv_store::EntryChain>(header.chain);
   auto put = shared->store->put(header.key, std::move(entry).value());
   if (!put && put.error().code != ErrorCode::kAlreadyExists) co_return put;
   {
@@ -328,7 +346,12 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
       }
       case PeerMessage::kSummary: {
         if (!payload.empty()) co_return fail(ErrorCode::kProtocol, "summary request with a payload");
-        const auto keys = shared->store->recent_keys(kMaxSummaryKeys);
+        // Only what this peer may fetch: other tenants' salted hashes are not its to see.
+        std::shared_ptr<const Policy> policy;
+        const auto grant = session_grant(shared, session, policy);
+        const auto keys = shared->store->recent_keys(kMaxSummaryKeys, [&](const kv_store::StoredEntry& entry) {
+          return entry.chain != nullptr && (!grant || authorize_fetch(*policy, *grant, entry));
+        });
         answer = encode_summary(keys);
         break;
       }

@@ -23,6 +23,7 @@ struct FakeAnswer {
   std::optional<Error> error;
   std::size_t blocks = 0;
   std::string codec = "raw";
+  bool lying_tokens = false;  // a token id of its chain changed: KV of another prompt
 };
 
 class FakeFetcher final : public Fetcher {
@@ -48,6 +49,8 @@ class FakeFetcher final : public Fetcher {
     if (!frame) return frame.error();
     peer::PeerClient::FetchedFrame fetched;
     fetched.key = {request.model_id, chain_of(answer.blocks).back()};
+    fetched.chain = stage_chain(answer.blocks);
+    if (answer.lying_tokens) fetched.chain.tokens.back() ^= 1U;
     fetched.buffer = buffers_.take(frame.value().size());
     std::copy(frame.value().begin(), frame.value().end(), fetched.buffer.u8().begin());
     fetched.frame_bytes = frame.value().size();
@@ -65,9 +68,13 @@ class FakeFetcher final : public Fetcher {
 };
 
 FetchOutcome run_fetch(FakeFetcher& fetcher, const kv_store::HeldPrefix& held, const std::string& codec, bool lossless,
-                       const codec::CodecRegistry& codecs, peer::Deadline deadline = peer::Deadline::max()) {
-  const auto request = lookup_of(7, 4, 70);
-  return fetch_missing(fetcher, {request, held, codec, lossless, deadline, 1 << 20, codecs, nullptr});
+                       const codec::CodecRegistry& codecs, peer::Deadline deadline = peer::Deadline::max(),
+                       std::vector<std::string>* refused = nullptr) {
+  const auto request = lookup_of(kChainModel, 4, 70);
+  return fetch_missing(fetcher, {request, held, codec, lossless, deadline, 1 << 20, codecs, nullptr,
+                                 kv_store::ChainScope::kUnscoped, [refused](const std::string& source) {
+                                   if (refused != nullptr) refused->push_back(source);
+                                 }});
 }
 
 }  // namespace
@@ -127,4 +134,20 @@ TEST_CASE("fetch stage: past the deadline no source is asked", "[broker][fetch]"
   CHECK_FALSE(outcome.fetched);
   CHECK(fetcher.asked.empty());
   CHECK(outcome.attempts[0]["result"] == "skipped: lookup deadline reached");
+}
+
+TEST_CASE("fetch stage: KV whose token ids do not hash to the asked chain is refused, and the next source asked",
+          "[broker][fetch][security]") {
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  FakeFetcher fetcher(codecs, {{"a-liar", {std::nullopt, 3, "raw", true}}, {"b-honest", {std::nullopt, 3}}});
+  std::vector<std::string> refused;
+  const auto outcome = run_fetch(fetcher, {}, "raw", true, codecs, peer::Deadline::max(), &refused);
+  REQUIRE(outcome.fetched.has_value());
+  CHECK(outcome.fetched->source == "b-honest");
+  CHECK(refused == std::vector<std::string>{"a-liar"});
+  REQUIRE(outcome.attempts.size() == 2);
+  CHECK_THAT(outcome.attempts[0]["result"].get<std::string>(), Catch::Contains("chain_mismatch"));
+  // What is kept carries the verified token ids, so it may be served to peers in turn.
+  REQUIRE(outcome.fetched->entry->chain != nullptr);
+  CHECK(*outcome.fetched->entry->chain == stage_chain(3));
 }

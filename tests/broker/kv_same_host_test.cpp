@@ -42,10 +42,15 @@ TEST_CASE("a same-host peer's KV arrives over shared memory, counted apart from 
   RefworkerUnderTest worker_b({"--model", model->string()}, {"--kvrelay-socket", node_b.socket_path()});
   RefworkerUnderTest reference({"--model", model->string()});
   const json routes = json::array({{{"id", "writer-to-reader"}, {"from", "writer"}, {"to", "reader"}}});
-  node_a.start(sidecar_policy(node_a,
-                              json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
-                                           agent_json("reader", "node-b", 1, stories_model_json())}),
-                              routes, json::array({{{"id", "node-b"}, {"address", "127.0.0.1:1"}}})));
+  // Node C (below) fetches from A over TCP: A's policy names it and its reader, as it must for
+  // A to serve it (a hello that names no policy peer may fetch nothing).
+  node_a.start(sidecar_policy(
+      node_a,
+      json::array({agent_json("writer", "", worker_a.port(), stories_model_json()),
+                   agent_json("reader", "node-b", 1, stories_model_json()),
+                   agent_json("reader-c", "node-c", 1, stories_model_json())}),
+      routes,
+      json::array({{{"id", "node-b"}, {"address", "127.0.0.1:1"}}, {{"id", "node-c"}, {"address", "127.0.0.1:1"}}})));
   const json b_agents = json::array({agent_json("writer", "node-a", 1, stories_model_json()),
                                      agent_json("reader", "", worker_b.port(), stories_model_json())});
   node_b.start(sidecar_policy(node_b, b_agents, routes, peer_entry(node_a.peer_port())));

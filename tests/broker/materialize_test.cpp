@@ -48,13 +48,15 @@ TEST_CASE("materialize: a frame that does not cover its blocks is refused", "[br
   WarmBufferPool buffers(2, 1 << 20);
   const std::string asked = "raw";
   const auto held = tiny_entry(kBlockTokens);
-  auto short_frame =
-      entry_from_frame({codecs, frame.value(), held.get(), 3 * kBlockTokens, asked, true, 1 << 20, buffers, nullptr});
+  const auto chain = std::make_shared<const kv_store::EntryChain>(stage_chain(2));
+  auto short_frame = entry_from_frame(
+      {codecs, frame.value(), held.get(), 3 * kBlockTokens, asked, true, 1 << 20, buffers, nullptr, chain});
   REQUIRE_FALSE(short_frame);
   CHECK(short_frame.error().message == "entry does not cover its blocks");
-  auto joined =
-      entry_from_frame({codecs, frame.value(), held.get(), 2 * kBlockTokens, asked, true, 1 << 20, buffers, nullptr});
+  auto joined = entry_from_frame(
+      {codecs, frame.value(), held.get(), 2 * kBlockTokens, asked, true, 1 << 20, buffers, nullptr, chain});
   REQUIRE(joined);
+  CHECK(joined.value().entry->chain == chain);  // the verified token ids of the whole prefix
   CHECK(joined.value().entry->info.layout.tokens == 2 * kBlockTokens);
   CHECK(joined.value().raw_bytes == tiny_layout(kBlockTokens).total_bytes().value());
 }

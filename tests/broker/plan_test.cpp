@@ -39,8 +39,8 @@ constexpr const char* kToCoder = R"({"agent": "coder", "request_id": "r1"})";
 
 TEST_CASE("plan: the longest exact held prefix is served, and only the blocks the prompt allows", "[broker][plan]") {
   PlanBench bench;
-  REQUIRE(bench.store.put({bench.model_id(), 1001}, tiny_entry(2 * kBlockTokens)));
-  REQUIRE(bench.store.put({bench.model_id(), 1002}, tiny_entry(3 * kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(4)[1]}, tiny_entry(2 * kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(4)[2]}, tiny_entry(3 * kBlockTokens)));
   // 3 blocks held, but a 40-token prompt may take only 2 (its last token is prefilled).
   const auto plan = bench.plan(lookup_of(bench.model_id(), 3, 40, kToCoder));
   REQUIRE_FALSE(plan.stop);
@@ -79,15 +79,15 @@ TEST_CASE("plan: a treatment decides the medium, and span none is a tokens stop"
 
 TEST_CASE("plan: a lossy held prefix serves only a lookup with the same codec", "[broker][plan]") {
   PlanBench bench("", "kv_int8");
-  REQUIRE(bench.store.put({bench.model_id(), 1000}, tiny_entry(kBlockTokens)));
-  REQUIRE(bench.store.put({bench.model_id(), 1002}, tiny_entry(3 * kBlockTokens, Fidelity::lossy("int8"))));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(4)[0]}, tiny_entry(kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(4)[2]}, tiny_entry(3 * kBlockTokens, Fidelity::lossy("int8"))));
   const auto same = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
   CHECK(same.held.blocks == 3);
   CHECK(same.held_already_encoded);
 
   PlanBench other("", "kv_int4");
-  REQUIRE(other.store.put({other.model_id(), 1000}, tiny_entry(kBlockTokens)));
-  REQUIRE(other.store.put({other.model_id(), 1002}, tiny_entry(3 * kBlockTokens, Fidelity::lossy("int8"))));
+  REQUIRE(other.store.put({other.model_id(), chain_of(4)[0]}, tiny_entry(kBlockTokens)));
+  REQUIRE(other.store.put({other.model_id(), chain_of(4)[2]}, tiny_entry(3 * kBlockTokens, Fidelity::lossy("int8"))));
   const auto different = other.plan(lookup_of(other.model_id(), 4, 70, kToCoder));
   CHECK(different.held.blocks == 1);
   CHECK_FALSE(different.held_already_encoded);
@@ -100,7 +100,7 @@ TEST_CASE("plan: what asks peers, and what stops", "[broker][plan]") {
   CHECK_FALSE(empty.stop);
   CHECK(empty.ask_peers);
   // Three of four blocks held: the peer would add too little for the join.
-  REQUIRE(bench.store.put({bench.model_id(), 1002}, tiny_entry(3 * kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(4)[2]}, tiny_entry(3 * kBlockTokens)));
   const auto mostly = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
   CHECK_FALSE(mostly.ask_peers);
   CHECK(mostly.held.blocks == 3);
@@ -138,7 +138,7 @@ TEST_CASE("plan: routes that cannot move KV fall back to tokens", "[broker][plan
 
 TEST_CASE("plan: the engine's tokens still serves the exact held prefix", "[broker][plan]") {
   PlanBench bench("", "tokens");
-  REQUIRE(bench.store.put({bench.model_id(), 1001}, tiny_entry(2 * kBlockTokens)));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(4)[1]}, tiny_entry(2 * kBlockTokens)));
   const auto plan = bench.plan(lookup_of(bench.model_id(), 4, 70, kToCoder));
   REQUIRE_FALSE(plan.stop);
   CHECK(plan.choice.serve_held_prefix);

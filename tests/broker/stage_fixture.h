@@ -12,6 +12,7 @@
 #include "kvrelay/broker/engine_advisor.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/shm_transport/control_protocol.h"
 
@@ -64,11 +65,17 @@ inline std::shared_ptr<const kv_store::StoredEntry> tiny_entry(std::uint64_t tok
   return made.value();
 }
 
-inline std::vector<std::uint64_t> chain_of(std::size_t blocks) {
-  std::vector<std::uint64_t> chain;
-  for (std::size_t i = 0; i < blocks; ++i)
-    chain.push_back(1000 + i);
+// The token ids of a prompt of `blocks` blocks, and their chain (hashed as model 7's).
+inline constexpr std::uint64_t kChainModel = 7;
+inline kv_store::EntryChain stage_chain(std::size_t blocks) {
+  kv_store::EntryChain chain;
+  chain.block_tokens = kBlockTokens;
+  for (std::size_t token = 0; token < blocks * kBlockTokens; ++token)
+    chain.tokens.push_back(static_cast<TokenId>(1000 + token));
   return chain;
+}
+inline std::vector<std::uint64_t> chain_of(std::size_t blocks) {
+  return kv_store::chain_keys(kChainModel, stage_chain(blocks), kv_store::ChainScope::kUnscoped);
 }
 
 inline shm::ResolveRequest lookup_of(std::uint64_t model_id, std::size_t blocks, std::uint64_t prompt_tokens,

@@ -2,7 +2,6 @@
 // cache_salt give, and the signature over the kvrelay fields the front proxy injects.
 
 #include "kvrelay/broker/tenant_chain.h"
-#include "kvrelay/kv_store/entry_chain.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 #include "kvrelay/broker/request_context.h"
 #include "kvrelay/broker/request_signature.h"
 #include "kvrelay/core/block_hash.h"
+#include "kvrelay/kv_store/entry_chain.h"
 
 #include "trusted_context.h"
 
@@ -64,13 +64,13 @@ TEST_CASE("chain roots travel as 16 hex digits and nothing else parses", "[broke
 
 TEST_CASE("store scopes differ per tenant and from the worker's own key", "[broker][tenant][security]") {
   const kvrelay::kv_store::EntryKey key{42, 0x1234};
-  const auto acme = kv_store::tenant_scoped_key(key, "acme");
+  const auto acme = kvrelay::kv_store::tenant_scoped_key(key, "acme");
   CHECK(acme.model_id == key.model_id);
-  CHECK(acme == kv_store::tenant_scoped_key(key, "acme"));
+  CHECK(acme == kvrelay::kv_store::tenant_scoped_key(key, "acme"));
   CHECK(acme.context_hash != key.context_hash);
-  CHECK(acme != kv_store::tenant_scoped_key(key, "globex"));
-  CHECK(kv_store::tenant_scoped_key(key, "") != key);  // the default tenant has a scope of its own too
-  CHECK(kv_store::tenant_scoped_key(key, "") != acme);
+  CHECK(acme != kvrelay::kv_store::tenant_scoped_key(key, "globex"));
+  CHECK(kvrelay::kv_store::tenant_scoped_key(key, "") != key);  // the default tenant has a scope of its own too
+  CHECK(kvrelay::kv_store::tenant_scoped_key(key, "") != acme);
 }
 
 TEST_CASE("the kvrelay fields' signature verifies only unchanged fields under the node key",

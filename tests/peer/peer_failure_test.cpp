@@ -70,8 +70,10 @@ class CpuHogs {
   std::vector<std::thread> threads_;
 };
 
+// `kvrelay peer send` of `file` (with its token ids in tokens.json beside it, under the chain
+// root `transfer_id`, so each transfer id files the same KV under a key of its own).
 std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t transfer_id,
-                                   const std::filesystem::path& file, bool paced) {
+                                   const std::filesystem::path& file, const KvFrame& frame, bool paced) {
   std::vector<std::string> argv{kvrelay_binary().string(),
                                 "peer",
                                 "send",
@@ -83,7 +85,13 @@ std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t trans
                                 std::to_string(kChunkBytes),
                                 "--window",
                                 "2",
-                                "--progress"};
+                                "--progress",
+                                "--tokens",
+                                (file.parent_path() / "tokens.json").string(),
+                                "--block-tokens",
+                                std::to_string(frame.chain.block_tokens),
+                                "--chain-root",
+                                block_hash_hex(transfer_id)};
   if (paced) argv.insert(argv.end(), {"--rate-limit-mib", "24"});
   argv.push_back(file.string());
   return argv;
@@ -142,14 +150,16 @@ class RawPeer {
 
 // A push of `frame` in chunks of `chunk_bytes`, chunk i carrying the running xxh3 of the stream
 // header and chunks 0..i.
+// Its token ids are the frame's, under the chain root `id` (a key of its own per id).
 struct HandPush {
   peer::EncodedEntryHeader header;
   std::span<const std::byte> bytes;
-  HandPush(std::uint64_t id, const kv_store::EntryKey& key, const KvFrame& frame, std::uint32_t chunk_bytes,
+  HandPush(std::uint64_t id, std::uint64_t model_id, const KvFrame& frame, std::uint32_t chunk_bytes,
            std::uint32_t window)
       : bytes(std::as_bytes(std::span(frame.frame))) {
     header.id = id;
-    header.key = key;
+    header.chain = frame.chain_at(id);
+    header.key = KvFrame::key_for(model_id, header.chain);
     header.frame_bytes = frame.frame.size();
     header.chunk_bytes = chunk_bytes;
     header.window_chunks = window;
@@ -176,6 +186,7 @@ TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps
   TempDir dir;
   const auto frame = kv_frame(kFrameBytes, 9);
   write_frame_file(dir / "kv.frame", frame);
+  write_tokens_file(dir / "tokens.json", frame);
   auto local = daemon.data_plane();
   std::uint64_t failures_before = 0;
   std::uint64_t transfer_id = 500;
@@ -183,7 +194,7 @@ TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps
     INFO("killed at " << percent * 100 << "%");
     ++transfer_id;
     const auto arena_before = local.stats().value().arena_bytes_in_use;
-    std::vector<std::string> argv = send_argv(daemon, transfer_id, dir / "kv.frame", true);
+    std::vector<std::string> argv = send_argv(daemon, transfer_id, dir / "kv.frame", frame, true);
     ChildProcess sender(argv, dir.path());
     REQUIRE(
         wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); }, std::chrono::seconds(30)));
@@ -195,13 +206,13 @@ TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps
                        std::chrono::seconds(1)));
     failures_before += 1;
     CHECK(daemon.peer_stats().active_transfers == 0);
-    CHECK(local.lookup({1, transfer_id}).error().code == ErrorCode::kNotFound);
+    CHECK(local.lookup(KvFrame::key_for(1, frame.chain_at(transfer_id))).error().code == ErrorCode::kNotFound);
     CHECK(local.stats().value().arena_bytes_in_use == arena_before);
 
-    const auto retry = run_command(send_argv(daemon, transfer_id, dir / "kv.frame", false), dir.path());
+    const auto retry = run_command(send_argv(daemon, transfer_id, dir / "kv.frame", frame, false), dir.path());
     REQUIRE(retry.exit_status == 0);
     CHECK(nlohmann::json::parse(retry.out.substr(retry.out.rfind("{")))["outcome"] == "committed");
-    auto entry = local.lookup({1, transfer_id});
+    auto entry = local.lookup(KvFrame::key_for(1, frame.chain_at(transfer_id)));
     REQUIRE(entry.has_value());
     CHECK(same_bytes(entry.value().bytes(), frame.kv));
   }
@@ -215,6 +226,7 @@ TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a r
   TempDir dir;
   const auto frame = kv_frame(kFrameBytes, 10);
   write_frame_file(dir / "kv.frame", frame);
+  write_tokens_file(dir / "tokens.json", frame);
   for (const double percent : {0.10, 0.50, 0.90}) {
     INFO("receiver killed at " << percent * 100 << "%");
     const std::uint64_t transfer_id = 900;
@@ -223,7 +235,7 @@ TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a r
       // killed process's sockets only once each of its threads has run to its exit.
       CpuHogs hogs;
       PeerDaemon doomed;
-      ChildProcess sender(send_argv(doomed, transfer_id, dir / "kv.frame", true), dir.path());
+      ChildProcess sender(send_argv(doomed, transfer_id, dir / "kv.frame", frame, true), dir.path());
       REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); },
                          std::chrono::seconds(30)));
       REQUIRE(sender.running());
@@ -236,10 +248,10 @@ TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a r
       CHECK(sender.stderr_text().find("kvrelay peer:") != std::string::npos);
     }
     PeerDaemon fresh;
-    const auto retry = run_command(send_argv(fresh, transfer_id, dir / "kv.frame", false), dir.path());
+    const auto retry = run_command(send_argv(fresh, transfer_id, dir / "kv.frame", frame, false), dir.path());
     REQUIRE(retry.exit_status == 0);
     auto local = fresh.data_plane();
-    auto entry = local.lookup({1, transfer_id});
+    auto entry = local.lookup(KvFrame::key_for(1, frame.chain_at(transfer_id)));
     REQUIRE(entry.has_value());
     CHECK(same_bytes(entry.value().bytes(), frame.kv));
     CHECK(local.stats().value().entries == 1);
@@ -251,7 +263,7 @@ TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead o
           "[peer][hostile][fault]") {
   PeerDaemon daemon;
   const auto frame = kv_frame(3 * kChunkBytes + 7, 77);
-  const HandPush push(4242, {1, 4242}, frame, kChunkBytes, 8);
+  const HandPush push(4242, 1, frame, kChunkBytes, 8);
   auto local = daemon.data_plane();
   SECTION("the announced key differs from the one the checksums cover") {
     RawPeer raw(daemon);
@@ -286,7 +298,7 @@ TEST_CASE("a pushed chunk with a flipped bit, or with its own checksum instead o
   // The same push sent cleanly is filed.
   auto client = peer::PeerClient::connect(daemon.peer_address(), {});
   REQUIRE(client.has_value());
-  REQUIRE(client.value().push_encoded(push.header.id, push.header.key, frame.bytes()).has_value());
+  REQUIRE(client.value().push_encoded(push.header.id, push.header.key, push.header.chain, frame.bytes()).has_value());
   CHECK(same_bytes(local.lookup(push.header.key).value().bytes(), frame.kv));
 }
 
@@ -295,7 +307,7 @@ TEST_CASE("chunk acknowledgements come every half window, the last one with Comm
   const auto frame = kv_frame(3 * kChunkBytes + 4096, 93);  // four chunks, the last short
   // What the receiver answers a push of four chunks in a window of `window`, as (type, index or id).
   const auto answers = [&](std::uint32_t window, std::uint64_t id) {
-    const HandPush push(id, {1, id}, frame, kChunkBytes, window);
+    const HandPush push(id, 1, frame, kChunkBytes, window);
     REQUIRE(push.chunks() == 4);
     RawPeer raw(daemon);
     raw.write(peer::encode_push_encoded(push.header));
@@ -313,7 +325,7 @@ TEST_CASE("chunk acknowledgements come every half window, the last one with Comm
       if (type == peer::PeerMessage::kChunkAck) value = reader.get<std::uint32_t>().value();
       seen.emplace_back(type, value);
     }
-    CHECK(same_bytes(daemon.data_plane().lookup({1, id}).value().bytes(), frame.kv));
+    CHECK(same_bytes(daemon.data_plane().lookup(push.header.key).value().bytes(), frame.kv));
     return seen;
   };
   using peer::PeerMessage;
@@ -359,7 +371,7 @@ TEST_CASE("peer refuses malformed frames, out-of-order chunks and retired messag
     raw.send_chunk(1, 0, data, XXH3_64bits(data.data(), data.size()));
     CHECK(raw.error_then_close() == ErrorCode::kProtocol);
     RawPeer second(daemon);
-    const HandPush push(2, {1, 2}, frame, 100, 8);
+    const HandPush push(2, 1, frame, 100, 8);
     second.write(peer::encode_push_encoded(push.header));
     second.send_chunk(2, 1, push.chunk(1), push.running(1));
     CHECK(second.error_then_close() == ErrorCode::kProtocol);
@@ -371,7 +383,7 @@ TEST_CASE("peer refuses malformed frames, out-of-order chunks and retired messag
   }
   SECTION("a push larger than the receiver takes") {
     RawPeer raw(daemon);
-    HandPush huge(3, {1, 3}, frame, 1U << 20, 8);
+    HandPush huge(3, 1, frame, 1U << 20, 8);
     huge.header.frame_bytes = 3ULL << 30;  // over the fixture's 2 GiB store
     raw.write(peer::encode_push_encoded(huge.header));
     CHECK(raw.error_then_close() == ErrorCode::kResourceExhausted);
@@ -464,7 +476,7 @@ TEST_CASE("wire versions: a version 1 peer and this one refuse each other by nam
     asio::read(socket, asio::buffer(payload));
     const auto error = peer::decode_peer_error(payload);
     CHECK(error.code == ErrorCode::kBadVersion);
-    CHECK_THAT(error.message, Catch::Contains("wire version 2") && Catch::Contains("not version 1"));
+    CHECK_THAT(error.message, Catch::Contains("wire version 3") && Catch::Contains("not version 1"));
     auto current = peer::PeerClient::connect(daemon.peer_address(), {});
     REQUIRE(current.has_value());
     CHECK(current.value().ping().has_value());
@@ -474,7 +486,7 @@ TEST_CASE("wire versions: a version 1 peer and this one refuse each other by nam
     auto client = peer::PeerClient::connect(old.address(), {});
     REQUIRE_FALSE(client.has_value());
     CHECK(client.error().code == ErrorCode::kBadVersion);
-    CHECK_THAT(client.error().message, Catch::Contains("wire version 1") && Catch::Contains("speaks 2") &&
+    CHECK_THAT(client.error().message, Catch::Contains("wire version 1") && Catch::Contains("speaks 3") &&
                                            Catch::Contains("peer protocol version 2"));
   }
 }

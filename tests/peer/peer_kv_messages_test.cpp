@@ -66,10 +66,34 @@ TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[prox
   REQUIRE(miss);
   CHECK_FALSE(miss.value());
 
+  header.chain.block_tokens = 2;
+  header.chain.root = 0x1122334455667788ULL;
+  header.chain.tenant = "acme";
+  header.chain.tokens = {7, 8, 9, 10};
+  header.route = "a-to-b";
   const auto pushed = decode_push_encoded(payload_of(encode_push_encoded(header)));
   REQUIRE(pushed);
   CHECK(pushed.value().key == header.key);
   CHECK(pushed.value().window_chunks == 6);
+  CHECK(pushed.value().chain == header.chain);
+  CHECK(pushed.value().route == "a-to-b");
+  CHECK(found.value()->chain.tokens.empty());  // encoded before the chain was set
+  {
+    const auto with_chain = decode_fetch_reply(payload_of(encode_fetch_reply(5, &header)), 5);
+    REQUIRE(with_chain);
+    CHECK(with_chain.value()->chain == header.chain);
+  }
+  {
+    auto partial = header;  // token ids that are not whole blocks
+    partial.chain.tokens.push_back(11);
+    CHECK(decode_push_encoded(payload_of(encode_push_encoded(partial))).error().code == ErrorCode::kProtocol);
+    auto too_many = header;  // a count past kMaxChainTokens is refused before anything is read
+    too_many.chain.block_tokens = 1;
+    too_many.chain.tokens.assign(kv_store::kMaxChainTokens + 1, 0);
+    const auto refused = decode_push_encoded(payload_of(encode_push_encoded(too_many)));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == ErrorCode::kResourceExhausted);
+  }
   for (const std::uint32_t window : {0U, kMaxWindowChunks + 1}) {
     auto bad = header;
     bad.window_chunks = window;
@@ -197,7 +221,7 @@ TEST_CASE("wire versions: only hello, hello reply and error are read across vers
   }
   // Anything else of another version is refused even at the hello.
   CHECK(decode_hello_header(header_of(1, 13, 10)).error().code == ErrorCode::kBadVersion);
-  CHECK(decode_hello_header(header_of(3, 5, 10)).error().code == ErrorCode::kBadVersion);
+  CHECK(decode_hello_header(header_of(kPeerVersion + 1, 5, 10)).error().code == ErrorCode::kBadVersion);
   // Version 1's Begin messages are gone for good.
   for (const std::uint16_t retired : {std::uint16_t{3}, std::uint16_t{4}, std::uint16_t{18}}) {
     CHECK_FALSE(known_peer_message(retired));
@@ -212,7 +236,7 @@ TEST_CASE("wire versions: only hello, hello reply and error are read across vers
   CHECK(header.value().type == PeerMessage::kError);
   const auto error = decode_peer_error(payload_of(refusal));
   CHECK(error.code == ErrorCode::kBadVersion);
-  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 2"));
+  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 3"));
   // A hello that claims another version in its payload is refused by name too.
   Hello old;
   old.protocol_version = 1;

@@ -50,9 +50,9 @@ TEST_CASE(
   CHECK(good.value().remote().node_id == "node-a");
   CHECK(peer::names_identity(good.value().remote_certificate(), "node-a"));
   CHECK(peer::seconds_until(good.value().remote_certificate().not_after) > 0);
-  const kv_store::EntryKey key{daemon.model_of("writer"), 41};
   const auto frame = kv_frame(3U << 20, 41);
-  REQUIRE(good.value().push_encoded(41, key, frame.bytes(), "reader-to-writer").has_value());
+  const kv_store::EntryKey key = frame.key(daemon.model_of("writer"));
+  REQUIRE(good.value().push_encoded(41, key, frame.chain, frame.bytes(), "reader-to-writer").has_value());
   auto fetched = good.value().fetch(peer::FetchRequest{1, key.model_id, "raw", {key.context_hash}}, 1ULL << 32);
   REQUIRE(fetched.has_value());
   REQUIRE(fetched.value().has_value());

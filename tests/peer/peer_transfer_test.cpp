@@ -14,10 +14,12 @@ peer::FetchRequest raw_fetch(std::uint64_t id, const kv_store::EntryKey& key) {
   return peer::FetchRequest{id, key.model_id, "raw", {key.context_hash}};
 }
 
-// Pushes `frame` under `key`, then checks that the store holds its KV and a fetch returns it.
-void push_then_fetch(peer::PeerClient& client, const PeerDaemon& daemon, std::uint64_t id,
-                     const kv_store::EntryKey& key, const KvFrame& frame) {
-  REQUIRE(client.push_encoded(id, key, frame.bytes()).has_value());
+// Pushes `frame` under its key for `model_id`, then checks that the store holds its KV and a
+// fetch returns it with its token ids.
+void push_then_fetch(peer::PeerClient& client, const PeerDaemon& daemon, std::uint64_t id, std::uint64_t model_id,
+                     const KvFrame& frame) {
+  const auto key = frame.key(model_id);
+  REQUIRE(client.push_encoded(id, key, frame.chain, frame.bytes()).has_value());
   auto entry = daemon.data_plane().lookup(key);
   REQUIRE(entry.has_value());
   CHECK(entry.value().info.layout == frame.layout);
@@ -26,6 +28,7 @@ void push_then_fetch(peer::PeerClient& client, const PeerDaemon& daemon, std::ui
   REQUIRE(fetched.has_value());
   REQUIRE(fetched.value().has_value());
   CHECK(fetched.value()->key == key);
+  CHECK(fetched.value()->chain == frame.chain);
   CHECK(same_bytes(decoded_kv(fetched.value()->frame()), frame.kv));
 }
 
@@ -43,7 +46,7 @@ TEST_CASE("pushed KV frames of one token to 256 MiB are filed byte for byte, and
   for (const std::size_t size : {std::size_t{1}, std::size_t{(1U << 20) + 1}, std::size_t{256U << 20}}) {
     INFO("size " << size);
     const auto frame = kv_frame(size, id);
-    push_then_fetch(client.value(), daemon, id, {7, id}, frame);
+    push_then_fetch(client.value(), daemon, id, 7, frame);
     ++id;
   }
   // A miss: a chain the peer does not hold.
@@ -73,8 +76,8 @@ TEST_CASE("a push that fits one chunk goes as two halves, kvrelay peer send spli
     const auto before = daemon.peer_stats().chunks_received;
     const auto frame = kv_frame(size, id);
     REQUIRE(frame.frame.size() >= size);
-    const kv_store::EntryKey key{8, id};
-    REQUIRE(client.value().push_encoded(id++, key, frame.bytes()).has_value());
+    const kv_store::EntryKey key = frame.key(8);
+    REQUIRE(client.value().push_encoded(id++, key, frame.chain, frame.bytes()).has_value());
     CHECK(same_bytes(daemon.data_plane().lookup(key).value().bytes(), frame.kv));
     return std::pair{daemon.peer_stats().chunks_received - before, frame.frame.size()};
   };
@@ -89,6 +92,7 @@ TEST_CASE("a push that fits one chunk goes as two halves, kvrelay peer send spli
   TempDir dir;
   const auto frame = kv_frame(700U << 10, 78);
   write_frame_file(dir / "kv.frame", frame);
+  write_tokens_file(dir / "tokens.json", frame);
   for (const bool split : {true, false}) {
     INFO("peer send, split " << split);
     const auto before = daemon.peer_stats().chunks_received;
@@ -99,15 +103,17 @@ TEST_CASE("a push that fits one chunk goes as two halves, kvrelay peer send spli
                                      daemon.peer_text(),
                                      "--transfer-id",
                                      std::to_string(id),
-                                     "--context-hash",
-                                     std::to_string(id)};
+                                     "--tokens",
+                                     (dir / "tokens.json").string(),
+                                     "--block-tokens",
+                                     std::to_string(frame.layout.tokens)};
     if (!split) command.emplace_back("--no-split");
     command.push_back((dir / "kv.frame").string());
     const auto sent = run_command(command, dir.path());
     REQUIRE(sent.exit_status == 0);
     CHECK(nlohmann::json::parse(sent.out)["outcome"] == "committed");
     CHECK(daemon.peer_stats().chunks_received - before == (split ? 2U : 1U));
-    CHECK(same_bytes(daemon.data_plane().lookup({1, id}).value().bytes(), frame.kv));
+    CHECK(same_bytes(daemon.data_plane().lookup(frame.key(1)).value().bytes(), frame.kv));
     ++id;
   }
 }
@@ -126,7 +132,7 @@ TEST_CASE("pushes and fetches without staging, in many small chunks, arrive byte
   std::uint64_t id = 400;
   for (const std::size_t size : {std::size_t{1}, std::size_t{64 * 1024}, std::size_t{(3U << 20) + 7}}) {
     INFO("size " << size);
-    push_then_fetch(client.value(), daemon, id, {9, id}, kv_frame(size, id));
+    push_then_fetch(client.value(), daemon, id, 9, kv_frame(size, id));
     ++id;
   }
   CHECK(daemon.peer_stats().committed_transfers == 3);
@@ -137,23 +143,26 @@ TEST_CASE("kvrelay peer send pushes a frame file to a policy's peer and refuses 
   TempDir dir;
   const auto frame = kv_frame(3U << 20, 21);
   write_frame_file(dir / "kv.frame", frame);
+  write_tokens_file(dir / "tokens.json", frame);
   nlohmann::json policy = basic_daemon_policy();
   policy["node"]["id"] = "sender";
   policy["peers"] = nlohmann::json::array({{{"id", "recv"}, {"address", daemon.peer_text()}}});
   write_file(dir / "sender.json", policy.dump());
   const auto sent = run_command({kvrelay_binary().string(), "peer", "send", "--config", (dir / "sender.json").string(),
-                                 "--peer", "recv", "--transfer-id", "1", (dir / "kv.frame").string()},
+                                 "--peer", "recv", "--transfer-id", "1", "--tokens", (dir / "tokens.json").string(),
+                                 "--block-tokens", std::to_string(frame.layout.tokens), (dir / "kv.frame").string()},
                                 dir.path());
   REQUIRE(sent.exit_status == 0);
   CHECK(nlohmann::json::parse(sent.out)["outcome"] == "committed");
-  auto entry = daemon.data_plane().lookup({1, 1});
+  auto entry = daemon.data_plane().lookup(frame.key(1));
   REQUIRE(entry.has_value());
   CHECK(same_bytes(entry.value().bytes(), frame.kv));
 
   write_file(dir / "junk", std::string(4096, 'x'));
-  const auto refused = run_command({kvrelay_binary().string(), "peer", "send", "--to", daemon.peer_text(),
-                                    "--transfer-id", "2", (dir / "junk").string()},
-                                   dir.path());
+  const auto refused =
+      run_command({kvrelay_binary().string(), "peer", "send", "--to", daemon.peer_text(), "--transfer-id", "2",
+                   "--tokens", (dir / "tokens.json").string(), (dir / "junk").string()},
+                  dir.path());
   CHECK(refused.exit_status == 1);
   CHECK_THAT(refused.err, Catch::Contains("is not a KV frame"));
 

@@ -81,11 +81,24 @@ inline bool same_bytes(std::span<const std::byte> left, std::span<const std::byt
 
 // Raw KV of a small model's layout (or `shape`'s), at least `at_least_bytes` of it, and its
 // raw-codec frame: what a sidecar pushes and fetches.
+// `chain`: token ids of its tokens, one block of all of them, whose hash is the entry's key
+// (the receiver checks it).
 struct KvFrame {
   KvLayout layout;
   std::vector<std::byte> kv;
   std::vector<std::uint8_t> frame;
+  kv_store::EntryChain chain;
   [[nodiscard]] std::span<const std::uint8_t> bytes() const { return frame; }
+  [[nodiscard]] kv_store::EntryKey key(std::uint64_t model_id) const { return key_for(model_id, chain); }
+  // The same tokens under another chain root: another key (as another tenant's or salt's would be).
+  [[nodiscard]] kv_store::EntryChain chain_at(BlockHash root) const {
+    auto rooted = chain;
+    rooted.root = root;
+    return rooted;
+  }
+  [[nodiscard]] static kv_store::EntryKey key_for(std::uint64_t model_id, const kv_store::EntryChain& of) {
+    return {model_id, kv_store::chain_keys(model_id, of, kv_store::ChainScope::kUnscoped).back()};
+  }
 };
 inline KvFrame kv_frame(std::size_t at_least_bytes, std::uint64_t seed, std::string_view codec = "raw",
                         const KvLayout& shape = KvLayout{2, 2, 64, DType::kFloat16, 1}) {
@@ -94,6 +107,9 @@ inline KvFrame kv_frame(std::size_t at_least_bytes, std::uint64_t seed, std::str
   const std::uint64_t per_token = out.layout.total_bytes().value();
   out.layout.tokens = std::max<std::uint64_t>(1, (at_least_bytes + per_token - 1) / per_token);
   out.kv = peer_pattern(static_cast<std::size_t>(out.layout.total_bytes().value()), seed);
+  out.chain.block_tokens = static_cast<std::uint32_t>(out.layout.tokens);
+  for (std::uint64_t token = 0; token < out.layout.tokens; ++token)
+    out.chain.tokens.push_back(static_cast<TokenId>((seed * 7919) + token));
   const auto registry = codec::CodecRegistry::with_builtins();
   auto spec = codec::resolve_codec(registry, codec);
   if (!spec) FAIL("codec " << codec << ": " << spec.error().to_string());
@@ -116,6 +132,11 @@ inline std::vector<std::byte> decoded_kv(std::span<const std::uint8_t> frame) {
 
 inline void write_frame_file(const std::filesystem::path& path, const KvFrame& frame) {
   write_file(path, std::string(reinterpret_cast<const char*>(frame.frame.data()), frame.frame.size()));
+}
+
+// The frame's token ids as `kvrelay peer send --tokens` reads them.
+inline void write_tokens_file(const std::filesystem::path& path, const KvFrame& frame) {
+  write_file(path, nlohmann::json(frame.chain.tokens).dump());
 }
 
 }  // namespace kvrelay::test

@@ -5,16 +5,20 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <vector>
 
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/peer/peer_client.h"
 
@@ -30,7 +34,11 @@ struct SendOptions {
   std::string peer_id;
   std::uint64_t transfer_id = 0;
   std::uint64_t model_id = 1;
-  std::uint64_t context_hash = 0;  // 0: use the transfer id
+  // The frame's token ids (a JSON array), which the receiver hashes to the key it files it under.
+  std::string tokens_file;
+  std::uint32_t block_tokens = kDefaultBlockTokens;
+  std::string chain_root;  // 16 hex digits; "" the unsalted root
+  std::string tenant;
   std::uint32_t chunk_bytes = 1U << 20;
   std::uint32_t window = 8;
   double rate_limit_mib_per_s = 0;
@@ -50,6 +58,45 @@ struct ProbeOptions {
 int fail_with(const std::string& message) {
   std::fprintf(stderr, "kvrelay peer: %s\n", message.c_str());
   return 1;
+}
+
+// The chain --tokens names, checked against the frame's token count.
+Result<kv_store::EntryChain> read_chain(const SendOptions& options, std::uint64_t frame_tokens) {
+  std::ifstream file(options.tokens_file, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (!file.good() && !file.eof()) return fail(ErrorCode::kIo, "cannot read " + options.tokens_file);
+  const auto ids = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!ids.is_array())
+    return fail(ErrorCode::kInvalidArgument, options.tokens_file + ": expected a JSON array of token ids");
+  kv_store::EntryChain chain;
+  chain.block_tokens = options.block_tokens;
+  chain.tenant = options.tenant;
+  for (std::size_t index = 0; index < ids.size(); ++index) {
+    if (!ids[index].is_number_unsigned() || ids[index].get<std::uint64_t>() > UINT32_MAX) {
+      return fail(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: /{}: expected a token id (0..4294967295)", options.tokens_file, index));
+    }
+    chain.tokens.push_back(ids[index].get<TokenId>());
+  }
+  if (chain.tokens.size() != frame_tokens || frame_tokens % chain.block_tokens != 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("{} holds {} token ids; the frame has {} tokens, which must be whole blocks of {}",
+                            options.tokens_file, chain.tokens.size(), frame_tokens, chain.block_tokens));
+  }
+  if (!options.chain_root.empty()) {
+    const auto root = parse_block_hash_hex(options.chain_root);
+    if (!root) return fail(ErrorCode::kInvalidArgument, "--chain-root: expected 16 hex digits");
+    chain.root = *root;
+  }
+  return chain;
+}
+
+// What the receiver files the entry under: the chain's last block (in the tenant's scope with --tenant).
+Result<kv_store::EntryKey> chain_key(const SendOptions& options, const kv_store::EntryChain& chain) {
+  const auto scope = options.tenant.empty() ? kv_store::ChainScope::kUnscoped : kv_store::ChainScope::kTenant;
+  const auto keys = kv_store::chain_keys(options.model_id, chain, scope);
+  if (keys.empty()) return fail(ErrorCode::kInvalidArgument, "a frame of no tokens has no key");
+  return kv_store::EntryKey{options.model_id, keys.back()};
 }
 
 int run_send(const SendOptions& options) {
@@ -88,6 +135,10 @@ int run_send(const SendOptions& options) {
   // Refused here with the frame's own error, before a peer has to refuse it.
   auto header = codec::inspect_frame(frame);
   if (!header) return fail_with(options.file + " is not a KV frame: " + header.error().to_string());
+  auto chain = read_chain(options, header.value().layout.tokens);
+  if (!chain) return fail_with(chain.error().message);
+  const auto key = chain_key(options, chain.value());
+  if (!key) return fail_with(key.error().message);
 
   client_options.chunk_bytes = options.chunk_bytes;
   client_options.window_chunks = options.window;
@@ -104,9 +155,8 @@ int run_send(const SendOptions& options) {
   const auto started = std::chrono::steady_clock::now();
   auto client = peer::PeerClient::connect(target, client_options);
   if (!client) return fail_with(client.error().to_string());
-  const kv_store::EntryKey key{options.model_id,
-                               options.context_hash != 0 ? options.context_hash : options.transfer_id};
-  if (auto sent = client.value().push_encoded(options.transfer_id, key, frame, options.route); !sent) {
+  if (auto sent = client.value().push_encoded(options.transfer_id, key.value(), chain.value(), frame, options.route);
+      !sent) {
     return fail_with(sent.error().to_string());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -167,7 +217,15 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   send_command->add_option("--peer", send->peer_id, "Peer id from the policy's peers[]");
   send_command->add_option("--transfer-id", send->transfer_id, "Id of the push (its chunks carry it)")->required();
   send_command->add_option("--model-id", send->model_id, "Entry key: model fingerprint id");
-  send_command->add_option("--context-hash", send->context_hash, "Entry key: context digest (default: transfer id)");
+  send_command
+      ->add_option("--tokens", send->tokens_file,
+                   "JSON array of the frame's token ids; the entry's key is their block-hash chain")
+      ->required()
+      ->check(CLI::ExistingFile);
+  send_command->add_option("--block-tokens", send->block_tokens, "Tokens per block of the chain")
+      ->check(CLI::Range(1U, kv_store::kMaxChainTokens));
+  send_command->add_option("--chain-root", send->chain_root, "Root of the chain, 16 hex digits (a tenant's)");
+  send_command->add_option("--tenant", send->tenant, "Tenant whose store scope the entry is filed in");
   send_command->add_option("--chunk-bytes", send->chunk_bytes, "Chunk size")->check(CLI::Range(1U, 16U << 20));
   send_command->add_option("--window", send->window, "Unacknowledged chunks in flight")->check(CLI::Range(1U, 1024U));
   send_command->add_option("--rate-limit-mib", send->rate_limit_mib_per_s, "Pace the transfer (MiB/s, 0 = off)");

@@ -106,10 +106,13 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   [[nodiscard]] EngineUpdate update_engine_locked(const Policy& policy);  // refresh's work, unrecorded
   void run_pusher();
   // Where a published entry lives from now on: with tenants, moved from the worker's key to its
-  // tenant's scope (tenant_chain.h); the worker's key otherwise.
-  kv_store::EntryKey refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
-                                            const std::shared_ptr<const kv_store::StoredEntry>& entry,
-                                            const std::string& tenant);
+  // tenant's scope (tenant_chain.h), its chain naming the tenant; the worker's key otherwise.
+  struct Filed {
+    kv_store::EntryKey key;
+    std::shared_ptr<const kv_store::StoredEntry> entry;
+  };
+  Filed refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
+                               const std::shared_ptr<const kv_store::StoredEntry>& entry, const std::string& tenant);
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<kv_store::EntryStore> store_;

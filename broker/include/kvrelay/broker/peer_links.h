@@ -61,10 +61,11 @@ class PeerLinks {
                                                                             peer::Deadline deadline,
                                                                             std::uint64_t max_frame_bytes,
                                                                             const codec::CodecRegistry& codecs);
-  // `route`: the route it is pushed on, which the peer authorizes.
+  // `route`: the route it is pushed on, which the peer authorizes; `chain`: the frame's token
+  // ids, which the peer checks against `key`.
   [[nodiscard]] Status push(const std::string& peer_id, std::string_view route, std::uint64_t transfer_id,
-                            const kv_store::EntryKey& key, std::span<const std::uint8_t> frame,
-                            std::chrono::milliseconds timeout);
+                            const kv_store::EntryKey& key, const kv_store::EntryChain& chain,
+                            std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
   // Asks every peer now (what the prober does each interval).
   void probe_all();
 

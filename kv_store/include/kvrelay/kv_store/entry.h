@@ -78,6 +78,10 @@ class EntryView {
                                                                      std::span<const std::byte> bytes,
                                                                      ShmArena* arena = nullptr);
 
+// The same sealed bytes as `entry` (a duplicate of its memfd, or its arena block shared) with
+// its metadata, to be filed under another key with other metadata (a tenant's chain).
+[[nodiscard]] Result<std::shared_ptr<StoredEntry>> share_entry(const StoredEntry& entry);
+
 // Wire encodings shared by the control and peer protocols (see docs/wire-format.md).
 inline constexpr std::size_t kEncodedKeyBytes = 16;
 inline constexpr std::size_t kEncodedLayoutBytes = 24;

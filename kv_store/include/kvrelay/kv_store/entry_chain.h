@@ -41,8 +41,12 @@ enum class ChainScope : std::uint8_t { kUnscoped, kTenant };
 
 // kChainMismatch unless `chain` is whole blocks of exactly `tokens` tokens whose last block is
 // filed under `key` (a tenant only in a scoped store).
-[[nodiscard]] Status verify_chain(const EntryKey& key, std::uint64_t tokens, const EntryChain& chain,
-                                  ChainScope scope);
+[[nodiscard]] Status verify_chain(const EntryKey& key, std::uint64_t tokens, const EntryChain& chain, ChainScope scope);
+
+// kChainMismatch unless the keys of `chain`'s blocks are exactly `expected`, first block first
+// (a fetched prefix against the chain that was asked for).
+[[nodiscard]] Status verify_chain_keys(std::uint64_t model_id, const EntryChain& chain, ChainScope scope,
+                                       std::span<const BlockHash> expected);
 
 // The first `tokens` tokens (whole blocks) of `chain`.
 [[nodiscard]] EntryChain chain_prefix(const EntryChain& chain, std::uint64_t tokens);

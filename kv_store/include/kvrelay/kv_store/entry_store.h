@@ -4,6 +4,7 @@
 // can put the real KV store (block index, utility-based eviction) behind it later.
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -41,9 +42,13 @@ class EntryStore {
   // Drops every entry and returns what was dropped. Readers that already hold an entry keep
   // their mapping; its memory returns when the last of them lets go.
   virtual EntryStoreStats clear() = 0;
-  // Up to `limit` keys, most recently used first (peer summaries). Stores that cannot list
-  // their keys return none; peers then find their entries by asking directly.
-  [[nodiscard]] virtual std::vector<EntryKey> recent_keys(std::size_t /*limit*/) { return {}; }
+  // Up to `limit` keys, most recently used first, of the entries `shown` accepts (peer
+  // summaries: what a peer may fetch). Stores that cannot list their keys return none; peers
+  // then find their entries by asking directly. `shown` runs under the store's lock.
+  using EntryFilter = std::function<bool(const StoredEntry&)>;
+  [[nodiscard]] virtual std::vector<EntryKey> recent_keys(std::size_t /*limit*/, const EntryFilter& /*shown*/) {
+    return {};
+  }
   // Drops least recently used entries held in `arena` until a block of `bytes` fits there or
   // none of its entries is left; returns whether it dropped any. (Blocks a reader still holds
   // under a lease come free only when it lets go.) Stores that cannot evict return false.
@@ -59,7 +64,7 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] bool erase(const EntryKey& key) override;
   [[nodiscard]] EntryStoreStats stats() override;
   EntryStoreStats clear() override;
-  [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit) override;
+  [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit, const EntryFilter& shown) override;
   bool make_arena_room(const ShmArena& arena, std::uint64_t bytes) override;
 
  private:

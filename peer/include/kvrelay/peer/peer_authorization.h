@@ -10,6 +10,7 @@
 
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/entry_store.h"
 
 namespace kvrelay::peer {
@@ -19,7 +20,8 @@ struct PeerGrant {
   // A plaintext hello that names no policy peer: nothing is restricted, as before issue #25
   // (tests, and same-host tools). Plaintext runs only on loopback or a trusted network, where a
   // hello's node id is a claim anyone there can make, so plaintext authorization guards against
-  // mistakes, not attackers; TLS identities are what it rests on. Never with TLS.
+  // mistakes, not attackers; TLS identities are what it rests on. Never with TLS. Integrity
+  // (entry chains) holds for every grant.
   bool unrestricted = false;
 };
 
@@ -38,9 +40,13 @@ struct PeerGrant {
 [[nodiscard]] Status authorize_pushed_entry(const Policy& policy, const PeerGrant& grant, std::string_view route_id,
                                             const KvLayout& layout);
 
-// Whether a fetch may return `entry` (filed under `key`): only entries of models that the
-// peer's agents use. The tenant half of the rule extends this one function.
-[[nodiscard]] bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::EntryKey& key,
-                                   const kv_store::StoredEntry& entry);
+// The pushed entry, decoded and not yet filed: its chain's tenant is the route's `from` agent's
+// (the KV path files and looks up KV in that tenant's scope).
+[[nodiscard]] Status authorize_pushed_tenant(const Policy& policy, const PeerGrant& grant, std::string_view route_id,
+                                             const kv_store::EntryChain& chain);
+
+// Whether a fetch (or a summary) may show `entry`: only entries that carry their token ids, of a
+// model and a tenant that one of the peer's agents uses.
+[[nodiscard]] bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::StoredEntry& entry);
 
 }  // namespace kvrelay::peer

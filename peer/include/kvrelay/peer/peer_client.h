@@ -96,11 +96,13 @@ class PeerClient {
   [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes,
                                                           Deadline deadline = Deadline::max());
   // Sends an encoded KV frame (codec_plugins frame format) to the peer as a chunk stream; the
-  // peer decodes it, files it under `key` by the frame's codec (lossy KV as lossy) and answers
-  // Committed. `frame` must stay valid until this returns. `route`: the route it is pushed on,
-  // which the peer authorizes (a peer whose policy lists peers refuses a push that names none).
+  // peer decodes it, checks that `chain` (the token ids of the frame's KV) hashes to `key`, files
+  // it there by the frame's codec (lossy KV as lossy) and answers Committed. `frame` must stay
+  // valid until this returns. `route`: the route it is pushed on, which the peer authorizes (a
+  // peer whose policy lists peers refuses a push that names none).
   [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
-                                    std::span<const std::uint8_t> frame, std::string_view route = {});
+                                    const kv_store::EntryChain& chain, std::span<const std::uint8_t> frame,
+                                    std::string_view route = {});
   // The keys the peer holds, most recently used first.
   [[nodiscard]] Result<std::vector<kv_store::EntryKey>> summary();
   [[nodiscard]] Result<PeerServerStats> stats();

@@ -21,13 +21,16 @@ namespace kvrelay::peer {
 inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-endian byte order
 // The wire version, in every frame header and in the hello. Two sidecars of different versions
 // refuse each other at the hello with a kError that the other side can read (see
-// "Wire versions" in docs/wire-format.md); 1 was the Begin/Chunk protocol of kvrelay <= 0.1.
-inline constexpr std::uint16_t kPeerVersion = 2;
+// "Wire versions" in docs/wire-format.md); 1 was the Begin/Chunk protocol of kvrelay <= 0.1, 2
+// moved KV without its token ids.
+inline constexpr std::uint16_t kPeerVersion = 3;
 inline constexpr std::size_t kPeerHeaderBytes = 12;
 inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, running checksum
 inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;
 inline constexpr std::uint32_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::uint32_t kMaxWindowChunks = 1024;
+// FetchReply and PushEncoded carry the entry's chain of token ids as well.
+inline constexpr std::uint32_t kMaxEntryHeaderPayload = kMaxControlPayload + (kv_store::kMaxChainTokens * 4);
 
 // Capability bits announced in the hello.
 inline constexpr std::uint64_t kCapSharedMemory = 1U << 1;  // hello carries a Unix socket path
@@ -62,6 +65,8 @@ enum class PeerMessage : std::uint16_t {
 };
 // A message this version knows (numbers outside it, or retired ones, are protocol errors).
 [[nodiscard]] bool known_peer_message(std::uint16_t type) noexcept;
+// The longest payload a frame of `type` may have.
+[[nodiscard]] std::uint64_t max_payload_bytes(PeerMessage type) noexcept;
 
 struct PeerHeader {
   PeerMessage type{};
@@ -137,8 +142,11 @@ struct EncodedEntryHeader {
   std::uint64_t frame_bytes = 0;  // the KV frame (codec_plugins frame format)
   std::uint32_t chunk_bytes = 1U << 20;
   std::uint32_t window_chunks = 8;
-  // PushEncoded only: the route it is pushed on, which the receiver authorizes (issue #25). Sent
-  // after the fields above when set, so a push that names none reads as it always did.
+  // The token ids of the whole prefix `key` names: the receiver recomputes the chain and refuses
+  // KV whose ids do not hash to its key (issue #25). A fetch reply sends them all, also where
+  // the KV that follows skips the asker's held tokens.
+  kv_store::EntryChain chain;
+  // PushEncoded only: the route it is pushed on, which the receiver authorizes ("" names none).
   std::string route;
   [[nodiscard]] std::uint64_t chunk_count() const {
     return frame_bytes == 0 ? 0 : (frame_bytes + chunk_bytes - 1) / chunk_bytes;
