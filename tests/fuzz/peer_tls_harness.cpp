@@ -103,9 +103,11 @@ TlsSessionServer::TlsSessionServer() : cert_dir_(make_cert_dir()) {
   options.warm_buffer_bytes = 1 << 20;
   options.chunk_bytes = 256;
   options.window_chunks = 2;
-  options.handshake_timeout = std::chrono::seconds(2);
-  options.read_timeout = std::chrono::seconds(2);
-  options.idle_timeout = std::chrono::seconds(2);
+  // Never waited out: the client ends its stream as soon as it has written. Long enough that
+  // a loaded ASan run never times out a handshake.
+  options.handshake_timeout = std::chrono::seconds(10);
+  options.read_timeout = std::chrono::seconds(10);
+  options.idle_timeout = std::chrono::seconds(10);
   options.codecs = std::make_shared<const codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
   options.tls = must(peer::PeerTls::load(tls_files(cert_dir_, kServerNode)), "server TLS");
   options.policy = [policy = node_a_policy()] { return policy; };
