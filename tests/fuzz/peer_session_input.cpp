@@ -109,13 +109,14 @@ KvLayout held_layout() {
 }
 
 std::vector<std::byte> session_bytes(std::span<const std::uint8_t> input) {
-  if (input.empty()) return hello(true);
-  const auto mode = static_cast<SessionMode>(input[0] % kSessionModes);
-  const bool fidelity = ((input[0] / kSessionModes) & 1U) != 0;
+  const std::uint8_t selector = input.empty() ? 0 : input[0];  // an empty input reads as zeros
+  const auto mode = static_cast<SessionMode>(selector % kSessionModes);
+  const bool fidelity = ((selector / kSessionModes) & 1U) != 0;
   std::array<std::uint8_t, kModeParameterBytes> p{};
-  const auto parameters = input.subspan(1, std::min(kModeParameterBytes, input.size() - 1));
+  const auto after_mode = input.empty() ? input : input.subspan(1);
+  const auto parameters = after_mode.first(std::min(kModeParameterBytes, after_mode.size()));
   std::copy(parameters.begin(), parameters.end(), p.begin());
-  const auto rest = std::as_bytes(input.subspan(1 + parameters.size()));
+  const auto rest = std::as_bytes(after_mode.subspan(parameters.size()));
   std::vector<std::byte> out;
   if (mode != SessionMode::kFirstFrame) out = hello(fidelity);
   switch (mode) {
