@@ -36,21 +36,22 @@ std::vector<std::byte> hello(bool fidelity) {
 }
 
 std::vector<std::byte> fetch(const std::array<std::uint8_t, kModeParameterBytes>& p) {
+  const auto held = held_key();
   FetchRequest request;
   request.request_id = kFetchId;
-  request.model_id = (p[3] & 1U) != 0 ? kHeldKey.model_id + 1 : kHeldKey.model_id;
+  request.model_id = (p[3] & 1U) != 0 ? held.model_id + 1 : held.model_id;
   request.codec = std::string(kFetchCodecs[p[0] % std::size(kFetchCodecs)]);
   request.skip_tokens = p[1];
-  const std::uint64_t other = kHeldKey.context_hash ^ 0xFFU;
+  const std::uint64_t other = held.context_hash ^ 0xFFU;
   switch (p[2] % 4U) {
     case 0:
-      request.hashes = {kHeldKey.context_hash};
+      request.hashes = {held.context_hash};
       break;
     case 1:
-      request.hashes = {other, kHeldKey.context_hash};
+      request.hashes = {other, held.context_hash};
       break;  // held as the shorter prefix
     case 2:
-      request.hashes = {kHeldKey.context_hash, other};
+      request.hashes = {held.context_hash, other};
       break;  // the held one is not a prefix
     default:
       break;  // no hashes at all
@@ -66,9 +67,10 @@ std::vector<std::byte> push(const std::array<std::uint8_t, kModeParameterBytes>&
     const std::uint64_t checksum = bulk_hash64(frame.data(), body);
     std::memcpy(frame.data() + body, &checksum, sizeof checksum);
   }
+  const auto held = held_key();
   EncodedEntryHeader header;
   header.id = kPushId;
-  header.key = (p[3] & 1U) != 0 ? kHeldKey : kv_store::EntryKey{kHeldKey.model_id, kHeldKey.context_hash + p[3] + 1};
+  header.key = (p[3] & 1U) != 0 ? held : kv_store::EntryKey{held.model_id, held.context_hash + p[3] + 1};
   header.frame_bytes = frame.size();
   header.chunk_bytes = chunk_size(p[0]);
   header.window_chunks = 1U + p[1] % 8U;
@@ -94,7 +96,7 @@ std::vector<std::byte> push(const std::array<std::uint8_t, kModeParameterBytes>&
 std::vector<std::byte> push_header(const std::array<std::uint8_t, kModeParameterBytes>& p) {
   EncodedEntryHeader header;
   header.id = kPushId;
-  header.key = kv_store::EntryKey{kHeldKey.model_id, kHeldKey.context_hash + 1};
+  header.key = kv_store::EntryKey{held_key().model_id, held_key().context_hash + 1};
   header.frame_bytes = p[0] | (std::uint64_t{p[1]} << 8U);
   header.chunk_bytes = chunk_size(p[2]);
   header.window_chunks = 2;
@@ -105,7 +107,19 @@ std::vector<std::byte> push_header(const std::array<std::uint8_t, kModeParameter
 }  // namespace
 
 KvLayout held_layout() {
-  return KvLayout{2, 2, 8, DType::kFloat16, 16};
+  return KvLayout{2, 2, 8, DType::kFloat16, kDefaultBlockTokens};
+}
+
+kv_store::EntryChain held_chain() {
+  kv_store::EntryChain chain;
+  for (TokenId token = 0; token < held_layout().tokens; ++token)
+    chain.tokens.push_back(token);
+  return chain;
+}
+
+kv_store::EntryKey held_key() {
+  constexpr std::uint64_t kModel = 0x66757A7A6D6F646CULL;  // "fuzzmodl"
+  return {kModel, kv_store::chain_keys(kModel, held_chain(), kv_store::ChainScope::kUnscoped).back()};
 }
 
 std::vector<std::byte> session_bytes(std::span<const std::uint8_t> input) {

@@ -26,6 +26,7 @@
 
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/entry_chain.h"
 
 namespace kvrelay::fuzz {
 
@@ -43,9 +44,11 @@ inline constexpr std::string_view kClientNode = "node-b";
 inline constexpr std::string_view kAllowedRoute = "b-to-a";
 inline constexpr std::string_view kRoutes[] = {kAllowedRoute, "a-to-b", "no-such-route", ""};
 
-// The one entry the server holds: KV of the agents' model, filed under kHeldKey.
+// The one entry the server holds: KV of the agents' model, one block of tokens 0..15, filed
+// under that chain's key (as a worker would file it, so that it may leave the node).
 [[nodiscard]] KvLayout held_layout();
-inline constexpr kv_store::EntryKey kHeldKey{0x66757A7A6D6F646CULL, 0x68656C645F6B6579ULL};
+[[nodiscard]] kv_store::EntryChain held_chain();
+[[nodiscard]] kv_store::EntryKey held_key();
 // The codec specs kFetch chooses from (the last one is unknown).
 inline constexpr std::string_view kFetchCodecs[] = {"raw",  "lossless", "fp8",       "int8",
                                                     "int4", "sparse",   "int4+zstd", "no-such-codec"};

@@ -90,7 +90,9 @@ TlsSessionServer::TlsSessionServer() : cert_dir_(make_cert_dir()) {
   if (std::getenv("KVRELAY_FUZZ_LOG") == nullptr) spdlog::set_level(spdlog::level::off);
   client_tls_ = must(peer::PeerTls::load(tls_files(cert_dir_, kClientNode)), "client TLS");
   const auto kv = must(codec::synthetic_kv(held_layout(), 1), "synthetic KV");
-  held_ = must(kv_store::make_stored_entry(held_layout(), std::as_bytes(std::span(kv))), "held entry");
+  auto held = must(kv_store::make_stored_entry(held_layout(), std::as_bytes(std::span(kv))), "held entry");
+  held->chain = std::make_shared<const kv_store::EntryChain>(held_chain());
+  held_ = std::move(held);
   constexpr std::uint64_t kStoreBytes = 64ULL << 20;
   store_ = std::make_shared<kv_store::InMemoryEntryStore>(kStoreBytes);
   reset_store();
@@ -129,7 +131,7 @@ TlsSessionServer::~TlsSessionServer() {
 
 void TlsSessionServer::reset_store() {
   store_->clear();
-  if (auto put = store_->put(kHeldKey, held_); !put) {
+  if (auto put = store_->put(held_key(), held_); !put) {
     std::fprintf(stderr, "fuzz_peer_tls_session: held entry: %s\n", put.error().to_string().c_str());
     std::abort();
   }
