@@ -44,22 +44,22 @@ std::vector<std::byte> fetch(const std::array<std::uint8_t, kModeParameterBytes>
   request.skip_tokens = p[1];
   const std::uint64_t other = held.context_hash ^ 0xFFU;
   switch (p[2] % 4U) {
-    case 0:
+    case 0:  // the held chain
       request.hashes = {held.context_hash};
       break;
-    case 1:
+    case 1:  // a longer chain, the held one its prefix
       request.hashes = {other, held.context_hash};
-      break;  // held as the shorter prefix
-    case 2:
+      break;
+    case 2:  // the held hash as a second block, after one this node does not hold
       request.hashes = {held.context_hash, other};
-      break;  // the held one is not a prefix
-    default:
-      break;  // no hashes at all
+      break;
+    default:  // no hashes at all
+      break;
   }
   return encode_fetch(request);
 }
 
-// What a sender with the key writes for `frame`: the PushEncoded, then every chunk with its
+// What an authenticated sender writes for `frame`: the PushEncoded, then every chunk with its
 // running checksum (peer_protocol.h), without waiting for acknowledgements.
 std::vector<std::byte> push(const std::array<std::uint8_t, kModeParameterBytes>& p, std::vector<std::byte> frame) {
   if ((p[3] & 2U) == 0 && frame.size() >= codec::kFrameTrailerSize) {
