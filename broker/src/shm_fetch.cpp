@@ -98,6 +98,9 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> fetch_over_shm(const ShmFe
   if (Clock::now() >= deadline) return deadline_error("shm encode");
   peer::PeerClient::FetchedFrame fetched;
   fetched.key = key;
+  // The peer sends an entry's token ids with it, or no entry at all (a sidecar older than
+  // data-plane version 5 sends none: the chain stays empty and the fetch stage refuses it).
+  if (entry.chain) fetched.chain = *entry.chain;
   fetched.buffer = std::move(encoded.buffer);
   fetched.frame_bytes = encoded.frame_bytes;
   fetched.transport = "shm";

@@ -145,8 +145,13 @@ Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const K
   const auto prefix = full_tokens == layout.tokens ? std::vector<float>(kv.begin(), kv.end())
                                                    : slice_kv_prefix(layout, kv, full_tokens);
   const auto bytes = std::as_bytes(std::span<const float>(prefix));
+  // The token ids the key is the chain of, so the sidecar can check it and send the KV to peers.
+  kv_store::EntryChain chain;
+  chain.block_tokens = block_tokens_;
+  chain.root = chain_root(params);
+  chain.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(full_tokens));
   auto published = sidecar->publish_with_context({fingerprint_id_, hashes.back()}, layout.with_tokens(full_tokens),
-                                                 bytes, params_text(params), fidelity.prefix(full_tokens));
+                                                 bytes, params_text(params), fidelity.prefix(full_tokens), &chain);
   if (!published && published.error().code != ErrorCode::kAlreadyExists) {
     client_.reset();
     return published.error();

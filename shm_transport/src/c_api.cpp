@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "kvrelay/shm_transport/client.h"
@@ -87,6 +88,9 @@ constexpr bool codes_cross_unchanged() noexcept {
 }
 static_assert(codes_cross_unchanged(), "a KVRELAY_E_ code differs from its kvrelay::ErrorCode");
 
+static_assert(KVRELAY_ROOT_BLOCK_HASH == kvrelay::kRootBlockHash,
+              "KVRELAY_ROOT_BLOCK_HASH differs from kRootBlockHash");
+
 // The C values of kvrelay_client_options.memory_strategy are MemoryStrategy's, in order.
 static_assert(KVRELAY_MEMORY_PORTABLE == static_cast<int>(kvrelay::MemoryStrategy::kPortable));
 static_assert(KVRELAY_MEMORY_PREFAULT == static_cast<int>(kvrelay::MemoryStrategy::kPrefault));
@@ -149,6 +153,26 @@ kvrelay::Result<kvrelay::Fidelity> to_fidelity(const kvrelay_fidelity* fidelity)
   }
   if (codec.empty()) return kvrelay::fail(ErrorCode::kInvalidArgument, "lossy kvrelay_fidelity without lossy_codec");
   return kvrelay::Fidelity::lossy(std::string(codec), fidelity->exact_tokens);
+}
+
+// NULL is none. The ids are copied: the caller's array need only live during the call.
+kvrelay::Result<std::optional<kvrelay::kv_store::EntryChain>> to_chain(const kvrelay_chain* chain) {
+  if (chain == nullptr) return std::optional<kvrelay::kv_store::EntryChain>();
+  if (chain->struct_size != sizeof(kvrelay_chain)) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_chain.struct_size is not sizeof(kvrelay_chain)");
+  }
+  if (chain->block_tokens == 0) return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_chain.block_tokens is 0");
+  if (chain->count > kvrelay::kv_store::kMaxChainTokens) {
+    return kvrelay::fail(ErrorCode::kResourceExhausted, "kvrelay_chain.count exceeds the most one chain carries");
+  }
+  if (chain->tokens == nullptr && chain->count != 0) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_chain.tokens is NULL");
+  }
+  kvrelay::kv_store::EntryChain out;
+  out.block_tokens = chain->block_tokens;
+  out.root = chain->root;
+  out.tokens.assign(chain->tokens, chain->tokens + chain->count);
+  return std::optional(std::move(out));
 }
 
 }  // namespace
@@ -244,15 +268,24 @@ int kvrelay_publish(kvrelay_client* client, const kvrelay_key* key, const kvrela
 int kvrelay_publish_context(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
                             const void* data, uint64_t size, const char* params_json,
                             const kvrelay_fidelity* fidelity) {
+  return kvrelay_publish_chain(client, key, layout, data, size, params_json, fidelity, nullptr);
+}
+
+int kvrelay_publish_chain(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
+                          const void* data, uint64_t size, const char* params_json, const kvrelay_fidelity* fidelity,
+                          const kvrelay_chain* chain) {
   if (client == nullptr || key == nullptr || layout == nullptr || (data == nullptr && size != 0)) {
     return invalid(client, "null argument");
   }
   if (!valid_dtype(*layout)) return invalid(client, "unknown dtype");
   auto parsed = to_fidelity(fidelity);
   if (!parsed) return record(client, parsed.error());
+  auto entry_chain = to_chain(chain);
+  if (!entry_chain) return record(client, entry_chain.error());
   const std::span bytes(static_cast<const std::byte*>(data), static_cast<std::size_t>(size));
   auto published = client->client.publish_with_context({key->model_id, key->context_hash}, to_layout(*layout), bytes,
-                                                       params_json == nullptr ? "" : params_json, parsed.value());
+                                                       params_json == nullptr ? "" : params_json, parsed.value(),
+                                                       entry_chain.value() ? &*entry_chain.value() : nullptr);
   return published ? KVRELAY_OK : record(client, published.error());
 }
 

@@ -103,7 +103,7 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, const ShmCl
 
 Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::byte> payload,
                                          MessageType expected_reply, std::size_t expected_fds, std::span<const int> fds,
-                                         std::optional<MessageType> alternate_reply) {
+                                         std::optional<MessageType> alternate_reply, std::size_t optional_fds) {
   if (type != MessageType::kReleaseLeases && type != MessageType::kHello) {
     KVRELAY_TRY(release_leases());
   }
@@ -111,7 +111,9 @@ Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::
   if (reply.frame.type != expected_reply && reply.frame.type != alternate_reply.value_or(expected_reply)) {
     return fail(ErrorCode::kProtocol, "unexpected reply type");
   }
-  if (reply.fds.size() != expected_fds) return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
+  if (reply.fds.size() < expected_fds || reply.fds.size() > expected_fds + optional_fds) {
+    return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
+  }
   return reply;
 }
 
@@ -255,7 +257,7 @@ Result<WritableRegion> ShmClient::attach(UniqueFd memfd) {
 
 Status ShmClient::commit(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout,
                          std::uint64_t checksum) {
-  return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {}, Fidelity::exact());
+  return commit_as(MessageType::kCommit, std::move(region), key, layout, checksum, {}, Fidelity::exact(), nullptr);
 }
 
 Status ShmClient::lossy_unsupported() const {
@@ -267,13 +269,26 @@ Status ShmClient::lossy_unsupported() const {
 
 Status ShmClient::commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key,
                             const KvLayout& layout, std::uint64_t checksum, std::string_view params_json,
-                            const Fidelity& fidelity) {
+                            const Fidelity& fidelity, const kv_store::EntryChain* chain) {
   const bool with_context = type == MessageType::kCommitContext;
   const std::uint64_t size = region.size;
   region.mapping.reset();  // a writable mapping would block the sidecar's F_SEAL_WRITE
-  const auto request =
-      encode_commit({region.id, key, layout, size, checksum, std::string(params_json), fidelity}, with_context);
-  KVRELAY_TRY(call(type, request, with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0));
+  CommitRequest commit{region.id, key, layout, size, checksum, std::string(params_json), fidelity, std::nullopt};
+  // An older sidecar files the entry without token ids (it never sends KV to a peer over them).
+  UniqueFd tokens;
+  const std::uint32_t version = std::min(server_version_, protocol_version_);
+  if (with_context && chain != nullptr && version >= kChainDataPlaneVersion) {
+    if (chain->tokens.size() > kv_store::kMaxChainTokens) {
+      return fail(ErrorCode::kResourceExhausted,
+                  fmt::format("chain of {} token ids (at most {})", chain->tokens.size(), kv_store::kMaxChainTokens));
+    }
+    KVRELAY_TRY(tokens, chain_tokens_memfd(chain->tokens));
+    commit.chain = ChainHeader::of(*chain);
+  }
+  const auto request = encode_commit(commit, with_context, version);
+  const int fds[] = {tokens.get()};
+  KVRELAY_TRY(call(type, request, with_context ? MessageType::kContextCommitted : MessageType::kCommitted, 0,
+                   tokens ? std::span<const int>(fds) : std::span<const int>()));
   return ok();
 }
 
@@ -293,12 +308,12 @@ Status ShmClient::publish(const kv_store::EntryKey& key, const KvLayout& layout,
 
 Status ShmClient::publish_with_context(const kv_store::EntryKey& key, const KvLayout& layout,
                                        std::span<const std::byte> bytes, std::string_view params_json,
-                                       const Fidelity& fidelity) {
+                                       const Fidelity& fidelity, const kv_store::EntryChain* chain) {
   if (!fidelity.is_exact() && server_version_ < kFidelityDataPlaneVersion) return lossy_unsupported();
   if (server_version_ < 2) return publish(key, layout, bytes);
   std::uint64_t checksum = 0;
   KVRELAY_TRY(auto region, copy_into_region(bytes, checksum));
-  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json, fidelity);
+  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json, fidelity, chain);
 }
 
 namespace {
@@ -371,10 +386,23 @@ Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> by
 Result<ReadOnlyEntry> ShmClient::lookup(const kv_store::EntryKey& key) {
   ByteWriter request;
   kv_store::encode_key(request, key);
+  // A second fd: the chain's token ids, in a version-5 reply to a same-host peer.
   KVRELAY_TRY(auto reply,
-              call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1, {}, MessageType::kArenaEntry));
+              call(MessageType::kLookup, request.bytes(), MessageType::kEntry, 1, {}, MessageType::kArenaEntry, 1));
   ByteReader reader(reply.frame.payload);
   KVRELAY_TRY(auto entry, map_entry(reply, reader));
+  std::uint8_t has_chain = 0;
+  if (std::min(server_version_, protocol_version_) >= kChainDataPlaneVersion) {
+    const auto flag = reader.get<std::uint8_t>();
+    if (!flag || *flag > 1) return fail(ErrorCode::kProtocol, "malformed entry reply: chain flag");
+    has_chain = *flag;
+  }
+  if (reply.fds.size() != 1U + has_chain) return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
+  if (has_chain != 0) {
+    auto header = decode_chain_header(reader);
+    if (!header) return fail(header.error().code, fmt::format("entry reply: {}", header.error().message));
+    KVRELAY_TRY(entry.chain, read_chain(header.value(), reply.fds[1].get()));
+  }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed entry reply");
   return entry;
 }

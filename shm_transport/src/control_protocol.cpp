@@ -11,6 +11,10 @@ namespace kvrelay::shm {
 
 namespace {
 
+// A version-5 CommitContext's flags byte: what follows the params.
+constexpr std::uint8_t kCommitHasFidelity = 0x01;
+constexpr std::uint8_t kCommitHasChain = 0x02;
+
 bool known_type(std::uint16_t type) {
   switch (static_cast<MessageType>(type)) {
     case MessageType::kHello:
@@ -128,7 +132,7 @@ Result<Fidelity> decode_fidelity(ByteReader& reader) {
   return Fidelity::lossy(std::move(*codec), *exact_tokens);
 }
 
-std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context) {
+std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context, std::uint32_t version) {
   ByteWriter writer;
   writer.put(commit.region_id);
   kv_store::encode_key(writer, commit.key);
@@ -136,12 +140,18 @@ std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_cont
   writer.put(commit.bytes).put(commit.checksum);
   if (with_context) {
     put_long_string(writer, commit.params_json);
+    if (version >= kChainDataPlaneVersion) {
+      const auto flags = static_cast<std::uint8_t>((commit.fidelity.is_exact() ? 0U : kCommitHasFidelity) |
+                                                   (commit.chain ? kCommitHasChain : 0U));
+      writer.put(flags);
+    }
     if (!commit.fidelity.is_exact()) encode_fidelity(writer, commit.fidelity);
+    if (commit.chain && version >= kChainDataPlaneVersion) encode_chain_header(writer, *commit.chain);
   }
   return writer.take();
 }
 
-Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool with_context) {
+Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool with_context, std::uint32_t version) {
   ByteReader reader(payload);
   CommitRequest commit;
   const auto region_id = reader.get<std::uint64_t>();
@@ -159,13 +169,26 @@ Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool wit
     auto params = get_long_string(reader);
     if (!params) return fail(ErrorCode::kProtocol, "malformed commit params");
     commit.params_json = std::move(*params);
-    // Version 4: the KV's fidelity may follow; without it the KV is exact.
-    if (reader.remaining() != 0) {
+    // Version 5 says what follows; version 4 has a fidelity when bytes remain (else exact KV).
+    std::uint8_t flags = reader.remaining() != 0 ? kCommitHasFidelity : 0;
+    if (version >= kChainDataPlaneVersion) {
+      const auto read = reader.get<std::uint8_t>();
+      if (!read) return fail(ErrorCode::kTruncated, "commit: flags truncated");
+      if ((*read & ~(kCommitHasFidelity | kCommitHasChain)) != 0)
+        return fail(ErrorCode::kProtocol, fmt::format("commit: unknown flags 0x{:02x}", *read));
+      flags = *read;
+    }
+    if ((flags & kCommitHasFidelity) != 0) {
       auto fidelity = decode_fidelity(reader);
       if (!fidelity) return fail(fidelity.error().code, fmt::format("commit: {}", fidelity.error().message));
       // Exact KV is sent without one: one encoding per meaning.
       if (fidelity.value().is_exact()) return fail(ErrorCode::kProtocol, "commit: an exact fidelity is sent as none");
       commit.fidelity = std::move(fidelity).value();
+    }
+    if ((flags & kCommitHasChain) != 0) {
+      auto chain = decode_chain_header(reader);
+      if (!chain) return fail(chain.error().code, fmt::format("commit: {}", chain.error().message));
+      commit.chain = std::move(chain).value();
     }
   }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed commit: trailing bytes");

@@ -102,6 +102,30 @@ void refuse_connection(UniqueFd& client, const Error& error) {
   }
 }
 
+// The chain a commit carries, its ids read from its one fd and checked against its key and
+// layout (null: a commit without one, which attaches no fd).
+Result<std::shared_ptr<const kv_store::EntryChain>> commit_chain(const CommitRequest& commit,
+                                                                 std::span<const UniqueFd> fds) {
+  if (!commit.chain) {
+    if (!fds.empty()) {
+      return fail(ErrorCode::kProtocol, fmt::format("commit without a chain with {} fds attached", fds.size()));
+    }
+    return std::shared_ptr<const kv_store::EntryChain>();
+  }
+  if (fds.size() != 1) {
+    return fail(ErrorCode::kProtocol, fmt::format("commit with a chain of {} token ids takes 1 fd (the ids), got {}",
+                                                  commit.chain->count, fds.size()));
+  }
+  if (commit.chain->count != commit.layout.tokens) {
+    return fail(ErrorCode::kChainMismatch, fmt::format("commit of {} tokens carries a chain of {} token ids",
+                                                       commit.layout.tokens, commit.chain->count));
+  }
+  KVRELAY_TRY(auto chain, read_chain(*commit.chain, fds[0].get()));
+  // A worker's chain is unscoped: the KV path files the entry in its tenant's scope later.
+  KVRELAY_TRY(kv_store::verify_chain(commit.key, commit.layout.tokens, chain, kv_store::ChainScope::kUnscoped));
+  return std::make_shared<const kv_store::EntryChain>(std::move(chain));
+}
+
 }  // namespace
 
 Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const ResolveRequest& request) {
@@ -411,7 +435,8 @@ void ShmServer::close_connection(std::size_t index) {
 }
 
 void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
-                              std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
+                              std::vector<std::byte>& reply, std::vector<int>& reply_fds,
+                              std::vector<UniqueFd>& reply_owned) {
   if (!resolved) {
     // A miss is an answer, not a rejected message.
     if (resolved.error().code != ErrorCode::kNotFound) ++rejected_;
@@ -428,7 +453,7 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
     return;
   }
   ByteWriter out;
-  auto type = entry_reply(connection, resolved.value().entry, true, out, reply_fds, reply_owned_fd);
+  auto type = entry_reply(connection, resolved.value().entry, true, out, reply_fds, reply_owned);
   if (!type) {
     ++rejected_;
     reply = encode_error(id, type.error());
@@ -442,7 +467,8 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
 
 Result<MessageType> ShmServer::entry_reply(Connection& connection,
                                            const std::shared_ptr<const kv_store::StoredEntry>& shared, bool resolved,
-                                           ByteWriter& out, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
+                                           ByteWriter& out, std::vector<int>& reply_fds,
+                                           std::vector<UniqueFd>& reply_owned) {
   const kv_store::StoredEntry& stored = *shared;
   const kv_store::StoredEntry* entry = &stored;
   std::shared_ptr<kv_store::StoredEntry> copy;
@@ -463,11 +489,12 @@ Result<MessageType> ShmServer::entry_reply(Connection& connection,
     KVRELAY_TRY(copy, kv_store::make_stored_entry(stored.info.layout, stored.block->bytes()));
     entry = copy.get();
   }
-  reply_owned_fd.reset(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
-  if (!reply_owned_fd) return fail(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
+  UniqueFd duplicate(::fcntl(entry->fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!duplicate) return fail(ErrorCode::kResourceExhausted, "cannot duplicate entry fd");
   kv_store::encode_layout(out, entry->info.layout);
   out.put(entry->info.bytes).put(entry->info.checksum);
-  reply_fds.push_back(reply_owned_fd.get());
+  reply_fds.push_back(duplicate.get());
+  reply_owned.push_back(std::move(duplicate));
   return resolved ? MessageType::kResolved : MessageType::kEntry;
 }
 
@@ -476,7 +503,7 @@ void ShmServer::dispatch_resolve(Connection& connection, std::uint32_t id, Resol
   boost::asio::post(resolve_pool_->pool, [this, client = &connection, id, request = std::move(request)] {
     std::vector<std::byte> reply;
     std::vector<int> reply_fds;
-    UniqueFd owned;
+    std::vector<UniqueFd> owned;
     resolve_reply(*client, id, hooks_->resolve(request), reply, reply_fds, owned);
     const bool sent = send_message(client->socket.get(), reply, reply_fds).has_value();
     {
@@ -514,7 +541,7 @@ bool ShmServer::serve_connection(Connection& connection) {
   if (received.value().closed) return false;
   std::vector<std::byte> reply;
   std::vector<int> reply_fds;
-  UniqueFd owned;
+  std::vector<UniqueFd> owned;
   auto frame = decode_frame(received.value().bytes);
   if (!frame) {
     ++rejected_;
@@ -528,7 +555,8 @@ bool ShmServer::serve_connection(Connection& connection) {
 }
 
 void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, std::vector<UniqueFd>& fds,
-                             std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd) {
+                             std::vector<std::byte>& reply, std::vector<int>& reply_fds,
+                             std::vector<UniqueFd>& reply_owned) {
   const auto id = frame.request_id;
   auto refuse = [&](ErrorCode code, std::string message) {
     ++rejected_;
@@ -544,11 +572,14 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     return region_id;
   };
   const bool takes_fd = frame.type == MessageType::kAttachRegion;
+  // From version 5 a CommitContext's chain brings its token ids as an fd (handle_commit counts them).
+  const bool may_take_fd =
+      takes_fd || (frame.type == MessageType::kCommitContext && connection.client_version >= kChainDataPlaneVersion);
   if (frame.type == MessageType::kRegionProgress && !fds.empty()) {
     ++rejected_;  // one-way: the fds are closed, nothing is answered
     return;
   }
-  if (!takes_fd && !fds.empty()) return refuse(ErrorCode::kProtocol, "unexpected fds attached");
+  if (!may_take_fd && !fds.empty()) return refuse(ErrorCode::kProtocol, "unexpected fds attached");
   if (!connection.identity.worker && !peer_may_send(frame.type)) {
     // A peer's KV arrives as pushes over the peer plane, where they are authorized and checked.
     return refuse(
@@ -623,7 +654,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
     }
     case MessageType::kCommit:
     case MessageType::kCommitContext: {
-      auto committed = handle_commit(connection, frame, frame.type == MessageType::kCommitContext);
+      auto committed = handle_commit(connection, frame, frame.type == MessageType::kCommitContext, fds);
       if (!committed) return refuse(committed.error().code, committed.error().message);
       reply = std::move(committed).value();
       return;
@@ -650,10 +681,24 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
         if (auto authorized = hooks_->authorize_peer_lookup(connection.identity.peer_id, *key, *entry); !authorized)
           return refuse(authorized.error().code, authorized.error().message);
       }
+      const bool peer = !connection.identity.worker;
+      // KV published without token ids cannot be checked by a receiver: it never leaves the node.
+      if (peer && !entry->chain) return refuse(ErrorCode::kNotFound, "entry published without token ids");
       // The kernel duplicates the descriptor into the client; ours stays with the store.
       ByteWriter out;
-      auto type = entry_reply(connection, entry, false, out, reply_fds, reply_owned_fd);
+      auto type = entry_reply(connection, entry, false, out, reply_fds, reply_owned);
       if (!type) return refuse(type.error().code, type.error().message);
+      if (connection.client_version >= kChainDataPlaneVersion) {
+        // Version 5: whether the entry's chain follows (to a same-host peer, which verifies it).
+        out.put(static_cast<std::uint8_t>(peer ? 1 : 0));
+        if (peer) {
+          auto tokens = chain_tokens_memfd(entry->chain->tokens);
+          if (!tokens) return refuse(tokens.error().code, tokens.error().message);
+          encode_chain_header(out, ChainHeader::of(*entry->chain));
+          reply_fds.push_back(tokens.value().get());
+          reply_owned.push_back(std::move(tokens).value());
+        }
+      }
       reply = encode_frame(type.value(), id, out.bytes());
       return;
     }
@@ -693,7 +738,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       request.value().client_version = connection.client_version;
       if (hooks_ && resolve_pool_) return dispatch_resolve(connection, id, std::move(request).value());
       auto resolved = hooks_ ? hooks_->resolve(request.value()) : resolve_from_store(*store_, request.value());
-      return resolve_reply(connection, id, std::move(resolved), reply, reply_fds, reply_owned_fd);
+      return resolve_reply(connection, id, std::move(resolved), reply, reply_fds, reply_owned);
     }
     case MessageType::kPrefillReport: {
       auto report = decode_prefill_report(frame.payload);
@@ -723,8 +768,8 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       connection.responses.emplace(connection.ring_memory.data() + ring_bytes, options_.ring);
       connection.requests->initialize();
       connection.responses->initialize();
-      reply_owned_fd = std::move(memory).value();
-      reply_fds = {reply_owned_fd.get(), wake_server.get(), wake_client.get()};
+      reply_fds = {memory.value().get(), wake_server.get(), wake_client.get()};
+      reply_owned.push_back(std::move(memory).value());
       connection.wake_server = std::move(wake_server);
       connection.wake_client = std::move(wake_client);
       ++open_rings_;
@@ -742,8 +787,8 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
 }
 
 Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, const ControlFrame& frame,
-                                                        bool with_context) {
-  KVRELAY_TRY(const auto commit, decode_commit(frame.payload, with_context));
+                                                        bool with_context, std::span<const UniqueFd> fds) {
+  KVRELAY_TRY(const auto commit, decode_commit(frame.payload, with_context, connection.client_version));
   const auto found = connection.regions.find(commit.region_id);
   if (found == connection.regions.end()) return fail(ErrorCode::kNotFound, "no such region on this connection");
   // A commit consumes its region whatever the outcome (after F_SEAL_WRITE it could not be
@@ -759,6 +804,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
     return fail(ErrorCode::kLayoutMismatch,
                 fmt::format("commit of {} bytes into a region of {}", info.bytes, region.size));
   }
+  KVRELAY_TRY(auto chain, commit_chain(commit, fds));
   std::uint64_t actual = 0;
   if (region.block) {
     // Nothing but this check stands between the client's writes and readers: after it, the
@@ -778,6 +824,7 @@ Result<std::vector<std::byte>> ShmServer::handle_commit(Connection& connection, 
   entry->fd = std::move(region.fd);
   entry->block = std::move(region.block);
   entry->fidelity = commit.fidelity.prefix(commit.layout.tokens);
+  entry->chain = std::move(chain);
   const std::shared_ptr<const kv_store::StoredEntry> stored = entry;
   KVRELAY_TRY(store_->put(commit.key, stored));
   ++commits_;

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "kvrelay/shm_transport/control_protocol.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/shm_transport/control_protocol.h"
 
 namespace {
 
@@ -54,8 +54,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case MessageType::kCommit:
     case MessageType::kCommitContext: {
       const bool with_context = frame.value().type == MessageType::kCommitContext;
-      if (auto commit = decode_commit(payload, with_context)) {
-        require(same(encode_commit(commit.value(), with_context), payload));
+      for (const std::uint32_t version : {kFidelityDataPlaneVersion, kChainDataPlaneVersion}) {
+        if (auto commit = decode_commit(payload, with_context, version)) {
+          require(same(encode_commit(commit.value(), with_context, version), payload));
+        }
       }
       break;
     }

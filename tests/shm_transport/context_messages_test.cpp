@@ -61,37 +61,59 @@ TEST_CASE("prefill reports round-trip and reject impossible figures", "[shm][pro
   CHECK_FALSE(decode_prefill_report(trailing));
 }
 
-TEST_CASE("commits round-trip with and without fidelity and reject malformed payloads", "[shm][protocol]") {
-  CommitRequest commit{7, {1, 2}, KvLayout{2, 2, 4, DType::kFloat32, 3}, 384, 0xabc, R"({"agent":"a"})", {}};
-  for (const bool with_context : {false, true}) {
-    for (const auto& fidelity : {Fidelity::exact(), Fidelity::lossy("int4", 16)}) {
-      if (!with_context && !fidelity.is_exact()) continue;  // a plain Commit cannot say it
-      commit.fidelity = fidelity;
-      const auto bytes = encode_commit(commit, with_context);
-      const auto decoded = decode_commit(bytes, with_context);
-      REQUIRE(decoded.has_value());
-      CHECK(decoded.value().region_id == 7);
-      CHECK(decoded.value().key == commit.key);
-      CHECK(decoded.value().checksum == 0xabc);
-      CHECK(decoded.value().fidelity == fidelity);
-      CHECK(decoded.value().params_json == (with_context ? commit.params_json : std::string()));
-      for (std::size_t length = 0; length < bytes.size(); ++length) {
-        // A CommitContext cut exactly before its optional fidelity is a valid exact commit.
-        if (with_context && !fidelity.is_exact() &&
-            length == encode_commit(commit, false).size() + 4 + commit.params_json.size()) {
-          continue;
+TEST_CASE("commits round-trip with and without fidelity and chain and reject malformed payloads", "[shm][protocol]") {
+  CommitRequest commit{7, {1, 2}, KvLayout{2, 2, 4, DType::kFloat32, 3}, 384, 0xabc, R"({"agent":"a"})", {}, {}};
+  for (const std::uint32_t version : {kFidelityDataPlaneVersion, kChainDataPlaneVersion}) {
+    for (const bool with_context : {false, true}) {
+      for (const auto& fidelity : {Fidelity::exact(), Fidelity::lossy("int4", 16)}) {
+        for (const bool with_chain : {false, true}) {
+          if (!with_context && !fidelity.is_exact()) continue;  // a plain Commit cannot say it
+          if (with_chain && (!with_context || version < kChainDataPlaneVersion)) continue;
+          commit.fidelity = fidelity;
+          commit.chain = with_chain ? std::optional(ChainHeader{16, 0x1234, "", 32}) : std::nullopt;
+          const auto bytes = encode_commit(commit, with_context, version);
+          const auto decoded = decode_commit(bytes, with_context, version);
+          REQUIRE(decoded.has_value());
+          CHECK(decoded.value().region_id == 7);
+          CHECK(decoded.value().key == commit.key);
+          CHECK(decoded.value().checksum == 0xabc);
+          CHECK(decoded.value().fidelity == fidelity);
+          CHECK(decoded.value().params_json == (with_context ? commit.params_json : std::string()));
+          CHECK(decoded.value().chain.has_value() == with_chain);
+          if (with_chain) {
+            CHECK(decoded.value().chain->block_tokens == 16);
+            CHECK(decoded.value().chain->root == 0x1234);
+            CHECK(decoded.value().chain->count == 32);
+          }
+          for (std::size_t length = 0; length < bytes.size(); ++length) {
+            // A version-4 CommitContext cut exactly before its optional fidelity is a valid exact commit.
+            if (version < kChainDataPlaneVersion && with_context && !fidelity.is_exact() &&
+                length == encode_commit(commit, false, version).size() + 4 + commit.params_json.size()) {
+              continue;
+            }
+            CHECK_FALSE(decode_commit(std::span(bytes.data(), length), with_context, version).has_value());
+          }
         }
-        CHECK_FALSE(decode_commit(std::span(bytes.data(), length), with_context).has_value());
       }
     }
   }
+  commit.chain.reset();
+  // A version-5 chain header that is not whole blocks, or of block size 0, is refused.
+  for (const ChainHeader& bad : {ChainHeader{16, 1, "", 17}, ChainHeader{0, 1, "", 0}}) {
+    commit.chain = bad;
+    const auto refused =
+        decode_commit(encode_commit(commit, true, kChainDataPlaneVersion), true, kChainDataPlaneVersion);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK_THAT(refused.error().message, Catch::Contains("block"));
+  }
+  commit.chain.reset();
   // An exact fidelity spelled out is refused: exact KV is sent without one.
   commit.fidelity = Fidelity::exact();
-  auto spelled = encode_commit(commit, true);
+  auto spelled = encode_commit(commit, true, kFidelityDataPlaneVersion);
   ByteWriter trailer;
   encode_fidelity(trailer, Fidelity::exact());
   spelled.insert(spelled.end(), trailer.bytes().begin(), trailer.bytes().end());
-  const auto refused = decode_commit(spelled, true);
+  const auto refused = decode_commit(spelled, true, kFidelityDataPlaneVersion);
   REQUIRE_FALSE(refused.has_value());
   CHECK(refused.error().message.find("exact fidelity") != std::string::npos);
 }

@@ -9,7 +9,8 @@
 //   Its chain starts at the root the request's kvrelay params name (chain_root), so tenants and
 //   cache salts never share a chain;
 // - publish: the KV of the full blocks of prompt + generated tokens is committed under the hash
-//   of its last block, so any later prompt that extends this context finds it.
+//   of its last block, so any later prompt that extends this context finds it, with those
+//   blocks' token ids (the sidecar checks the key against them, and peers need them).
 
 #include <memory>
 #include <mutex>

@@ -20,6 +20,7 @@
 #include "kvrelay/core/memory_strategy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/kv_store/memory_strategy.h"
 #include "kvrelay/shm_transport/control_protocol.h"
@@ -102,6 +103,9 @@ struct ReadOnlyEntry {
   std::shared_ptr<const ClientArena> arena;
   std::uint64_t arena_offset = 0;
   std::shared_ptr<ArenaLease> lease;
+  // The token ids the entry's key is the chain of, sent (version 5) to a same-host peer's
+  // lookup only: unverified here, the asker's fetch stage recomputes the chain.
+  std::optional<kv_store::EntryChain> chain;
   [[nodiscard]] bool in_arena() const { return arena != nullptr; }
   [[nodiscard]] std::span<const std::byte> bytes() const {
     if (arena) return arena->mapping.bytes().subspan(arena_offset, info.bytes);
@@ -162,10 +166,13 @@ class ShmClient {
   // Version 2: publish with the request's params, so the sidecar can push the KV ahead; with
   // how faithful the KV is (version 4): a worker that imported a lossy prefix says so, and the
   // sidecar never files that KV as exact. Lossy KV is refused (kUnsupported, nothing sent) by a
-  // sidecar older than version 4.
+  // sidecar older than version 4. With `chain` (version 5), the token ids `key` is the chain of
+  // (tenant ""): the sidecar refuses a mismatch (kChainMismatch, nothing stored), and only KV
+  // published with one may go to a peer. An older sidecar gets the KV without it.
   [[nodiscard]] Status publish_with_context(const kv_store::EntryKey& key, const KvLayout& layout,
                                             std::span<const std::byte> bytes, std::string_view params_json,
-                                            const Fidelity& fidelity = Fidelity::exact());
+                                            const Fidelity& fidelity = Fidelity::exact(),
+                                            const kv_store::EntryChain* chain = nullptr);
   [[nodiscard]] Status report_prefill(const PrefillReport& report);
   [[nodiscard]] Result<ServerStats> stats();
   [[nodiscard]] Result<std::vector<std::byte>> ping(std::span<const std::byte> payload);
@@ -190,10 +197,12 @@ class ShmClient {
     std::vector<std::byte> storage;
     std::vector<UniqueFd> fds;
   };
-  // `alternate_reply`, when set, is a second acceptable reply type with the same fd count.
+  // `alternate_reply`, when set, is a second acceptable reply type with the same fd count; up to
+  // `optional_fds` more fds than `expected_fds` are accepted (the caller checks them).
   [[nodiscard]] Result<Reply> call(MessageType type, std::span<const std::byte> payload, MessageType expected_reply,
                                    std::size_t expected_fds, std::span<const int> fds = {},
-                                   std::optional<MessageType> alternate_reply = std::nullopt);
+                                   std::optional<MessageType> alternate_reply = std::nullopt,
+                                   std::size_t optional_fds = 0);
   [[nodiscard]] Result<Reply> exchange(MessageType type, std::span<const std::byte> payload, std::span<const int> fds);
   // The arena an arena reply's fd names, mapped once per arena.
   [[nodiscard]] Result<std::shared_ptr<const ClientArena>> adopt_arena(UniqueFd fd, std::uint64_t arena_bytes);
@@ -206,7 +215,7 @@ class ShmClient {
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);
   [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key,
                                  const KvLayout& layout, std::uint64_t checksum, std::string_view params_json,
-                                 const Fidelity& fidelity);
+                                 const Fidelity& fidelity, const kv_store::EntryChain* chain);
   [[nodiscard]] Status lossy_unsupported() const;
   // A region of `size` bytes from the sidecar, not mapped here.
   [[nodiscard]] Result<WritableRegion> allocate_unmapped(std::uint64_t size);

@@ -14,6 +14,7 @@
 #include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/shm_transport/chain_transfer.h"
 
 namespace kvrelay::shm {
 
@@ -25,10 +26,13 @@ inline constexpr std::size_t kControlHeaderBytes = 16;
 // adds the arena: regions and entries that are blocks of one long-lived, sidecar-owned memfd.
 // A sidecar answers lookups with arena replies only to clients that said version 3. Version 4
 // adds fidelity: a CommitContext may end with the KV's Fidelity, and a Resolved reply to a
-// version-4 client ends with the served prefix's.
-inline constexpr std::uint32_t kDataPlaneVersion = 4;
+// version-4 client ends with the served prefix's. Version 5 adds token ids (chain_transfer.h): a
+// CommitContext may carry the entry's chain, and an Entry reply ends with whether a chain (for a
+// same-host peer's lookup) is attached.
+inline constexpr std::uint32_t kDataPlaneVersion = 5;
 inline constexpr std::uint32_t kArenaDataPlaneVersion = 3;
 inline constexpr std::uint32_t kFidelityDataPlaneVersion = 4;
+inline constexpr std::uint32_t kChainDataPlaneVersion = 5;
 
 enum class MessageType : std::uint16_t {
   kHello = 0x01,
@@ -134,9 +138,9 @@ inline constexpr std::size_t kMaxFidelityCodecBytes = 64;
 void encode_fidelity(ByteWriter& writer, const Fidelity& fidelity);
 [[nodiscard]] Result<Fidelity> decode_fidelity(ByteReader& reader);
 
-// Commit (and CommitContext, which adds the request's params and, from version 4, the KV's
-// fidelity): "region `region_id` holds `bytes` bytes of `layout` with this checksum; file it
-// under `key`".
+// Commit (and CommitContext, which adds the request's params, from version 4 the KV's fidelity
+// and from version 5 the entry's chain): "region `region_id` holds `bytes` bytes of `layout`
+// with this checksum; file it under `key`".
 struct CommitRequest {
   std::uint64_t region_id = 0;
   kv_store::EntryKey key;
@@ -145,10 +149,15 @@ struct CommitRequest {
   std::uint64_t checksum = 0;
   std::string params_json;  // CommitContext only
   Fidelity fidelity;        // CommitContext only; sent only when lossy
+  // CommitContext from version 5 only: the chain's token ids travel in the frame's one fd.
+  std::optional<ChainHeader> chain;
 };
-[[nodiscard]] std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context);
+// `version`: the data-plane version both ends speak (from 5 a CommitContext has a flags byte).
+[[nodiscard]] std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_context,
+                                                   std::uint32_t version);
 // Structural checks only (sizes against the region and the layout are the server's).
-[[nodiscard]] Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool with_context);
+[[nodiscard]] Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool with_context,
+                                                  std::uint32_t version);
 
 // One prefill a worker ran: tokens computed, context length, wall time, and the request's params.
 struct PrefillReport {

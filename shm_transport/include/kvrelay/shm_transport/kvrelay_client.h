@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define KVRELAY_CLIENT_ABI_VERSION 3
+#define KVRELAY_CLIENT_ABI_VERSION 4
 
 enum {
   KVRELAY_OK = 0,
@@ -116,6 +116,25 @@ typedef struct kvrelay_fidelity {
  * KVRELAY_E_UNSUPPORTED: lossy KV and a sidecar too old to record it; nothing is published. */
 int kvrelay_publish_context(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
                             const void* data, uint64_t size, const char* params_json, const kvrelay_fidelity* fidelity);
+/* The token ids a published entry's key is the block-hash chain of (ABI version 4): whole blocks of
+ * block_tokens ids, hashed from root (KVRELAY_ROOT_BLOCK_HASH, or the request's
+ * kv_transfer_params.kvrelay.chain_root), whose last block hash is the key's context_hash. The
+ * sidecar checks the key against them, and only KV published with them is ever sent to a peer. */
+#define KVRELAY_ROOT_BLOCK_HASH 0x6b7672656c6179ULL
+typedef struct kvrelay_chain {
+  uint32_t struct_size;   /* sizeof(kvrelay_chain): calls refuse sizes they do not know */
+  uint32_t block_tokens;  /* tokens per block (the worker's block size) */
+  uint64_t root;          /* hash(-1) of the chain */
+  const uint32_t* tokens; /* count token ids, read during the call only */
+  uint64_t count;         /* == layout->tokens, a whole number of blocks */
+} kvrelay_chain;
+/* kvrelay_publish_context with the entry's chain (NULL: none, as kvrelay_publish_context).
+ * KVRELAY_E_CHAIN_MISMATCH: the ids do not hash to the key, or their count is not the layout's
+ * tokens; nothing is published. A sidecar older than data-plane version 5 gets the KV without
+ * the ids (it keeps such KV on its node). */
+int kvrelay_publish_chain(kvrelay_client* client, const kvrelay_key* key, const kvrelay_layout* layout,
+                          const void* data, uint64_t size, const char* params_json, const kvrelay_fidelity* fidelity,
+                          const kvrelay_chain* chain);
 /* KVRELAY_E_NOT_FOUND on a miss. The entry stays valid, and its bytes unchanged, until released:
    a memfd sealed against writes mapped read-only, or a block of the sidecar's arena held under a
    lease (never write through kvrelay_entry_data). */

@@ -141,21 +141,22 @@ class ShmServer {
   bool serve_connection(Connection& connection);
   bool serve_ring(Connection& connection);
   void handle_frame(Connection& connection, const ControlFrame& frame, std::vector<UniqueFd>& fds,
-                    std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
-  // CommitContext carries the request's params after the Commit fields.
+                    std::vector<std::byte>& reply, std::vector<int>& reply_fds, std::vector<UniqueFd>& reply_owned);
+  // CommitContext carries the request's params after the Commit fields (and from version 5 may
+  // carry a chain, its token ids in `fds`).
   [[nodiscard]] Result<std::vector<std::byte>> handle_commit(Connection& connection, const ControlFrame& frame,
-                                                             bool with_context);
+                                                             bool with_context, std::span<const UniqueFd> fds);
   void close_connection(std::size_t index);
   [[nodiscard]] std::optional<ConnectionIdentity> identify(std::uint32_t uid) const;
   // The Resolved (with the entry's fd) or error reply to a resolve.
   void resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
-                     std::vector<std::byte>& reply, std::vector<int>& reply_fds, UniqueFd& reply_owned_fd);
+                     std::vector<std::byte>& reply, std::vector<int>& reply_fds, std::vector<UniqueFd>& reply_owned);
   // The fields and fd of an Entry/Resolved reply: an arena block under a new lease for clients
   // that speak version 3, else a sealed memfd (a copy, for arena entries). Returns the reply type.
   [[nodiscard]] Result<MessageType> entry_reply(Connection& connection,
                                                 const std::shared_ptr<const kv_store::StoredEntry>& entry,
                                                 bool resolved, ByteWriter& out, std::vector<int>& reply_fds,
-                                                UniqueFd& reply_owned_fd);
+                                                std::vector<UniqueFd>& reply_owned);
   // Runs a resolve on the pool; the connection is not polled until its reply is sent.
   void dispatch_resolve(Connection& connection, std::uint32_t id, ResolveRequest request);
   // Puts connections whose pooled resolve finished back into the poll set (or drops them).
