@@ -67,10 +67,16 @@ std::vector<std::byte> push(const std::array<std::uint8_t, kModeParameterBytes>&
     const std::uint64_t checksum = bulk_hash64(frame.data(), body);
     std::memcpy(frame.data() + body, &checksum, sizeof checksum);
   }
+  // The held chain (bit 0), else the same tokens under another root: a key of its own. Bit 7
+  // changes a token id, so the receiver's chain check refuses the push.
   const auto held = held_key();
   EncodedEntryHeader header;
   header.id = kPushId;
-  header.key = (p[3] & 1U) != 0 ? held : kv_store::EntryKey{held.model_id, held.context_hash + p[3] + 1};
+  header.chain = held_chain();
+  if ((p[3] & 1U) == 0) header.chain.root = kRootBlockHash + p[3] + 1;
+  header.key = {held.model_id,
+                kv_store::chain_keys(held.model_id, header.chain, kv_store::ChainScope::kUnscoped).back()};
+  if ((p[3] & 0x80U) != 0) header.chain.tokens.front() ^= 1U;
   header.frame_bytes = frame.size();
   header.chunk_bytes = chunk_size(p[0]);
   header.window_chunks = 1U + p[1] % 8U;
