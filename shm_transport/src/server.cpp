@@ -689,9 +689,11 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       auto type = entry_reply(connection, entry, false, out, reply_fds, reply_owned);
       if (!type) return refuse(type.error().code, type.error().message);
       if (connection.client_version >= kChainDataPlaneVersion) {
-        // Version 5: whether the entry's chain follows (to a same-host peer, which verifies it).
-        out.put(static_cast<std::uint8_t>(peer ? 1 : 0));
-        if (peer) {
+        // Version 5: whether the entry's chain follows. A same-host sidecar that shares the
+        // workers' uid is identified as a worker, and it verifies the chain like a peer.
+        const bool with_chain = entry->chain != nullptr;
+        out.put(static_cast<std::uint8_t>(with_chain ? 1 : 0));
+        if (with_chain) {
           auto tokens = chain_tokens_memfd(entry->chain->tokens);
           if (!tokens) return refuse(tokens.error().code, tokens.error().message);
           encode_chain_header(out, ChainHeader::of(*entry->chain));

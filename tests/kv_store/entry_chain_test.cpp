@@ -47,7 +47,7 @@ TEST_CASE("a chain verifies against the key of its last block, and nothing else"
   CHECK(verify_chain({kChainModel, hashes[1]}, 8, prefix, ChainScope::kUnscoped));
 }
 
-TEST_CASE("a scoped store files a chain under its tenant's keys; an unscoped one refuses a tenant",
+TEST_CASE("a scoped store files a chain under its tenant's keys, and an unscoped one refuses a tenant",
           "[kv_store][unit]") {
   auto chain = three_blocks();
   chain.tenant = "acme";

@@ -103,8 +103,8 @@ struct ReadOnlyEntry {
   std::shared_ptr<const ClientArena> arena;
   std::uint64_t arena_offset = 0;
   std::shared_ptr<ArenaLease> lease;
-  // The token ids the entry's key is the chain of, sent (version 5) to a same-host peer's
-  // lookup only: unverified here, the asker's fetch stage recomputes the chain.
+  // The token ids the entry's key is the chain of (version 5, entries published with them):
+  // unverified here, a same-host sidecar's fetch stage recomputes the chain.
   std::optional<kv_store::EntryChain> chain;
   [[nodiscard]] bool in_arena() const { return arena != nullptr; }
   [[nodiscard]] std::span<const std::byte> bytes() const {
