@@ -48,6 +48,7 @@
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/peer/peer_tls.h"
 #include "kvrelay/shm_transport/client.h"
@@ -401,8 +402,19 @@ class Daemon {
 };
 
 constexpr std::uint64_t kModelId = 0x6b76;  // "kv"
-std::uint64_t chain_hash_for(std::size_t bytes) {
-  return 0x1000 + bytes / kMiB;
+// The token ids of the entry of `bytes` (one block of all its tokens): a holder serves peers
+// only entries published with them.
+kv_store::EntryChain chain_for(std::size_t bytes) {
+  kv_store::EntryChain chain;
+  const std::uint64_t tokens = kv_layout_for(bytes).tokens;
+  chain.block_tokens = static_cast<std::uint32_t>(tokens);
+  for (std::uint64_t token = 0; token < tokens; ++token)
+    chain.tokens.push_back(static_cast<TokenId>((bytes / kMiB * 100000) + token));
+  return chain;
+}
+
+std::uint64_t chain_hash_for(std::uint64_t model_id, std::size_t bytes) {
+  return kv_store::chain_keys(model_id, chain_for(bytes), kv_store::ChainScope::kUnscoped).back();
 }
 
 // One memory strategy under test: the holding daemon (its policy carries the strategy) and the
@@ -437,7 +449,7 @@ std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegist
   request.request_id = ++request_id;
   request.model_id = run.model_id;
   request.codec = codec;
-  request.hashes = {chain_hash_for(bytes)};
+  request.hashes = {chain_hash_for(run.model_id, bytes)};
   const auto policy = run.policy->current();
   const auto started = Clock::now();
   auto fetched =
@@ -568,8 +580,10 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
     return;
   }
   for (const std::size_t bytes : sizes) {
-    auto published = client.value().publish({run.model_id, chain_hash_for(bytes)}, kv_layout_for(bytes),
-                                            std::span(payload.data(), bytes));
+    const auto chain = chain_for(bytes);
+    auto published =
+        client.value().publish_with_context({run.model_id, chain_hash_for(run.model_id, bytes)}, kv_layout_for(bytes),
+                                            std::span(payload.data(), bytes), "", Fidelity::exact(), &chain);
     if (!published) {
       run.error = "publish: " + published.error().to_string();
       return;
