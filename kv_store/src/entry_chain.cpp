@@ -108,7 +108,7 @@ Result<EntryChain> decode_chain(ByteReader& reader) {
   chain.root = *root;
   chain.tenant = std::move(*tenant);
   chain.tokens.resize(*count);
-  std::memcpy(chain.tokens.data(), ids->data(), ids->size());
+  if (!ids->empty()) std::memcpy(chain.tokens.data(), ids->data(), ids->size());  // never from null
   return chain;
 }
 
