@@ -88,7 +88,9 @@ TEST_CASE("shm writers SIGKILLed at random points leave nothing partial and no m
       REQUIRE(entry.value().info.bytes == kPieces * kPieceBytes);
     }
   }
-  CHECK(settled >= visible);
+  // Without an arena nothing is evicted, so every entry seen above is still held; a full arena
+  // evicts its least recently used ones (a slow, loaded run commits more writers than it holds).
+  if (arena_bytes == 0) CHECK(settled >= visible);
   visible = settled;
   const auto stats = observer.stats().value();
   // Without an arena every committed entry stays; a full arena evicts its least recently used
