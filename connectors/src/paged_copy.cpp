@@ -175,9 +175,9 @@ void move_block_run(const Geometry& geometry, std::byte* block_base, std::uint64
     return;
   }
   if (dims_contiguous) {
-    // Heads apart (the CPU layout, sliced heads): head_dim runs. The loop order keeps the side
-    // being written sequential, which is what the cache lines being filled favour.
-    if constexpr (kGather) {
+    // Heads apart (the CPU layout, sliced heads): head_dim runs, in the order that reads the
+    // source sequentially (measured: scatter 46 -> 41 ms for 256 MiB, gather unchanged).
+    if constexpr (!kGather) {
       for (std::uint64_t slot = 0; slot < count; ++slot) {
         std::byte* slot_base = block_base + (first_slot + slot) * geometry.slot_stride;
         for (std::uint64_t head = 0; head < geometry.heads; ++head) {
