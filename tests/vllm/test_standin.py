@@ -192,5 +192,135 @@ class StandinTest(unittest.TestCase):
                           "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta"})
 
 
+class OracleMeta(KVConnectorMetadata):
+    def __init__(self) -> None:
+        self.loads: list[tuple[str, list[int], int, int, tuple[int, ...]]] = []
+
+
+class Oracle(NeverMatches):
+    """Supplies the whole blocks of a prompt's KV from STORE (the engine's own expected_kv)."""
+
+    ENGINE = None
+    STORE: dict[tuple[int, ...], torch.Tensor] = {}
+    ASYNC = False
+    FAIL_BLOCK_INDEX = None   # this block of each load is left unwritten and reported as failed
+    DELAY_FREE = False
+
+    def __init__(self, vllm_config, role, kv_cache_config):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.block = vllm_config.cache_config.block_size
+        self.pending: list = []
+        self.after_alloc: list[tuple[str, int]] = []
+        self.errors: set[int] = set()
+        self.recving: set[str] = set()
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        kv = self.STORE.get(tuple(request.prompt_token_ids))
+        if kv is None:
+            return 0, False
+        usable = (request.num_prompt_tokens - 1) // self.block * self.block
+        return max(0, usable - num_computed_tokens), self.ASYNC
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self.after_alloc.append((request.request_id, num_external_tokens))
+        if num_external_tokens > 0:
+            self.pending.append((request.request_id, list(blocks.get_block_ids()[0]), request.num_computed_tokens,
+                                 num_external_tokens, tuple(request.prompt_token_ids)))
+
+    def build_connector_meta(self, scheduler_output):
+        super().build_connector_meta(scheduler_output)
+        meta = OracleMeta()
+        meta.loads, self.pending = self.pending, []
+        return meta
+
+    def start_load_kv(self, forward_context, **kwargs):
+        engine = self.ENGINE
+        for req_id, block_ids, first, count, prompt in self._get_connector_metadata().loads:
+            kv = self.STORE[prompt]
+            for layer, name in enumerate(engine.layer_names):
+                cache = forward_context.no_compile_layers[name].kv_cache[0]
+                for pos in range(first, first + count):
+                    index = pos // self.block
+                    if index == self.FAIL_BLOCK_INDEX:
+                        self.errors.add(block_ids[index])
+                        continue
+                    for kvi in range(2):
+                        engine._slot(cache, kvi, block_ids[index], pos % self.block).copy_(kv[layer, kvi, pos])
+            if self.ASYNC:
+                self.recving.add(req_id)
+
+    def get_finished(self, finished_req_ids):
+        recving, self.recving = self.recving, set()
+        sending = set(finished_req_ids) if self.DELAY_FREE else None
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self):
+        errors, self.errors = self.errors, set()
+        return errors
+
+    def request_finished(self, request, block_ids):
+        return self.DELAY_FREE, None
+
+
+class LoadingTest(unittest.TestCase):
+    def setUp(self) -> None:
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        Oracle.ASYNC, Oracle.FAIL_BLOCK_INDEX, Oracle.DELAY_FREE = False, None, False
+
+    def engine(self, **kwargs) -> mini_engine.MiniEngine:
+        engine = mini_engine.MiniEngine(Oracle, **kwargs)
+        Oracle.ENGINE = engine
+        Oracle.STORE = {tuple(prompt(50, 9)): engine.expected_kv(prompt(50, 9))}
+        return engine
+
+    def test_sync_load_is_used_and_exact(self) -> None:
+        for layout in mini_engine.LAYOUTS:
+            with self.subTest(layout=layout):
+                engine = self.engine(layout=layout)
+                engine.add_request("a", prompt(50, 9), max_new_tokens=2)
+                result = engine.run()["a"]
+                self.assertEqual(result.loaded_tokens, 48)
+                self.assertEqual(result.computed_tokens, 2 + 1)
+                self.assertTrue(result.kv_ok)
+
+    def test_a_load_of_the_wrong_prompt_is_detected(self) -> None:
+        engine = self.engine()
+        Oracle.STORE[tuple(prompt(50, 10))] = Oracle.STORE[tuple(prompt(50, 9))]  # another prompt's KV
+        engine.add_request("a", prompt(50, 10), max_new_tokens=2)
+        result = engine.run()["a"]
+        self.assertFalse(result.kv_ok)
+        self.assertEqual(result.mismatched_tokens, list(range(48)))
+
+    def test_async_load_resumes_with_zero_external_tokens(self) -> None:
+        Oracle.ASYNC = True
+        engine = self.engine()
+        engine.add_request("a", prompt(50, 9), max_new_tokens=2)
+        result = engine.run()["a"]
+        self.assertEqual(engine.scheduler_connector.after_alloc, [("a", 48), ("a", 0)])
+        self.assertEqual(result.loaded_tokens, 48)
+        self.assertEqual(result.computed_tokens, 3)
+        self.assertTrue(result.kv_ok)
+
+    def test_load_errors_are_recomputed_from_the_first_failed_block(self) -> None:
+        Oracle.FAIL_BLOCK_INDEX = 1
+        engine = self.engine()
+        engine.add_request("a", prompt(50, 9), max_new_tokens=2)
+        result = engine.run()["a"]
+        self.assertEqual(result.load_error_blocks, 1)
+        self.assertEqual(result.recomputed_tokens, 50 - 16)  # rolled back to block 1's first token
+        self.assertEqual(result.computed_tokens, 2 + 34 + 1)
+        self.assertTrue(result.kv_ok)
+
+    def test_delayed_free_waits_for_get_finished(self) -> None:
+        Oracle.DELAY_FREE = True
+        engine = self.engine(num_blocks=16)
+        engine.add_request("a", prompt(50, 9), max_new_tokens=2)
+        while not engine.pending_free:
+            engine.step()
+        self.assertEqual(len(engine.free_blocks), 15 - 4)
+        engine.run()
+        self.assertEqual(len(engine.free_blocks), 15)
+
+
 if __name__ == "__main__":
     unittest.main()
