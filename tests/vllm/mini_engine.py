@@ -100,7 +100,9 @@ class MiniEngine:
                                       kv_transfer_config=kv_transfer_config)
         self.layers = layers
         self.heads = model_config.get_num_kv_heads(parallel)
-        self.head_offset = (tp_rank * self.heads) % max(1, kv_heads)
+        # This rank's first KV head: a shard of heads, or one replicated head when kv_heads < tp_size.
+        self.head_offset = (tp_rank * self.heads if kv_heads >= tp_size
+                            else tp_rank // (tp_size // kv_heads))
         self.head_size = head_size
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
         self.caches = {name: torch.zeros(self._shape(), dtype=dtype, device=device) for name in self.layer_names}

@@ -186,6 +186,14 @@ class StandinTest(unittest.TestCase):
         _, compat = factory.KVConnectorFactory._get_connector_class_with_compat(three.kv_transfer_config)
         self.assertFalse(compat)
 
+    def test_tensor_parallel_ranks_hold_their_own_heads(self) -> None:
+        tokens = prompt(20, 11)
+        whole = mini_engine.MiniEngine(NeverMatches, kv_heads=4).expected_kv(tokens)
+        for rank in range(2):
+            shard = mini_engine.MiniEngine(NeverMatches, kv_heads=4, tp_size=2, tp_rank=rank)
+            self.assertEqual(shard.heads, 2)
+            self.assertTrue(torch.equal(shard.expected_kv(tokens), whole[:, :, :, 2 * rank:2 * rank + 2]))
+
     def test_abstract_methods_stay_abstract(self) -> None:
         self.assertEqual(KVConnectorBase_V1.__abstractmethods__,
                          {"start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
