@@ -1,10 +1,14 @@
 // The C ABI over ShmClient. No exception or C++ type crosses this boundary.
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <optional>
 #include <string>
 
+#include "kvrelay/core/block_hash.h"
+#include "kvrelay/core/model_fingerprint.h"
 #include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/kvrelay_client.h"
 
@@ -175,6 +179,83 @@ kvrelay::Result<std::optional<kvrelay::kv_store::EntryChain>> to_chain(const kvr
   return std::optional(std::move(out));
 }
 
+// Calls refuse struct sizes they do not know, naming the struct and the size.
+int wrong_size(kvrelay_client* client, const char* name, std::uint32_t size, std::size_t expected) {
+  char message[160];
+  std::snprintf(message, sizeof(message), "%s.struct_size %u is not sizeof(%s) = %zu", name, size, name, expected);
+  return record(client, Error{ErrorCode::kInvalidArgument, message});
+}
+
+// The fingerprint of one rank's shard (see kvrelay_model_id).
+kvrelay::Result<kvrelay::ModelFingerprint> shard_fingerprint(const kvrelay_model& model) {
+  if (model.struct_size != sizeof(kvrelay_model)) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.struct_size " + std::to_string(model.struct_size) +
+                                                          " is not sizeof(kvrelay_model)");
+  }
+  if (model.architecture == nullptr || model.weights == nullptr) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.architecture or .weights is NULL");
+  }
+  const auto dtype = model.dtype <= 0xFF ? kvrelay::dtype_from_wire(static_cast<std::uint8_t>(model.dtype))
+                                         : std::optional<kvrelay::DType>();
+  if (!dtype) return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.dtype is unknown");
+  kvrelay::ModelFingerprint fingerprint{model.architecture, model.layers, model.kv_heads,
+                                        model.head_dim,     *dtype,       model.weights};
+  if (model.tp_size <= 1) return fingerprint;
+  if (model.tp_rank >= model.tp_size)
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.tp_rank >= tp_size");
+  if (model.tp_size <= model.kv_heads) {
+    if (model.kv_heads % model.tp_size != 0) {
+      return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.kv_heads is not a multiple of tp_size");
+    }
+    fingerprint.kv_heads = model.kv_heads / model.tp_size;
+  } else {
+    fingerprint.kv_heads = 1;  // vLLM replicates heads across ranks
+  }
+  fingerprint.weights_identity += "#tp" + std::to_string(model.tp_rank) + "/" + std::to_string(model.tp_size);
+  return fingerprint;
+}
+
+// Restores the client's reply timeout when a call with its own deadline ends.
+class CallTimeout {
+ public:
+  CallTimeout(kvrelay::shm::ShmClient& client, std::uint32_t timeout_ms)
+      : client_(client), saved_(client.reply_timeout()) {
+    if (timeout_ms != 0) {
+      client_.set_reply_timeout(std::chrono::milliseconds(timeout_ms));
+      set_ = true;
+    }
+  }
+  ~CallTimeout() {
+    if (set_) client_.set_reply_timeout(saved_);
+  }
+  CallTimeout(const CallTimeout&) = delete;
+  CallTimeout& operator=(const CallTimeout&) = delete;
+
+ private:
+  kvrelay::shm::ShmClient& client_;
+  std::chrono::milliseconds saved_;
+  bool set_ = false;
+};
+
+// Fills *out from a Resolve's meta (out may be NULL). false: out's struct_size is not ours.
+void fill_resolved(const kvrelay::shm::ResolvedMeta& meta, std::uint64_t block_tokens, std::uint64_t reservation,
+                   kvrelay_resolved* out) {
+  if (out == nullptr) return;
+  out->reserved = 0;
+  out->tokens = std::uint64_t{meta.blocks} * block_tokens;
+  out->reservation = reservation;
+  std::memset(out->medium, 0, sizeof(out->medium));
+  std::memcpy(out->medium, meta.medium.data(), std::min(meta.medium.size(), sizeof(out->medium) - 1));
+  std::memset(&out->fidelity, 0, sizeof(out->fidelity));
+  out->fidelity.struct_size = sizeof(kvrelay_fidelity);
+  if (!meta.fidelity.is_exact()) {
+    out->fidelity.lossy = 1;
+    out->fidelity.exact_tokens = meta.fidelity.exact_tokens;
+    std::memcpy(out->fidelity.lossy_codec, meta.fidelity.lossy_codec.data(),
+                std::min(meta.fidelity.lossy_codec.size(), sizeof(out->fidelity.lossy_codec) - 1));
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -336,6 +417,131 @@ int kvrelay_small_call(kvrelay_client* client, const void* message, size_t size,
   if (!called) return record(client, called.error());
   *answer_size = called.value();
   return KVRELAY_OK;
+}
+
+int kvrelay_model_id(const kvrelay_model* model, uint64_t* out) {
+  if (model == nullptr || out == nullptr) return KVRELAY_E_INVALID_ARGUMENT;
+  const auto fingerprint = shard_fingerprint(*model);
+  if (!fingerprint) return c_error_code(fingerprint.error().code);
+  *out = fingerprint.value().id();
+  return KVRELAY_OK;
+}
+
+int kvrelay_model_shard_heads(const kvrelay_model* model, uint32_t* out) {
+  if (model == nullptr || out == nullptr) return KVRELAY_E_INVALID_ARGUMENT;
+  const auto fingerprint = shard_fingerprint(*model);
+  if (!fingerprint) return c_error_code(fingerprint.error().code);
+  *out = fingerprint.value().kv_heads;
+  return KVRELAY_OK;
+}
+
+int kvrelay_resolve(kvrelay_client* client, const kvrelay_resolve_request* request, kvrelay_resolved* out,
+                    kvrelay_entry** entry) {
+  if (client == nullptr || request == nullptr || out == nullptr) return invalid(client, "null argument");
+  if (request->struct_size != sizeof(kvrelay_resolve_request))
+    return wrong_size(client, "kvrelay_resolve_request", request->struct_size, sizeof(kvrelay_resolve_request));
+  if (out->struct_size != sizeof(kvrelay_resolved))
+    return wrong_size(client, "kvrelay_resolved", out->struct_size, sizeof(kvrelay_resolved));
+  const bool reserve = (request->flags & KVRELAY_RESOLVE_RESERVE) != 0;
+  if ((request->flags & ~KVRELAY_RESOLVE_RESERVE) != 0) return invalid(client, "kvrelay_resolve_request.flags unknown");
+  if (!reserve && entry == nullptr) return invalid(client, "null entry (required without KVRELAY_RESOLVE_RESERVE)");
+  if (entry != nullptr) *entry = nullptr;
+  if (request->block_tokens == 0) return invalid(client, "kvrelay_resolve_request.block_tokens is 0");
+  if (request->tokens == nullptr && request->count != 0)
+    return invalid(client, "kvrelay_resolve_request.tokens is NULL");
+  const std::span<const std::uint32_t> tokens(request->tokens, static_cast<std::size_t>(request->count));
+  kvrelay::shm::ResolveRequest asked;
+  asked.model_id = request->model_id;
+  asked.block_tokens = request->block_tokens;
+  asked.prompt_tokens = request->count;
+  asked.block_hashes = kvrelay::hash_blocks(request->model_id, tokens, request->block_tokens, request->root);
+  asked.params_json = request->params_json == nullptr ? "" : request->params_json;
+  CallTimeout deadline(client->client, request->timeout_ms);
+  if (reserve) {
+    auto reserved = client->client.reserve(asked);
+    if (!reserved) return record(client, reserved.error());
+    fill_resolved(reserved.value().meta, request->block_tokens, reserved.value().id, out);
+    return KVRELAY_OK;
+  }
+  auto resolved = client->client.resolve(asked);
+  if (!resolved) return record(client, resolved.error());
+  auto* handle = new (std::nothrow) kvrelay_entry{std::move(resolved.value().entry)};
+  if (handle == nullptr) return KVRELAY_E_RESOURCE_EXHAUSTED;
+  fill_resolved(resolved.value().meta, request->block_tokens, 0, out);
+  *entry = handle;
+  return KVRELAY_OK;
+}
+
+int kvrelay_claim(kvrelay_client* client, uint64_t reservation, uint32_t timeout_ms, kvrelay_resolved* out,
+                  kvrelay_entry** entry) {
+  if (client == nullptr || entry == nullptr) return invalid(client, "null argument");
+  *entry = nullptr;
+  if (out != nullptr && out->struct_size != sizeof(kvrelay_resolved))
+    return wrong_size(client, "kvrelay_resolved", out->struct_size, sizeof(kvrelay_resolved));
+  CallTimeout deadline(client->client, timeout_ms);
+  auto claimed = client->client.claim(reservation);
+  if (!claimed) return record(client, claimed.error());
+  // Tokens from the entry's layout: the claim does not know the block size the reserver used.
+  const std::uint64_t block_tokens =
+      claimed.value().meta.blocks == 0 ? 0 : claimed.value().entry.info.layout.tokens / claimed.value().meta.blocks;
+  auto* handle = new (std::nothrow) kvrelay_entry{std::move(claimed.value().entry)};
+  if (handle == nullptr) return KVRELAY_E_RESOURCE_EXHAUSTED;
+  fill_resolved(claimed.value().meta, block_tokens, reservation, out);
+  *entry = handle;
+  return KVRELAY_OK;
+}
+
+int kvrelay_release_reservation(kvrelay_client* client, uint64_t reservation) {
+  if (client == nullptr) return invalid(client, "null argument");
+  auto released = client->client.release_reservation(reservation);
+  return released ? KVRELAY_OK : record(client, released.error());
+}
+
+int kvrelay_region_commit_request(kvrelay_client* client, kvrelay_region* region,
+                                  const kvrelay_publish_request* request, const kvrelay_layout* layout) {
+  auto refuse = [&](int code) {
+    delete region;
+    return code;
+  };
+  if (client == nullptr || region == nullptr || request == nullptr || layout == nullptr)
+    return refuse(invalid(client, "null argument"));
+  if (request->struct_size != sizeof(kvrelay_publish_request)) {
+    return refuse(wrong_size(client, "kvrelay_publish_request", request->struct_size, sizeof(kvrelay_publish_request)));
+  }
+  if (!valid_dtype(*layout)) return refuse(invalid(client, "unknown dtype"));
+  if (request->block_tokens == 0) return refuse(invalid(client, "kvrelay_publish_request.block_tokens is 0"));
+  if (request->tokens == nullptr || request->count == 0)
+    return refuse(invalid(client, "kvrelay_publish_request.tokens is NULL or count 0"));
+  if (request->count % request->block_tokens != 0)
+    return refuse(invalid(client, "kvrelay_publish_request.count is not a whole number of blocks"));
+  if (request->count != layout->tokens)
+    return refuse(invalid(client, "kvrelay_publish_request.count differs from layout->tokens"));
+  if (request->count > request->prompt_tokens)
+    return refuse(invalid(client, "kvrelay_publish_request.count exceeds prompt_tokens"));
+  auto fidelity = to_fidelity(request->fidelity);
+  if (!fidelity) return refuse(record(client, fidelity.error()));
+  const kvrelay_chain chain{sizeof(kvrelay_chain), request->block_tokens, request->root, request->tokens,
+                            request->count};
+  auto entry_chain = to_chain(&chain);
+  if (!entry_chain) return refuse(record(client, entry_chain.error()));
+  const auto hashes = kvrelay::hash_blocks(request->model_id, std::span(request->tokens, request->count),
+                                           request->block_tokens, request->root);
+  const kvrelay::kv_store::EntryKey key{request->model_id, hashes.back()};
+  auto committed = client->client.commit_written_with_context(
+      std::move(region->region), key, to_layout(*layout), request->params_json == nullptr ? "" : request->params_json,
+      fidelity.value(), &*entry_chain.value());
+  delete region;
+  return committed ? KVRELAY_OK : record(client, committed.error());
+}
+
+int kvrelay_report_prefill(kvrelay_client* client, const kvrelay_prefill_report* report) {
+  if (client == nullptr || report == nullptr) return invalid(client, "null argument");
+  if (report->struct_size != sizeof(kvrelay_prefill_report))
+    return wrong_size(client, "kvrelay_prefill_report", report->struct_size, sizeof(kvrelay_prefill_report));
+  kvrelay::shm::PrefillReport sent{report->model_id, report->computed_tokens, report->context_tokens, report->seconds,
+                                   report->params_json == nullptr ? "" : report->params_json};
+  auto reported = client->client.report_prefill(sent);
+  return reported ? KVRELAY_OK : record(client, reported.error());
 }
 
 }  // extern "C"

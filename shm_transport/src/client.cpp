@@ -82,6 +82,7 @@ Result<ShmClient> ShmClient::connect(const std::string& socket_path, const ShmCl
   const timeval no_timeout{0, 0};
   ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_SNDTIMEO, &no_timeout, sizeof(no_timeout));
   ::setsockopt(client.socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  client.reply_timeout_ = options.reply_timeout;
   if (protocol_version == 0 || protocol_version > kClientProtocolVersion) {
     return fail(ErrorCode::kInvalidArgument, fmt::format("data-plane version {} (this client speaks 1..{})",
                                                          protocol_version, kClientProtocolVersion));
@@ -120,6 +121,8 @@ Result<ShmClient::Reply> ShmClient::call(MessageType type, std::span<const std::
 Result<ShmClient::Reply> ShmClient::exchange(MessageType type, std::span<const std::byte> payload,
                                              std::span<const int> fds) {
   if (!socket_) return fail(ErrorCode::kInvalidArgument, "client is not connected");
+  if (timed_out_)
+    return fail(ErrorCode::kIo, "an earlier reply timed out; this client takes no more calls (reconnect)");
   const std::uint32_t request_id = next_request_++;
   auto sent = send_message(socket_.get(), encode_frame(type, request_id, payload), fds);
   if (!sent) {
@@ -127,7 +130,12 @@ Result<ShmClient::Reply> ShmClient::exchange(MessageType type, std::span<const s
     pollfd readable{socket_.get(), POLLIN, 0};
     if (sent.error().code != ErrorCode::kIo || ::poll(&readable, 1, 0) != 1) return outcome::failure(sent.error());
   }
-  KVRELAY_TRY(auto received, receive_message(socket_.get()));
+  auto receiving = receive_message(socket_.get());
+  if (!receiving) {
+    if (receiving.error().code == ErrorCode::kTimeout) timed_out_ = true;
+    return outcome::failure(receiving.error());
+  }
+  auto received = std::move(receiving).value();
   if (received.closed) return fail(ErrorCode::kIo, "sidecar closed the connection");
   Reply reply;
   reply.storage = std::move(received.bytes);
@@ -330,21 +338,34 @@ void ShmClient::report_progress(std::uint64_t region_id, std::uint64_t written) 
   (void)send_message(socket_.get(), encode_frame(MessageType::kRegionProgress, next_request_++, progress.bytes()));
 }
 
-Status ShmClient::commit_written(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout) {
+std::uint64_t ShmClient::checksum_written(const WritableRegion& region) {
   const auto bytes = region.bytes();
-  if (!region.in_arena() || bytes.size() < 2 * kProgressBytes) {
-    const std::uint64_t checksum = checksum_bytes(bytes);
-    return commit(std::move(region), key, layout, checksum);
-  }
+  if (!region.in_arena() || bytes.size() < 2 * kProgressBytes) return checksum_bytes(bytes);
   BulkHashStream hash;
-  if (!hash.valid()) return fail(ErrorCode::kResourceExhausted, "cannot allocate a hash state");
+  if (!hash.valid()) return checksum_bytes(bytes);
   for (std::size_t offset = 0; offset < bytes.size(); offset += kProgressBytes) {
     const std::size_t take = std::min(kProgressBytes, bytes.size() - offset);
     hash.update(bytes.data() + offset, take);
     if (offset + take < bytes.size()) report_progress(region.id, offset + take);
   }
-  const std::uint64_t checksum = hash.digest();
+  return hash.digest();
+}
+
+Status ShmClient::commit_written(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout) {
+  const std::uint64_t checksum = checksum_written(region);
   return commit(std::move(region), key, layout, checksum);
+}
+
+Status ShmClient::commit_written_with_context(WritableRegion region, const kv_store::EntryKey& key,
+                                              const KvLayout& layout, std::string_view params_json,
+                                              const Fidelity& fidelity, const kv_store::EntryChain* chain) {
+  if (!fidelity.is_exact() && server_version_ < kFidelityDataPlaneVersion) {
+    (void)abort(std::move(region));
+    return lossy_unsupported();
+  }
+  const std::uint64_t checksum = checksum_written(region);
+  if (server_version_ < 2) return commit(std::move(region), key, layout, checksum);
+  return commit_as(MessageType::kCommitContext, std::move(region), key, layout, checksum, params_json, fidelity, chain);
 }
 
 Result<WritableRegion> ShmClient::copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum) {
@@ -415,27 +436,89 @@ Result<ResolvedPrefix> ShmClient::resolve_unmapped(const ResolveRequest& request
   return resolve_as(request, false);
 }
 
-Result<ResolvedPrefix> ShmClient::resolve_as(const ResolveRequest& request, bool map) {
-  if (server_version_ < 2) return fail(ErrorCode::kUnsupported, "the sidecar speaks data-plane version 1 (no resolve)");
-  KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(request), MessageType::kResolved, 1, {},
-                               MessageType::kArenaResolved));
-  ByteReader reader(reply.frame.payload);
-  KVRELAY_TRY(auto entry, map_entry(reply, reader, map));
+Result<ResolvedMeta> ShmClient::read_meta(ByteReader& reader, bool with_fidelity) const {
   const auto blocks = reader.get<std::uint32_t>();
   auto medium = reader.get_string();
   if (!blocks || !medium) return fail(ErrorCode::kProtocol, "malformed resolved reply");
   Fidelity fidelity;  // an older sidecar serves exact KV, or cannot tell
-  if (server_version_ >= kFidelityDataPlaneVersion && protocol_version_ >= kFidelityDataPlaneVersion) {
+  if (with_fidelity) {
     auto decoded = decode_fidelity(reader);
     if (!decoded) return fail(ErrorCode::kProtocol, fmt::format("resolved reply: {}", decoded.error().message));
     fidelity = std::move(decoded).value();
   }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolved reply");
-  if (*blocks > request.block_hashes.size()) {
-    return fail(ErrorCode::kProtocol,
-                fmt::format("resolved {} blocks of a {}-block prompt", *blocks, request.block_hashes.size()));
+  return ResolvedMeta{*blocks, std::move(*medium), std::move(fidelity)};
+}
+
+Result<ResolvedPrefix> ShmClient::resolved_reply(Reply& reply, bool map) {
+  ByteReader reader(reply.frame.payload);
+  KVRELAY_TRY(auto entry, map_entry(reply, reader, map));
+  const bool with_fidelity =
+      server_version_ >= kFidelityDataPlaneVersion && protocol_version_ >= kFidelityDataPlaneVersion;
+  KVRELAY_TRY(auto meta, read_meta(reader, with_fidelity));
+  return ResolvedPrefix{std::move(entry), std::move(meta)};
+}
+
+Result<ResolvedPrefix> ShmClient::resolve_as(const ResolveRequest& request, bool map) {
+  if (server_version_ < 2) return fail(ErrorCode::kUnsupported, "the sidecar speaks data-plane version 1 (no resolve)");
+  ResolveRequest asked = request;
+  asked.flags &= ~kResolveReserve;  // reserve() is the call that reserves
+  const std::uint32_t version = std::min(server_version_, protocol_version_);
+  KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(asked, version), MessageType::kResolved, 1, {},
+                               MessageType::kArenaResolved));
+  KVRELAY_TRY(auto resolved, resolved_reply(reply, map));
+  if (resolved.meta.blocks > request.block_hashes.size()) {
+    return fail(ErrorCode::kProtocol, fmt::format("resolved {} blocks of a {}-block prompt", resolved.meta.blocks,
+                                                  request.block_hashes.size()));
   }
-  return ResolvedPrefix{std::move(entry), ResolvedMeta{*blocks, std::move(*medium), std::move(fidelity)}};
+  return resolved;
+}
+
+Result<Reservation> ShmClient::reserve(const ResolveRequest& request) {
+  const std::uint32_t version = std::min(server_version_, protocol_version_);
+  if (version < kReservationDataPlaneVersion) {
+    return fail(ErrorCode::kUnsupported,
+                fmt::format("reservations need data-plane version {}; this connection speaks {}",
+                            kReservationDataPlaneVersion, version));
+  }
+  ResolveRequest asked = request;
+  asked.flags |= kResolveReserve;
+  KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(asked, version), MessageType::kReserved, 0));
+  ByteReader reader(reply.frame.payload);
+  const auto id = reader.get<std::uint64_t>();
+  if (!id || *id == 0) return fail(ErrorCode::kProtocol, "malformed reserved reply");
+  KVRELAY_TRY(auto meta, read_meta(reader, true));
+  if (meta.blocks > request.block_hashes.size()) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("reserved {} blocks of a {}-block prompt", meta.blocks, request.block_hashes.size()));
+  }
+  return Reservation{std::move(meta), *id};
+}
+
+Result<ResolvedPrefix> ShmClient::claim(std::uint64_t reservation, bool map) {
+  const std::uint32_t version = std::min(server_version_, protocol_version_);
+  if (version < kReservationDataPlaneVersion) return fail(ErrorCode::kUnsupported, "no reservations before version 6");
+  ByteWriter request;
+  request.put(reservation);
+  KVRELAY_TRY(auto reply,
+              call(MessageType::kClaim, request.bytes(), MessageType::kResolved, 1, {}, MessageType::kArenaResolved));
+  return resolved_reply(reply, map);
+}
+
+Status ShmClient::release_reservation(std::uint64_t reservation) {
+  const std::uint32_t version = std::min(server_version_, protocol_version_);
+  if (version < kReservationDataPlaneVersion) return fail(ErrorCode::kUnsupported, "no reservations before version 6");
+  ByteWriter request;
+  request.put(reservation);
+  KVRELAY_TRY(call(MessageType::kRelease, request.bytes(), MessageType::kReleased, 0));
+  return ok();
+}
+
+void ShmClient::set_reply_timeout(std::chrono::milliseconds timeout) {
+  const auto wait_us = std::max<std::int64_t>(1, std::chrono::microseconds(timeout).count());
+  timeval value{static_cast<time_t>(wait_us / 1'000'000), static_cast<suseconds_t>(wait_us % 1'000'000)};
+  ::setsockopt(socket_.get(), SOL_SOCKET, SO_RCVTIMEO, &value, sizeof(value));
+  reply_timeout_ = timeout;
 }
 
 Status ShmClient::report_prefill(const PrefillReport& report) {
@@ -511,6 +594,8 @@ Status ShmClient::open_ring() {
 }
 
 Result<std::size_t> ShmClient::ring_call(std::span<const std::byte> message, std::span<std::byte> answer) {
+  if (timed_out_)
+    return fail(ErrorCode::kIo, "an earlier reply timed out; this client takes no more calls (reconnect)");
   KVRELAY_TRY(open_ring());
   KVRELAY_TRY(const bool pushed, requests_->push(message));
   if (!pushed) return fail(ErrorCode::kResourceExhausted, "request ring full");

@@ -32,6 +32,10 @@ bool known_type(std::uint16_t type) {
     case MessageType::kAllocArenaRegion:
     case MessageType::kReleaseLeases:
     case MessageType::kRegionProgress:
+    case MessageType::kClaim:
+    case MessageType::kRelease:
+    case MessageType::kReserved:
+    case MessageType::kReleased:
     case MessageType::kArenaRegion:
     case MessageType::kLeasesReleased:
     case MessageType::kArenaEntry:
@@ -195,17 +199,18 @@ Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool wit
   return commit;
 }
 
-std::vector<std::byte> encode_resolve(const ResolveRequest& request) {
+std::vector<std::byte> encode_resolve(const ResolveRequest& request, std::uint32_t version) {
   ByteWriter writer;
   writer.put(request.model_id).put(request.block_tokens).put(request.prompt_tokens);
   writer.put(static_cast<std::uint32_t>(request.block_hashes.size()));
   for (const std::uint64_t hash : request.block_hashes)
     writer.put(hash);
   put_long_string(writer, request.params_json);
+  if (version >= kReservationDataPlaneVersion) writer.put(request.flags);
   return writer.take();
 }
 
-Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload) {
+Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload, std::uint32_t version) {
   ByteReader reader(payload);
   ResolveRequest request;
   const auto model = reader.get<std::uint64_t>();
@@ -229,8 +234,16 @@ Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload) {
   for (std::uint32_t index = 0; index < *count; ++index)
     request.block_hashes.push_back(*reader.get<std::uint64_t>());
   auto params = get_long_string(reader);
-  if (!params || reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolve params");
+  if (!params) return fail(ErrorCode::kProtocol, "malformed resolve params");
   request.params_json = std::move(*params);
+  if (version >= kReservationDataPlaneVersion) {
+    const auto flags = reader.get<std::uint32_t>();
+    if (!flags) return fail(ErrorCode::kTruncated, "resolve request: flags truncated");
+    if ((*flags & ~kResolveReserve) != 0)
+      return fail(ErrorCode::kProtocol, fmt::format("resolve request: unknown flags 0x{:x}", *flags));
+    request.flags = *flags;
+  }
+  if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolve request: trailing bytes");
   return request;
 }
 

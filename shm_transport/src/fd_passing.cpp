@@ -62,6 +62,8 @@ Result<ReceivedMessage> receive_message(int socket_fd) {
       received.bytes.clear();
       return received;
     }
+    // SO_RCVTIMEO ran out (or a non-blocking socket had nothing).
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return fail(ErrorCode::kTimeout, "recvmsg: no reply in time");
     return fail(ErrorCode::kIo, fmt::format("recvmsg: {}", std::strerror(errno)));
   }
   // Take ownership of every descriptor first, whatever else is wrong with the message.

@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -18,6 +19,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -160,6 +162,45 @@ struct ShmServer::Connection {
   bool resolving = false;  // a pooled resolve owns the socket until it has replied
 };
 
+// Answers of reserving Resolves waiting for their Claim: bounded, oldest dropped first, expired
+// ones dropped as they are met.
+struct ShmServer::Reservations {
+  struct Held {
+    ResolvedEntry resolved;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::mutex mutex;
+  std::unordered_map<std::uint64_t, Held> held;
+  std::deque<std::uint64_t> order;  // filing order; ids already claimed are skipped
+
+  void drop_front_expired_or_over(std::size_t limit, std::chrono::steady_clock::time_point now) {
+    while (!order.empty()) {
+      const auto found = held.find(order.front());
+      if (found == held.end()) {
+        order.pop_front();
+      } else if (found->second.deadline <= now || held.size() > limit) {
+        held.erase(found);
+        order.pop_front();
+      } else {
+        break;
+      }
+    }
+  }
+};
+
+namespace {
+
+// An id nobody can guess (a claim is the KV itself), never 0.
+std::uint64_t random_reservation_id() {
+  std::uint64_t id = 0;
+  while (id == 0) {
+    if (::getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) id = 0;
+  }
+  return id;
+}
+
+}  // namespace
+
 struct ShmServer::ResolvePool {
   explicit ResolvePool(std::uint32_t threads) : pool(threads) {}
   boost::asio::thread_pool pool;
@@ -214,7 +255,7 @@ std::uint64_t arena_region_checksum(ServedRegion& region) {
 }  // namespace
 
 ShmServer::ShmServer(ShmServerOptions options, std::shared_ptr<kv_store::EntryStore> store)
-    : options_(std::move(options)), store_(std::move(store)) {
+    : reservations_(std::make_unique<Reservations>()), options_(std::move(options)), store_(std::move(store)) {
   small_handler_ = [](std::span<const std::byte> message) {
     return std::vector<std::byte>(message.begin(), message.end());
   };
@@ -434,7 +475,7 @@ void ShmServer::close_connection(std::size_t index) {
   --connections_count_;
 }
 
-void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
+void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved, bool reserve,
                               std::vector<std::byte>& reply, std::vector<int>& reply_fds,
                               std::vector<UniqueFd>& reply_owned) {
   if (!resolved) {
@@ -450,6 +491,24 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
                                                "one speaks {}",
                                                resolved.value().meta.fidelity.lossy_codec, kFidelityDataPlaneVersion,
                                                connection.client_version)});
+    return;
+  }
+  if (reserve) {
+    // The worker claims it later, from its own connection: nothing is mapped or leased now.
+    const std::uint64_t reservation = random_reservation_id();
+    ByteWriter out;
+    out.put(reservation).put(resolved.value().meta.blocks);
+    out.put_string(resolved.value().meta.medium);
+    encode_fidelity(out, resolved.value().meta.fidelity);
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(reservations_->mutex);
+      reservations_->held[reservation] =
+          Reservations::Held{std::move(resolved).value(), now + options_.reservation_ttl};
+      reservations_->order.push_back(reservation);
+      reservations_->drop_front_expired_or_over(options_.max_reservations, now);
+    }
+    reply = encode_frame(MessageType::kReserved, id, out.bytes());
     return;
   }
   ByteWriter out;
@@ -504,7 +563,8 @@ void ShmServer::dispatch_resolve(Connection& connection, std::uint32_t id, Resol
     std::vector<std::byte> reply;
     std::vector<int> reply_fds;
     std::vector<UniqueFd> owned;
-    resolve_reply(*client, id, hooks_->resolve(request), reply, reply_fds, owned);
+    const bool reserve = (request.flags & kResolveReserve) != 0;
+    resolve_reply(*client, id, hooks_->resolve(request), reserve, reply, reply_fds, owned);
     const bool sent = send_message(client->socket.get(), reply, reply_fds).has_value();
     {
       std::lock_guard lock(resolved_mutex_);
@@ -735,12 +795,43 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
       return;
     }
     case MessageType::kResolve: {
-      auto request = decode_resolve(frame.payload);
+      // Only a version-6 client sends flags, so only it can reserve.
+      auto request = decode_resolve(frame.payload, connection.client_version);
       if (!request) return refuse(request.error().code, request.error().message);
       request.value().client_version = connection.client_version;
       if (hooks_ && resolve_pool_) return dispatch_resolve(connection, id, std::move(request).value());
+      const bool reserve = (request.value().flags & kResolveReserve) != 0;
       auto resolved = hooks_ ? hooks_->resolve(request.value()) : resolve_from_store(*store_, request.value());
-      return resolve_reply(connection, id, std::move(resolved), reply, reply_fds, reply_owned);
+      return resolve_reply(connection, id, std::move(resolved), reserve, reply, reply_fds, reply_owned);
+    }
+    case MessageType::kClaim:
+    case MessageType::kRelease: {
+      if (connection.client_version < kReservationDataPlaneVersion) {
+        return refuse(ErrorCode::kProtocol, fmt::format("reservations need data-plane version {}; this client said {}",
+                                                        kReservationDataPlaneVersion, connection.client_version));
+      }
+      const auto reservation = reader.get<std::uint64_t>();
+      if (!reservation || reader.remaining() != 0) return refuse(ErrorCode::kProtocol, "malformed reservation request");
+      std::optional<Reservations::Held> held;
+      {
+        std::lock_guard lock(reservations_->mutex);
+        const auto found = reservations_->held.find(*reservation);
+        if (found != reservations_->held.end()) {
+          held = std::move(found->second);
+          reservations_->held.erase(found);  // claimed or released: once
+        }
+        reservations_->drop_front_expired_or_over(options_.max_reservations, std::chrono::steady_clock::now());
+      }
+      if (frame.type == MessageType::kRelease) {
+        reply = encode_frame(MessageType::kReleased, id, {});  // an unknown id too: idempotent
+        return;
+      }
+      if (!held || held->deadline <= std::chrono::steady_clock::now()) {
+        reply = encode_error(
+            id, Error{ErrorCode::kNotFound, fmt::format("reservation {} expired or unknown", *reservation)});
+        return;
+      }
+      return resolve_reply(connection, id, std::move(held->resolved), false, reply, reply_fds, reply_owned);
     }
     case MessageType::kPrefillReport: {
       auto report = decode_prefill_report(frame.payload);

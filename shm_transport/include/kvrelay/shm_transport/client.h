@@ -124,6 +124,12 @@ struct ResolvedPrefix {
   ResolvedMeta meta;
 };
 
+// A reserving Resolve's answer (version 6): what it covers, and the id a Claim takes it by.
+struct Reservation {
+  ResolvedMeta meta;
+  std::uint64_t id = 0;
+};
+
 class ShmClient {
  public:
   ShmClient() = default;
@@ -149,6 +155,10 @@ class ShmClient {
   // so the sidecar's check runs alongside on its own thread (reading what this pass just
   // brought into the shared cache) instead of after it.
   [[nodiscard]] Status commit_written(WritableRegion region, const kv_store::EntryKey& key, const KvLayout& layout);
+  // commit_written with what publish_with_context carries (params, fidelity, chain).
+  [[nodiscard]] Status commit_written_with_context(WritableRegion region, const kv_store::EntryKey& key,
+                                                   const KvLayout& layout, std::string_view params_json,
+                                                   const Fidelity& fidelity, const kv_store::EntryChain* chain);
   [[nodiscard]] Status abort(WritableRegion region);
   // allocate + copy (hashing while the data is in cache) + commit. The copy goes through the
   // region's fd (pwrite), not a mapping: one kernel copy, no page faults in this process.
@@ -163,6 +173,18 @@ class ShmClient {
   // The same, leaving the entry unmapped, for a reader that copies it once into memory of its
   // own (pread on entry.fd) and so needs no mapping.
   [[nodiscard]] Result<ResolvedPrefix> resolve_unmapped(const ResolveRequest& request);
+  // Version 6: the same decision, kept in the sidecar (request.flags gets kResolveReserve) for a
+  // later claim() from any worker connection of that sidecar, once; nothing is mapped here.
+  [[nodiscard]] Result<Reservation> reserve(const ResolveRequest& request);
+  // The entry a reservation holds (kNotFound: expired, unknown or claimed), mapped unless `map`
+  // is false. `prompt_blocks` bounds the reply's blocks (0: unchecked).
+  [[nodiscard]] Result<ResolvedPrefix> claim(std::uint64_t reservation, bool map = true);
+  // Drops a reservation nobody will claim; an unknown id is not an error.
+  [[nodiscard]] Status release_reservation(std::uint64_t reservation);
+  // SO_RCVTIMEO for the replies of later calls. After a reply times out the client refuses every
+  // further call (kIo): a late reply would answer the wrong request.
+  void set_reply_timeout(std::chrono::milliseconds timeout);
+  [[nodiscard]] std::chrono::milliseconds reply_timeout() const { return reply_timeout_; }
   // Version 2: publish with the request's params, so the sidecar can push the KV ahead; with
   // how faithful the KV is (version 4): a worker that imported a lossy prefix says so, and the
   // sidecar never files that KV as exact. Lossy KV is refused (kUnsupported, nothing sent) by a
@@ -213,6 +235,9 @@ class ShmClient {
 
   [[nodiscard]] Result<ReadOnlyEntry> map_entry(Reply& reply, ByteReader& reader, bool map = true);
   [[nodiscard]] Result<ResolvedPrefix> resolve_as(const ResolveRequest& request, bool map);
+  // The meta that ends a Resolved reply (and a Reserved one, which always has the fidelity).
+  [[nodiscard]] Result<ResolvedMeta> read_meta(ByteReader& reader, bool with_fidelity) const;
+  [[nodiscard]] Result<ResolvedPrefix> resolved_reply(Reply& reply, bool map);
   [[nodiscard]] Status commit_as(MessageType type, WritableRegion region, const kv_store::EntryKey& key,
                                  const KvLayout& layout, std::uint64_t checksum, std::string_view params_json,
                                  const Fidelity& fidelity, const kv_store::EntryChain* chain);
@@ -220,10 +245,14 @@ class ShmClient {
   // A region of `size` bytes from the sidecar, not mapped here.
   [[nodiscard]] Result<WritableRegion> allocate_unmapped(std::uint64_t size);
   [[nodiscard]] Result<WritableRegion> copy_into_region(std::span<const std::byte> bytes, std::uint64_t& checksum);
+  // The checksum of a written region (telling the sidecar the progress of big arena regions).
+  [[nodiscard]] std::uint64_t checksum_written(const WritableRegion& region);
   // One-way RegionProgress: the sidecar may check the region's first `written` bytes.
   void report_progress(std::uint64_t region_id, std::uint64_t written);
 
   UniqueFd socket_;
+  bool timed_out_ = false;  // a reply did not come in time: no further calls
+  std::chrono::milliseconds reply_timeout_{std::chrono::seconds(60)};
   std::uint32_t next_request_ = 1;
   std::uint32_t server_version_ = 1;
   std::uint32_t protocol_version_ = kDataPlaneVersion;  // what this client said in its hello

@@ -28,11 +28,16 @@ inline constexpr std::size_t kControlHeaderBytes = 16;
 // adds fidelity: a CommitContext may end with the KV's Fidelity, and a Resolved reply to a
 // version-4 client ends with the served prefix's. Version 5 adds token ids (chain_transfer.h): a
 // CommitContext may carry the entry's chain, and an Entry reply ends with whether a chain (for a
-// same-host peer's lookup) is attached.
-inline constexpr std::uint32_t kDataPlaneVersion = 5;
+// same-host peer's lookup) is attached. Version 6 adds reservations: a Resolve carries flags, and
+// a reserving one keeps its answer in the sidecar (Reserved) for a Claim from any worker
+// connection, once, or a Release.
+inline constexpr std::uint32_t kDataPlaneVersion = 6;
 inline constexpr std::uint32_t kArenaDataPlaneVersion = 3;
 inline constexpr std::uint32_t kFidelityDataPlaneVersion = 4;
 inline constexpr std::uint32_t kChainDataPlaneVersion = 5;
+inline constexpr std::uint32_t kReservationDataPlaneVersion = 6;
+// ResolveRequest::flags bit 0: keep the answer under a reservation, send no fd.
+inline constexpr std::uint32_t kResolveReserve = 0x1;
 
 enum class MessageType : std::uint16_t {
   kHello = 0x01,
@@ -54,6 +59,9 @@ enum class MessageType : std::uint16_t {
   // One-way (no reply): "the first N bytes of this arena region are written", so the sidecar
   // can verify them while the client writes the rest.
   kRegionProgress = 0x0F,
+  // Version 6: the entry a reserving Resolve kept, and dropping one unclaimed.
+  kClaim = 0x10,
+  kRelease = 0x11,
   // Replies: request type | 0x80, or kError.
   kHelloOk = 0x81,
   kRegion = 0x82,
@@ -72,6 +80,9 @@ enum class MessageType : std::uint16_t {
   // Alternative replies to kLookup / kResolve (version-3 clients) for entries held in the arena.
   kArenaEntry = 0x90,
   kArenaResolved = 0x91,
+  // Version 6: the answer to a reserving kResolve (meta and reservation id, no fd).
+  kReserved = 0x92,
+  kReleased = 0x93,
   kError = 0xFF,
 };
 
@@ -119,9 +130,13 @@ struct ResolveRequest {
   // Not on the wire: the data-plane version of the asking connection, set by the sidecar (a
   // client older than version 4 cannot carry lossy KV's fidelity, so it is served exact KV only).
   std::uint32_t client_version = kDataPlaneVersion;
+  std::uint32_t flags = 0;  // kResolveReserve; on the wire from version 6 only
 };
-[[nodiscard]] std::vector<std::byte> encode_resolve(const ResolveRequest& request);
-[[nodiscard]] Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload);
+// `version`: the data-plane version both ends speak (from 6 a u32 flags field ends the request).
+[[nodiscard]] std::vector<std::byte> encode_resolve(const ResolveRequest& request,
+                                                    std::uint32_t version = kDataPlaneVersion);
+[[nodiscard]] Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload,
+                                                    std::uint32_t version = kDataPlaneVersion);
 
 // The prefix a Resolved reply covers: `blocks` leading blocks, moved with `medium`, as faithful
 // to the source's KV as `fidelity` says (what the worker then tells the sidecar when it publishes

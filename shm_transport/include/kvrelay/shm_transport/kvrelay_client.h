@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define KVRELAY_CLIENT_ABI_VERSION 4
+#define KVRELAY_CLIENT_ABI_VERSION 5
 
 enum {
   KVRELAY_OK = 0,
@@ -146,6 +146,94 @@ void kvrelay_entry_release(kvrelay_entry* entry);
 /* Gives the sidecar back the arena blocks of released entries now (otherwise that happens with
    the client's next request, or when it closes). */
 int kvrelay_release_leases(kvrelay_client* client);
+
+/* ABI 5: a model's fingerprint id, as the sidecar's policy computes it for agents[].model. */
+typedef struct kvrelay_model {
+  uint32_t struct_size; /* sizeof(kvrelay_model) */
+  uint32_t layers;
+  uint32_t kv_heads; /* the whole model's KV heads */
+  uint32_t head_dim;
+  uint32_t dtype;           /* as kvrelay_layout.dtype */
+  uint32_t tp_rank;         /* this process's tensor-parallel rank */
+  uint32_t tp_size;         /* 0 or 1: not sharded */
+  uint32_t reserved;        /* 0 */
+  const char* architecture; /* "llama" */
+  const char* weights;      /* agents[].model.weights */
+} kvrelay_model;
+/* tp_size <= 1: ModelFingerprint{architecture, layers, kv_heads, head_dim, dtype, weights}.id().
+   tp_size > 1: the id of one rank's shard: kv_heads / tp_size heads (1 when tp_size > kv_heads,
+   as vLLM replicates heads), weights + "#tp<rank>/<size>". KVRELAY_E_INVALID_ARGUMENT for a rank
+   out of range, kv_heads % tp_size != 0 (when tp_size <= kv_heads), a NULL string, a bad dtype. */
+int kvrelay_model_id(const kvrelay_model* model, uint64_t* out);
+/* *out = the number of KV heads of this rank's shard (same rules). */
+int kvrelay_model_shard_heads(const kvrelay_model* model, uint32_t* out);
+
+/* ABI 5: resolve, the sidecar's decision for one request (data-plane version 6 for RESERVE). */
+#define KVRELAY_RESOLVE_RESERVE 1u
+typedef struct kvrelay_resolve_request {
+  uint32_t struct_size;  /* sizeof(kvrelay_resolve_request) */
+  uint32_t block_tokens; /* kvrelay block size, tokens */
+  uint64_t model_id;
+  uint64_t root;          /* chain root: KVRELAY_ROOT_BLOCK_HASH or kv_transfer_params.kvrelay.chain_root */
+  const uint32_t* tokens; /* the whole prompt's token ids (read during the call only) */
+  uint64_t count;
+  const char* params_json; /* kv_transfer_params.kvrelay as JSON text; NULL or "" */
+  uint32_t flags;          /* KVRELAY_RESOLVE_RESERVE: keep the answer in the sidecar, map nothing */
+  uint32_t timeout_ms;     /* reply deadline for this call; 0: the client's default */
+} kvrelay_resolve_request;
+#define KVRELAY_MEDIUM_BYTES 32
+typedef struct kvrelay_resolved {
+  uint32_t struct_size; /* sizeof(kvrelay_resolved), set by the caller */
+  uint32_t reserved;
+  uint64_t tokens;                   /* leading prompt tokens covered (whole blocks) */
+  uint64_t reservation;              /* the reservation id (RESERVE), else 0 */
+  char medium[KVRELAY_MEDIUM_BYTES]; /* NUL-terminated: "kv_raw", "kv_int8", ... */
+  kvrelay_fidelity fidelity;         /* of those tokens (fidelity.struct_size set by the library) */
+} kvrelay_resolved;
+/* The library hashes the prompt's whole blocks from root (core/block_hash.h hash_blocks) and asks
+   the sidecar. Without RESERVE, *entry gets the mapped entry (as kvrelay_lookup); with it, entry
+   may be NULL and nothing is mapped. KVRELAY_E_NOT_FOUND on a miss (kvrelay_last_error says why).
+   KVRELAY_E_TIMEOUT when timeout_ms passed: the client is then closed for further calls (every
+   later call fails with KVRELAY_E_IO; reconnect). */
+int kvrelay_resolve(kvrelay_client* client, const kvrelay_resolve_request* request, kvrelay_resolved* out,
+                    kvrelay_entry** entry);
+/* The entry a reservation holds (any client of the same sidecar; once). NOT_FOUND: expired or unknown.
+ *out (may be NULL) gets the meta. timeout_ms as in kvrelay_resolve_request. */
+int kvrelay_claim(kvrelay_client* client, uint64_t reservation, uint32_t timeout_ms, kvrelay_resolved* out,
+                  kvrelay_entry** entry);
+/* Drops a reservation that will not be claimed (a finished or preempted request); an unknown id
+   is KVRELAY_OK. */
+int kvrelay_release_reservation(kvrelay_client* client, uint64_t reservation);
+
+/* ABI 5: the context of a publish; the library derives the key and the chain from the ids. */
+typedef struct kvrelay_publish_request {
+  uint32_t struct_size; /* sizeof(kvrelay_publish_request) */
+  uint32_t block_tokens;
+  uint64_t model_id;
+  uint64_t root;
+  const uint32_t* tokens; /* the ids of the KV's tokens: layout->tokens of them, whole blocks */
+  uint64_t count;
+  uint64_t prompt_tokens;           /* the request's prompt length: count <= prompt_tokens (a prompt's KV) */
+  const char* params_json;          /* NULL or "" */
+  const kvrelay_fidelity* fidelity; /* provenance of an imported prefix; NULL: exact */
+} kvrelay_publish_request;
+/* Commits a region written in place (kvrelay_region_alloc + kvrelay_region_data) under the last
+   block's hash, with the chain of ids (as kvrelay_publish_chain). Consumes the region.
+   KVRELAY_E_INVALID_ARGUMENT: count 0, not whole blocks, not layout->tokens, or over prompt_tokens. */
+int kvrelay_region_commit_request(kvrelay_client* client, kvrelay_region* region,
+                                  const kvrelay_publish_request* request, const kvrelay_layout* layout);
+
+/* ABI 5: one prefill the engine ran, for the sidecar's cost model (PrefillReport). */
+typedef struct kvrelay_prefill_report {
+  uint32_t struct_size; /* sizeof(kvrelay_prefill_report) */
+  uint32_t reserved;    /* 0 */
+  uint64_t model_id;
+  uint64_t computed_tokens; /* tokens this prefill computed (<= context_tokens) */
+  uint64_t context_tokens;  /* the prompt's length */
+  double seconds;           /* wall time of the prefill */
+  const char* params_json;  /* NULL or "" */
+} kvrelay_prefill_report;
+int kvrelay_report_prefill(kvrelay_client* client, const kvrelay_prefill_report* report);
 
 /* Small message round trip over the shared-memory ring; *answer_size gets the answer length. */
 int kvrelay_small_call(kvrelay_client* client, const void* message, size_t size, void* answer, size_t capacity,

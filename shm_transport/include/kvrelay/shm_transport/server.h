@@ -6,6 +6,7 @@
 // wait on a peer, run on a small pool.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,10 @@ struct ShmServerOptions {
   MemoryStrategy memory_strategy = kDefaultMemoryStrategy;
   // Arena entries one connection may hold at once; past this it gets sealed copies.
   std::uint32_t max_leases_per_connection = 4096;
+  // Version 6 reservations: how long a reserving Resolve's answer waits for its Claim, and how
+  // many wait at once (past that the oldest is dropped).
+  std::chrono::milliseconds reservation_ttl{30'000};
+  std::uint32_t max_reservations = 4096;
 };
 
 // What a Resolve answers with: an entry (from the store, fetched from a peer, or converted for
@@ -149,7 +154,8 @@ class ShmServer {
   void close_connection(std::size_t index);
   [[nodiscard]] std::optional<ConnectionIdentity> identify(std::uint32_t uid) const;
   // The Resolved (with the entry's fd) or error reply to a resolve.
-  void resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved,
+  // With `reserve` a found entry is kept under a new reservation and the reply is Reserved.
+  void resolve_reply(Connection& connection, std::uint32_t id, Result<ResolvedEntry> resolved, bool reserve,
                      std::vector<std::byte>& reply, std::vector<int>& reply_fds, std::vector<UniqueFd>& reply_owned);
   // The fields and fd of an Entry/Resolved reply: an arena block under a new lease for clients
   // that speak version 3, else a sealed memfd (a copy, for arena entries). Returns the reply type.
@@ -163,6 +169,8 @@ class ShmServer {
   void collect_resolved(std::vector<Connection*>& dropped);
 
   struct ResolvePool;
+  struct Reservations;
+  std::unique_ptr<Reservations> reservations_;  // pool threads file, the poll thread claims
   struct ResolveDone {
     Connection* connection = nullptr;
     bool keep = true;
