@@ -64,6 +64,8 @@ class Sidecar:
         ready = self.dir / "ready.json"
         if ready.exists():
             ready.unlink()
+        if getattr(self, "_stderr", None):
+            self._stderr.close()
         self._stderr = open(self.dir / "stderr.log", "ab")
         self.process = subprocess.Popen(
             [kvrelay_binary(), "serve", "--config", str(self.dir / "policy.json"), "--ready-file", str(ready)],

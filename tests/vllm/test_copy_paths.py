@@ -31,7 +31,7 @@ class CopyPathsAgree(unittest.TestCase):
         self.lib = native.library()
 
     def round_trip(self, layout: int, dtype: torch.dtype, make_view) -> None:
-        generator = torch.Generator().manual_seed(layout * 10 + dtype.itemsize)
+        generator = torch.Generator().manual_seed(layout * 10 + torch.empty((), dtype=dtype).element_size())
         cache = make_view(cache_tensor(layout, dtype, generator))
         block_ids = random.Random(layout).sample(range(BLOCKS), 5)
         first, tokens = 7, 61  # not block-aligned at either end

@@ -206,8 +206,8 @@ class KvRelayConnector(KVConnectorBase_V1):
             return
         state.saved = True
         computed_from = state.first_scheduled_computed or 0
-        meta.prefills.append(PrefillSpec(req_id, prompt_tokens - max(computed_from, state.imported_tokens),
-                                         max(computed_from, state.imported_tokens), state.params))
+        cached = min(max(computed_from, state.imported_tokens), prompt_tokens)
+        meta.prefills.append(PrefillSpec(req_id, prompt_tokens - cached, prompt_tokens, state.params))
         if not self.config.publish:
             return
         full = prompt_tokens // self.config.block_tokens * self.config.block_tokens
@@ -224,6 +224,25 @@ class KvRelayConnector(KVConnectorBase_V1):
         meta.saves.append(SaveSpec(req_id, state.prompt[:full], prompt_tokens, tuple(state.block_ids[:blocks_needed]),
                                    state.params, state.root, lossy_from, codec))
         state.published_tokens = full
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        # Blocks a worker could not load are recomputed by vLLM: what the prompt then holds is
+        # computed from the first failed block on, and its KV is saved once that recompute ends.
+        invalid = getattr(connector_output, "invalid_block_ids", None)
+        if not invalid:
+            return
+        block = self.config.vllm_block_size
+        for state in self._states.values():
+            if not state.block_ids:
+                continue
+            failed = [index for index, block_id in enumerate(state.block_ids) if block_id in invalid]
+            if not failed:
+                continue
+            state.imported_tokens = min(state.imported_tokens, failed[0] * block)
+            if state.imported_tokens == 0:
+                state.imported = None
+            state.saved = False
+            state.published_tokens = 0
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         state = self._states.pop(request.request_id, None)
@@ -316,6 +335,7 @@ class KvRelayConnector(KVConnectorBase_V1):
                     self._copy(True, cache, load.block_ids, load.first_token, load.tokens, k, k + stride)
         except native.KvrelayError as error:
             counters.load_failures += 1
+            self._dropped.add(load.request_id)  # its blocks hold no KV worth publishing this step
             block = self.config.vllm_block_size
             failed = load.block_ids[load.first_token // block: -(-end // block)]
             self._load_errors.update(failed)
@@ -369,6 +389,9 @@ class KvRelayConnector(KVConnectorBase_V1):
         for save in meta.saves:
             region = self._regions.pop(save.request_id, None)
             if region is None:
+                continue
+            if save.request_id in self._dropped:
+                self.sidecar.abort(region[0])
                 continue
             layout = native.Layout(layers=cfg.layers, kv_heads=self.shard_heads, head_dim=cfg.head_dim,
                                    dtype=cfg.dtype, tokens=len(save.tokens))

@@ -38,7 +38,8 @@ class SaveSpec:
 
 @dataclass(frozen=True)
 class PrefillSpec:
-    """A prompt whose prefill ends this step, for the sidecar's cost model."""
+    """A prompt whose prefill ends this step, for the sidecar's cost model: computed_tokens of its
+    context_tokens (the prompt) were computed, the rest came from a cache or an import."""
 
     request_id: str
     computed_tokens: int
