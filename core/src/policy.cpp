@@ -410,6 +410,7 @@ void read_limits(const json& value, const std::string& pointer, LimitsPolicy& ou
   }
   reader.read_millis("probe_interval_ms", out.probe_interval, 50, 3'600'000);
   reader.read_millis("kv_lookup_timeout_ms", out.kv_lookup_timeout, 1, 600'000);
+  reader.read_millis("kv_reservation_ms", out.kv_reservation, 1, 3'600'000);
   reader.read_millis("peer_summary_interval_ms", out.peer_summary_interval, 0, 3'600'000);
   reader.reject_unknown_keys();
 }

@@ -209,6 +209,7 @@ int run_daemon(const DaemonOptions& options) {
     shm_options.max_region_bytes = policy->limits.kv_store_bytes;
     shm_options.arena_bytes = policy->limits.shm_arena_bytes;
     shm_options.memory_strategy = policy->limits.memory_strategy;
+    shm_options.reservation_ttl = policy->limits.kv_reservation;
     auto listening = shm::ShmServer::listen(shm_options, entry_store);
     if (!listening) {
       spdlog::critical("cannot listen on unix socket: {}", listening.error().to_string());

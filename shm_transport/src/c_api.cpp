@@ -237,7 +237,7 @@ class CallTimeout {
   bool set_ = false;
 };
 
-// Fills *out from a Resolve's meta (out may be NULL). false: out's struct_size is not ours.
+// Fills *out (may be NULL) from a Resolve's meta; the caller checked its struct_size.
 void fill_resolved(const kvrelay::shm::ResolvedMeta& meta, std::uint64_t block_tokens, std::uint64_t reservation,
                    kvrelay_resolved* out) {
   if (out == nullptr) return;

@@ -131,6 +131,19 @@ TEST_CASE("the shared-memory arena has a size, and 0 turns it off", "[core][poli
   CHECK_THAT(rejection(document), Catch::Contains("/limits/shm_arena_bytes: expected integer"));
 }
 
+TEST_CASE("a reservation waits 30 s for its claim unless limits.kv_reservation_ms says otherwise", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  CHECK(defaults.value().limits.kv_reservation == std::chrono::milliseconds(30'000));
+  document["limits"] = {{"kv_reservation_ms", 250}};
+  const auto short_wait = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(short_wait);
+  CHECK(short_wait.value().limits.kv_reservation == std::chrono::milliseconds(250));
+  document["limits"] = {{"kv_reservation_ms", 0}};
+  CHECK_THAT(rejection(document), Catch::Contains("/limits/kv_reservation_ms"));
+}
+
 TEST_CASE("memory strategy is portable unless limits.memory_strategy asks for prefault", "[core][policy]") {
   auto document = minimal_policy();
   const auto defaults = parse_policy(document.dump(), "config/x.json");

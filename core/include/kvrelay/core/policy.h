@@ -128,6 +128,8 @@ struct LimitsPolicy {
   std::chrono::milliseconds probe_interval{1'000};  // scrape of agents' metrics_url
   // Longest a worker's KV lookup may wait on peers before the sidecar answers "miss".
   std::chrono::milliseconds kv_lookup_timeout{2'000};
+  // How long a reserving Resolve's answer waits for the worker's Claim (data plane v6); read at start.
+  std::chrono::milliseconds kv_reservation{30'000};
   // How often the sidecar asks each peer which KV chains it holds (0: only on demand).
   std::chrono::milliseconds peer_summary_interval{1'000};
 };
