@@ -25,10 +25,10 @@ using namespace kvrelay::test;
 
 namespace {
 
-constexpr std::uint64_t kModel = 91;
-constexpr std::uint32_t kBlock = 16;
+constexpr std::uint64_t kReservationModel = 91;
+constexpr std::uint32_t kReservationBlock = 16;
 
-std::vector<std::uint32_t> prompt_ids(std::size_t count, std::uint32_t seed) {
+std::vector<std::uint32_t> reservation_prompt(std::size_t count, std::uint32_t seed) {
   std::vector<std::uint32_t> ids(count);
   for (std::size_t index = 0; index < count; ++index)
     ids[index] = static_cast<std::uint32_t>((index * 2654435761U + seed) % 32000);
@@ -36,21 +36,22 @@ std::vector<std::uint32_t> prompt_ids(std::size_t count, std::uint32_t seed) {
 }
 
 // 1 layer, 1 head of 8 fp16 values per token: 32 bytes a token.
-kvrelay_layout c_layout(std::uint64_t tokens) {
+kvrelay_layout reservation_layout(std::uint64_t tokens) {
   return kvrelay_layout{1, 1, 8, 2, tokens};
 }
 
 // Publishes the first `tokens` ids' KV through kvrelay_region_commit_request; returns its bytes.
-std::vector<std::byte> publish(kvrelay_client* client, const std::vector<std::uint32_t>& ids, std::uint64_t tokens) {
-  const auto layout = c_layout(tokens);
+std::vector<std::byte> reservation_publish(kvrelay_client* client, const std::vector<std::uint32_t>& ids,
+                                           std::uint64_t tokens) {
+  const auto layout = reservation_layout(tokens);
   const auto bytes = pattern_bytes(tokens * 32, tokens);
   kvrelay_region* region = nullptr;
   REQUIRE(kvrelay_region_alloc(client, bytes.size(), &region) == KVRELAY_OK);
   std::memcpy(kvrelay_region_data(region), bytes.data(), bytes.size());
   kvrelay_publish_request request{};
   request.struct_size = sizeof(request);
-  request.block_tokens = kBlock;
-  request.model_id = kModel;
+  request.block_tokens = kReservationBlock;
+  request.model_id = kReservationModel;
   request.root = KVRELAY_ROOT_BLOCK_HASH;
   request.tokens = ids.data();
   request.count = tokens;
@@ -61,11 +62,11 @@ std::vector<std::byte> publish(kvrelay_client* client, const std::vector<std::ui
   return bytes;
 }
 
-kvrelay_resolve_request resolve_request(const std::vector<std::uint32_t>& ids, std::uint32_t flags) {
+kvrelay_resolve_request reservation_resolve_request(const std::vector<std::uint32_t>& ids, std::uint32_t flags) {
   kvrelay_resolve_request request{};
   request.struct_size = sizeof(request);
-  request.block_tokens = kBlock;
-  request.model_id = kModel;
+  request.block_tokens = kReservationBlock;
+  request.model_id = kReservationModel;
   request.root = KVRELAY_ROOT_BLOCK_HASH;
   request.tokens = ids.data();
   request.count = ids.size();
@@ -73,29 +74,29 @@ kvrelay_resolve_request resolve_request(const std::vector<std::uint32_t>& ids, s
   return request;
 }
 
-kvrelay_resolved empty_resolved() {
+kvrelay_resolved reservation_empty_resolved() {
   kvrelay_resolved out{};
   out.struct_size = sizeof(out);
   return out;
 }
 
-std::vector<std::byte> entry_bytes(const kvrelay_entry* entry) {
+std::vector<std::byte> reservation_entry_bytes(const kvrelay_entry* entry) {
   const auto* data = static_cast<const std::byte*>(kvrelay_entry_data(entry));
   return {data, data + kvrelay_entry_size(entry)};
 }
 
-kvrelay_client* connect_c(const ServerProcess& server) {
+kvrelay_client* reservation_connect(const ServerProcess& server) {
   kvrelay_client* client = nullptr;
   REQUIRE(kvrelay_client_connect(server.socket_path().c_str(), &client) == KVRELAY_OK);
   return client;
 }
 
-ResolveRequest cpp_request(const std::vector<std::uint32_t>& ids) {
+ResolveRequest reservation_cpp_request(const std::vector<std::uint32_t>& ids) {
   ResolveRequest request;
-  request.model_id = kModel;
-  request.block_tokens = kBlock;
+  request.model_id = kReservationModel;
+  request.block_tokens = kReservationBlock;
   request.prompt_tokens = ids.size();
-  request.block_hashes = hash_blocks(kModel, ids, kBlock);
+  request.block_hashes = hash_blocks(kReservationModel, ids, kReservationBlock);
   return request;
 }
 
@@ -147,40 +148,40 @@ TEST_CASE("kvrelay_model_id is the fingerprint id unsharded and differs per tens
 
 TEST_CASE("C ABI 5 publishes by request and resolves, reserves and claims the same KV", "[shm][c_api]") {
   ServerProcess server;
-  kvrelay_client* scheduler = connect_c(server);
-  kvrelay_client* worker = connect_c(server);
-  const auto ids = prompt_ids(40, 5);  // 2 whole blocks published, the prompt's last token never served
+  kvrelay_client* scheduler = reservation_connect(server);
+  kvrelay_client* worker = reservation_connect(server);
+  const auto ids = reservation_prompt(40, 5);  // 2 whole blocks published, the prompt's last token never served
 
-  auto miss = empty_resolved();
+  auto miss = reservation_empty_resolved();
   kvrelay_entry* entry = nullptr;
-  auto request = resolve_request(ids, 0);
+  auto request = reservation_resolve_request(ids, 0);
   CHECK(kvrelay_resolve(scheduler, &request, &miss, &entry) == KVRELAY_E_NOT_FOUND);
   CHECK(entry == nullptr);
 
-  const auto bytes = publish(worker, ids, 32);
+  const auto bytes = reservation_publish(worker, ids, 32);
 
-  auto plain = empty_resolved();
+  auto plain = reservation_empty_resolved();
   REQUIRE(kvrelay_resolve(scheduler, &request, &plain, &entry) == KVRELAY_OK);
   CHECK(plain.tokens == 32);
   CHECK(plain.reservation == 0);
   CHECK(std::string(plain.medium) == "kv_raw");
   CHECK(plain.fidelity.lossy == 0);
-  CHECK(entry_bytes(entry) == bytes);
+  CHECK(reservation_entry_bytes(entry) == bytes);
   kvrelay_entry_release(entry);
 
-  auto reserving = resolve_request(ids, KVRELAY_RESOLVE_RESERVE);
-  auto reserved = empty_resolved();
+  auto reserving = reservation_resolve_request(ids, KVRELAY_RESOLVE_RESERVE);
+  auto reserved = reservation_empty_resolved();
   REQUIRE(kvrelay_resolve(scheduler, &reserving, &reserved, nullptr) == KVRELAY_OK);
   CHECK(reserved.tokens == 32);
   CHECK(reserved.reservation != 0);
   CHECK(std::string(reserved.medium) == "kv_raw");
 
-  auto claimed = empty_resolved();
+  auto claimed = reservation_empty_resolved();
   kvrelay_entry* loaded = nullptr;
   REQUIRE(kvrelay_claim(worker, reserved.reservation, 0, &claimed, &loaded) == KVRELAY_OK);
   CHECK(claimed.tokens == 32);
   CHECK(std::string(claimed.medium) == "kv_raw");
-  CHECK(entry_bytes(loaded) == bytes);
+  CHECK(reservation_entry_bytes(loaded) == bytes);
   kvrelay_entry_release(loaded);
   CHECK(kvrelay_claim(worker, reserved.reservation, 0, nullptr, &loaded) == KVRELAY_E_NOT_FOUND);
   CHECK(std::string(kvrelay_last_error(worker)).find("expired or unknown") != std::string::npos);
@@ -192,7 +193,7 @@ TEST_CASE("C ABI 5 publishes by request and resolves, reserves and claims the sa
 
   kvrelay_prefill_report report{};
   report.struct_size = sizeof(report);
-  report.model_id = kModel;
+  report.model_id = kReservationModel;
   report.computed_tokens = 8;
   report.context_tokens = 40;
   report.seconds = 0.01;
@@ -203,7 +204,7 @@ TEST_CASE("C ABI 5 publishes by request and resolves, reserves and claims the sa
   small.struct_size = sizeof(small) - 8;
   CHECK(kvrelay_resolve(scheduler, &small, &plain, &entry) == KVRELAY_E_INVALID_ARGUMENT);
   CHECK(std::string(kvrelay_last_error(scheduler)).find("kvrelay_resolve_request") != std::string::npos);
-  auto bad_out = empty_resolved();
+  auto bad_out = reservation_empty_resolved();
   bad_out.struct_size = 8;
   CHECK(kvrelay_resolve(scheduler, &request, &bad_out, &entry) == KVRELAY_E_INVALID_ARGUMENT);
   report.struct_size = 4;
@@ -212,13 +213,13 @@ TEST_CASE("C ABI 5 publishes by request and resolves, reserves and claims the sa
   REQUIRE(kvrelay_region_alloc(worker, 32 * 16, &region) == KVRELAY_OK);
   kvrelay_publish_request publish_request{};
   publish_request.struct_size = sizeof(publish_request) + 8;
-  const auto layout = c_layout(16);
+  const auto layout = reservation_layout(16);
   CHECK(kvrelay_region_commit_request(worker, region, &publish_request, &layout) == KVRELAY_E_INVALID_ARGUMENT);
   // More tokens than the prompt has is not a prompt's KV.
   REQUIRE(kvrelay_region_alloc(worker, 32 * 16, &region) == KVRELAY_OK);
   publish_request.struct_size = sizeof(publish_request);
-  publish_request.block_tokens = kBlock;
-  publish_request.model_id = kModel;
+  publish_request.block_tokens = kReservationBlock;
+  publish_request.model_id = kReservationModel;
   publish_request.root = KVRELAY_ROOT_BLOCK_HASH;
   publish_request.tokens = ids.data();
   publish_request.count = 16;
@@ -235,21 +236,21 @@ TEST_CASE("Reservations expire and are bounded and a version-5 client still reso
   options.max_reservations = 2;
   ServerProcess server(options);
   auto writer = server.connect();
-  const auto ids = prompt_ids(40, 9);
+  const auto ids = reservation_prompt(40, 9);
   kv_store::EntryChain chain;
-  chain.block_tokens = kBlock;
+  chain.block_tokens = kReservationBlock;
   chain.root = kRootBlockHash;
   chain.tokens.assign(ids.begin(), ids.begin() + 32);
-  const auto hashes = hash_blocks(kModel, chain.tokens, kBlock);
+  const auto hashes = hash_blocks(kReservationModel, chain.tokens, kReservationBlock);
   const auto bytes = pattern_bytes(32 * 32, 3);
-  REQUIRE(writer.publish_with_context({kModel, hashes.back()}, KvLayout{1, 1, 8, DType::kFloat16, 32}, bytes, "",
-                                      Fidelity::exact(), &chain));
+  REQUIRE(writer.publish_with_context({kReservationModel, hashes.back()}, KvLayout{1, 1, 8, DType::kFloat16, 32}, bytes,
+                                      "", Fidelity::exact(), &chain));
 
-  auto first = writer.reserve(cpp_request(ids));
+  auto first = writer.reserve(reservation_cpp_request(ids));
   REQUIRE(first);
   CHECK(first.value().meta.blocks == 2);
-  auto second = writer.reserve(cpp_request(ids));
-  auto third = writer.reserve(cpp_request(ids));
+  auto second = writer.reserve(reservation_cpp_request(ids));
+  auto third = writer.reserve(reservation_cpp_request(ids));
   REQUIRE(second);
   REQUIRE(third);
   auto claimer = server.connect();
@@ -268,10 +269,10 @@ TEST_CASE("Reservations expire and are bounded and a version-5 client still reso
 
   auto old = ShmClient::connect(server.socket_path(), 5);
   REQUIRE(old);
-  auto resolved = old.value().resolve(cpp_request(ids));
+  auto resolved = old.value().resolve(reservation_cpp_request(ids));
   REQUIRE(resolved);
   CHECK(resolved.value().meta.blocks == 2);
-  CHECK(old.value().reserve(cpp_request(ids)).error().code == ErrorCode::kUnsupported);
+  CHECK(old.value().reserve(reservation_cpp_request(ids)).error().code == ErrorCode::kUnsupported);
 }
 
 TEST_CASE("A resolve past its timeout_ms against a silent sidecar times out and closes the client", "[shm][c_api]") {
@@ -298,10 +299,10 @@ TEST_CASE("A resolve past its timeout_ms against a silent sidecar times out and 
   });
   kvrelay_client* client = nullptr;
   REQUIRE(kvrelay_client_connect(path.c_str(), &client) == KVRELAY_OK);
-  const auto ids = prompt_ids(40, 1);
-  auto request = resolve_request(ids, 0);
+  const auto ids = reservation_prompt(40, 1);
+  auto request = reservation_resolve_request(ids, 0);
   request.timeout_ms = 100;
-  auto out = empty_resolved();
+  auto out = reservation_empty_resolved();
   kvrelay_entry* entry = nullptr;
   const auto started = std::chrono::steady_clock::now();
   CHECK(kvrelay_resolve(client, &request, &out, &entry) == KVRELAY_E_TIMEOUT);
