@@ -524,8 +524,9 @@ int kvrelay_region_commit_request(kvrelay_client* client, kvrelay_region* region
                             request->count};
   auto entry_chain = to_chain(&chain);
   if (!entry_chain) return refuse(record(client, entry_chain.error()));
-  const auto hashes = kvrelay::hash_blocks(request->model_id, std::span(request->tokens, request->count),
-                                           request->block_tokens, request->root);
+  // The key is the chain's last block hash, as the sidecar recomputes it when it verifies.
+  const auto hashes =
+      kvrelay::kv_store::chain_keys(request->model_id, *entry_chain.value(), kvrelay::kv_store::ChainScope::kUnscoped);
   const kvrelay::kv_store::EntryKey key{request->model_id, hashes.back()};
   auto committed = client->client.commit_written_with_context(
       std::move(region->region), key, to_layout(*layout), request->params_json == nullptr ? "" : request->params_json,
