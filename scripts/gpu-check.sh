@@ -9,6 +9,9 @@
 #     place_codecs and the CLI's GPU frames;
 #   - broker_kv_path_tests [cuda]: two sidecars with codecs.device "auto" hand KV over on the GPU;
 #   - cuda_codec_bench: throughput next to a device-to-device copy (JSON to $OUT or gpu-out/);
+#   - the vLLM connector's GPU path (tests/vllm/test_gpu_path.py with the machine's own torch):
+#     CUDA caches handed over bit-exact through a real sidecar, registered and bounced, and
+#     bench/connector_bench/gpu_connector_bench.py next to a pinned host <-> device copy;
 #   - then, since that machine has 16 cores to itself, the CPU goals of the codec and transport
 #     issues away from the 2-vCPU development VM: codec_bench and transport_bench (JSON beside
 #     it; each under a time limit so the GPU results always come back).
@@ -31,6 +34,8 @@ pack() {
   staging=$(mktemp -d)
   trap 'rm -rf "$staging"' EXIT
   mkdir -p "$staging/bin" "$staging/lib" "$staging/model"
+  # The connector's C ABI, which Python loads (no binary links it).
+  strip -o "$staging/lib/libkvrelay_client.so" "$build/shm_transport/libkvrelay_client.so"
   for binary in "${binaries[@]}"; do
     if [[ ! -x $build/$binary ]]; then
       echo "gpu-check: $build/$binary is missing (build the default preset with the benchmarks)" >&2
@@ -103,6 +108,12 @@ run() {
     "kvrelay codec --device cuda writes the CPU's frame\\, or refuses naming why"
   step sidecar_gpu_handoff "$bin/broker_kv_path_tests" --warn NoTests "[cuda]" -s
   step cuda_codec_bench sh -c "'$bin/cuda_codec_bench' > '$out/cuda_codec_bench.json'"
+  # The vLLM connector on CUDA tensors, with this machine's python3 and torch (nothing installed).
+  local python_env=(env "KVRELAY_CLIENT_LIB=$root/lib/libkvrelay_client.so"
+                    "PYTHONPATH=$PWD/connectors/vllm:$PWD/tests/vllm/standin:$PWD/tests/vllm")
+  step connector_gpu "${python_env[@]}" sh -c "cd tests/vllm && python3 -m unittest -v test_gpu_path"
+  step connector_gpu_bench timeout 120 "${python_env[@]}" sh -c \
+    "python3 bench/connector_bench/gpu_connector_bench.py > '$out/gpu_connector_bench.json'"
   # The CPU benchmarks on an otherwise idle many-core machine (`timeout` exits 124 when one
   # runs out of time; its partial output is kept).
   local model_kv=()

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "kvrelay/core/tensor_parallel.h"
 #include "kvrelay/core/unique_fd.h"
 
 #include "json_reader.h"
@@ -274,6 +275,10 @@ void read_agent(const json& value, const std::string& pointer, AgentPolicy& out,
   read_url(reader, "metrics_url", out.metrics_url, diag, false);
   reader.read_bool("accepts_sparse_kv", out.accepts_sparse_kv);
   read_identifier(reader, "tenant", out.tenant, diag, false);
+  reader.read_u32("tensor_parallel_size", out.tensor_parallel_size, 1, 1024);
+  if (out.model.kv_heads != 0 && shard_kv_heads(out.model.kv_heads, out.tensor_parallel_size) == 0) {
+    diag.problem(reader.pointer_of("tensor_parallel_size"), "model.kv_heads is not a multiple of tensor_parallel_size");
+  }
   reader.reject_unknown_keys();
 }
 

@@ -2,15 +2,20 @@
 
 #include <fmt/format.h>
 
+#include "kvrelay/core/tensor_parallel.h"
+
 namespace kvrelay::peer {
 
 PeerGrant grant_for(const Policy& policy, std::string_view peer_id, bool tls) {
   return PeerGrant{std::string(peer_id), !tls && policy.find_peer(peer_id) == nullptr};
 }
 
-bool same_model_shape(const ModelFingerprint& model, const KvLayout& layout) noexcept {
-  return model.layers == layout.layers && model.kv_heads == layout.kv_heads && model.head_dim == layout.head_dim &&
-         model.dtype == layout.dtype;
+bool agent_model_shape(const AgentPolicy& agent, const KvLayout& layout) noexcept {
+  const ModelFingerprint& model = agent.model;
+  const bool heads =
+      layout.kv_heads == model.kv_heads ||
+      (agent.tensor_parallel_size > 1 && layout.kv_heads == shard_kv_heads(model.kv_heads, agent.tensor_parallel_size));
+  return model.layers == layout.layers && heads && model.head_dim == layout.head_dim && model.dtype == layout.dtype;
 }
 
 Status authorize_push(const Policy& policy, const PeerGrant& grant, std::string_view route_id) {
@@ -44,7 +49,7 @@ Status authorize_pushed_entry(const Policy& policy, const PeerGrant& grant, std:
   if (grant.unrestricted) return ok();
   const RoutePolicy* route = policy.find_route(route_id);  // authorize_push found it; a reload may not
   const AgentPolicy* to = route != nullptr ? policy.find_agent(route->to_agent) : nullptr;
-  if (to == nullptr || !same_model_shape(to->model, layout)) {
+  if (to == nullptr || !agent_model_shape(*to, layout)) {
     return fail(ErrorCode::kPermissionDenied,
                 fmt::format("push from peer {} refused: its entry is not of route {}'s to agent's model", grant.peer_id,
                             route_id));
@@ -71,7 +76,7 @@ bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_stor
   if (grant.peer_id.empty() || grant.peer_id == policy.node_id) return false;  // "" is this node's agents
   for (const auto& agent : policy.agents) {
     if (agent.node == grant.peer_id && agent.tenant == entry.chain->tenant &&
-        same_model_shape(agent.model, entry.info.layout))
+        agent_model_shape(agent, entry.info.layout))
       return true;
   }
   return false;

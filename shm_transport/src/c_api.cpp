@@ -9,6 +9,7 @@
 
 #include "kvrelay/core/block_hash.h"
 #include "kvrelay/core/model_fingerprint.h"
+#include "kvrelay/core/tensor_parallel.h"
 #include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/kvrelay_client.h"
 
@@ -203,13 +204,9 @@ kvrelay::Result<kvrelay::ModelFingerprint> shard_fingerprint(const kvrelay_model
   if (model.tp_size <= 1) return fingerprint;
   if (model.tp_rank >= model.tp_size)
     return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.tp_rank >= tp_size");
-  if (model.tp_size <= model.kv_heads) {
-    if (model.kv_heads % model.tp_size != 0) {
-      return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.kv_heads is not a multiple of tp_size");
-    }
-    fingerprint.kv_heads = model.kv_heads / model.tp_size;
-  } else {
-    fingerprint.kv_heads = 1;  // vLLM replicates heads across ranks
+  fingerprint.kv_heads = kvrelay::shard_kv_heads(model.kv_heads, model.tp_size);
+  if (fingerprint.kv_heads == 0) {
+    return kvrelay::fail(ErrorCode::kInvalidArgument, "kvrelay_model.kv_heads is not a multiple of tp_size");
   }
   fingerprint.weights_identity += "#tp" + std::to_string(model.tp_rank) + "/" + std::to_string(model.tp_size);
   return fingerprint;

@@ -174,6 +174,24 @@ TEST_CASE("memory strategy names round-trip and nothing else parses", "[core][po
   CHECK_FALSE(kvrelay::parse_memory_strategy(""));
 }
 
+TEST_CASE("an agent's tensor_parallel_size is 1 unless set, and must share out its KV heads", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  CHECK(defaults.value().agents[0].tensor_parallel_size == 1);
+  document["agents"][0]["tensor_parallel_size"] = 2;
+  const auto two = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(two);
+  CHECK(two.value().agents[0].tensor_parallel_size == 2);
+  document["agents"][0]["tensor_parallel_size"] = 0;
+  CHECK_THAT(rejection(document), Catch::Contains("/agents/0/tensor_parallel_size"));
+  document["agents"][0]["tensor_parallel_size"] = 3;  // 4 heads do not share out over 3 ranks
+  CHECK_THAT(rejection(document), Catch::Contains("/agents/0/tensor_parallel_size") &&
+                                      Catch::Contains("not a multiple of tensor_parallel_size"));
+  document["agents"][0]["tensor_parallel_size"] = 8;  // more ranks than heads: one each, replicated
+  CHECK(parse_policy(document.dump(), "config/x.json"));
+}
+
 TEST_CASE("unknown keys are rejected, listing what is allowed", "[core][policy]") {
   auto document = minimal_policy();
   document["routes"][1]["colour"] = "blue";

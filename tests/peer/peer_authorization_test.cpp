@@ -1,11 +1,28 @@
 // Authorization on the peer plane (issue #25), against a real TLS daemon: a peer pushes only on
 // routes from its own agents to this node's, and fetches only KV of models its agents use.
+#include "kvrelay/peer/peer_authorization.h"
+
 #include <catch2/catch.hpp>
 
 #include "peer_security_fixture.h"
 #include "support/peer_fixture.h"
 
 namespace kvrelay::test {
+
+TEST_CASE("an agent with tensor_parallel_size owns its ranks' shards of KV heads, and only those", "[peer][security]") {
+  AgentPolicy agent;
+  agent.model = ModelFingerprint{"llama", 32, 8, 128, DType::kBFloat16, "w"};
+  const auto shaped = [](std::uint32_t heads) { return KvLayout{32, heads, 128, DType::kBFloat16, 16}; };
+  CHECK(peer::agent_model_shape(agent, shaped(8)));
+  CHECK_FALSE(peer::agent_model_shape(agent, shaped(4)));  // TP 1: a shard is another model's KV
+  agent.tensor_parallel_size = 2;
+  CHECK(peer::agent_model_shape(agent, shaped(8)));
+  CHECK(peer::agent_model_shape(agent, shaped(4)));
+  CHECK_FALSE(peer::agent_model_shape(agent, shaped(2)));
+  agent.tensor_parallel_size = 16;  // more ranks than heads: each holds one replicated head
+  CHECK(peer::agent_model_shape(agent, shaped(1)));
+  CHECK_FALSE(peer::agent_model_shape(agent, KvLayout{32, 1, 64, DType::kBFloat16, 16}));
+}
 
 TEST_CASE("a peer pushing on a route it does not own is refused with an error, and nothing is stored",
           "[peer][security]") {

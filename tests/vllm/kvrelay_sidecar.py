@@ -24,10 +24,12 @@ def kvrelay_binary() -> str:
     return path
 
 
-def agent(agent_id: str, node: str | None = None, model: dict | None = None) -> dict:
+def agent(agent_id: str, node: str | None = None, model: dict | None = None, tp_size: int = 1) -> dict:
     entry = {"id": agent_id, "upstream": "http://127.0.0.1:9", "model": model or MODEL, "kv_connector": True}
     if node:
         entry["node"] = node
+    if tp_size > 1:
+        entry["tensor_parallel_size"] = tp_size
     return entry
 
 

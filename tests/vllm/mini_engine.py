@@ -56,6 +56,7 @@ class RequestResult:
     kv_transfer_params: Optional[dict[str, Any]] = None
     preemptions: int = 0
     none_answers: int = 0          # times get_num_new_matched_tokens answered (None, False)
+    delayed_free: bool = False     # request_finished asked vLLM to keep its blocks for a while
     finish_status: Optional[RequestStatus] = None
 
 
@@ -208,6 +209,29 @@ class MiniEngine:
         state.result.preemptions += 1
         state.resumed = True
         self.waiting.appendleft(state)
+
+    def abort(self, request_id: str) -> None:
+        """As vLLM's finish_requests(FINISHED_ABORTED) for a waiting or running request: the
+        connector's request_finished decides whether its blocks are freed now or once the
+        workers name it in finished_sending."""
+        state = self.states[request_id]
+        if state in self.running:
+            self.running.remove(state)
+        elif state in self.waiting:
+            self.waiting.remove(state)
+        else:
+            return
+        req = state.request
+        req.status = RequestStatus.FINISHED_ABORTED
+        state.result.finish_status = req.status
+        delay, params = self.scheduler_connector.request_finished(req, list(state.block_ids))
+        state.result.kv_transfer_params = params
+        state.result.delayed_free = bool(delay)
+        self.finished_req_ids.add(request_id)
+        if delay:
+            self.pending_free[request_id] = state
+        else:
+            self._free(state)
 
     def _blocks(self, ids: list[int]) -> KVCacheBlocks:
         return KVCacheBlocks((([KVCacheBlock(block_id=i) for i in ids]),))
@@ -388,6 +412,7 @@ class MiniEngine:
         result.finish_status = req.status
         delay, params = self.scheduler_connector.request_finished(req, list(state.block_ids))
         result.kv_transfer_params = params
+        result.delayed_free = bool(delay)
         self.finished_req_ids.add(req.request_id)
         if delay:
             self.pending_free[req.request_id] = state

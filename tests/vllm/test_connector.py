@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -163,6 +164,24 @@ class OneNode(unittest.TestCase):
         self.assertTrue(hit["kv_ok"])
         self.assertGreaterEqual(counters(engine)["scheduler"]["connects"], 2)
 
+    def test_a_preempted_request_resolves_and_loads_again_when_it_resumes(self) -> None:
+        spec = {"socket": self.sidecar.socket}
+        a_prompt = prompt(17, 70)
+        run_engine_process({**spec, "requests": [{"id": "a", "prompt": a_prompt}]})
+        engine = build_engine(spec)
+        engine.add_request("b", a_prompt + [3, 3], 3)
+        engine.step()  # b loads 64 tokens, prefills the rest, samples its first token
+        self.assertEqual(engine.results["b"].loaded_tokens, 64)
+        engine.preempt("b")  # out of blocks: vLLM frees them and starts b over later
+        engine.run()
+        result = engine.results["b"]
+        self.assertEqual(result.preemptions, 1)
+        self.assertEqual(result.loaded_tokens, 128)  # imported again on resume, not recomputed
+        self.assertEqual(result.load_error_blocks, 0)
+        self.assertTrue(result.kv_ok, result.mismatched_tokens)
+        self.assertEqual(counters(engine)["scheduler"]["lookups"], 2)
+        engine.shutdown()
+
     def test_tensor_parallel_ranks_publish_and_load_their_own_shards(self) -> None:
         a_prompt = prompt(9, 70)
         b_prompt = a_prompt + [8, 8, 8]
@@ -181,6 +200,96 @@ class OneNode(unittest.TestCase):
                                    "requests": [{"id": "lone", "prompt": b_prompt}]})["results"]["lone"]
         self.assertEqual(lone["loaded_tokens"], 0)  # rank 0's shard of TP=4 was never published
         self.assertTrue(lone["kv_ok"])
+
+
+class Asynchronous(unittest.TestCase):
+    """async_lookup and async_load: vLLM is answered None while the sidecar decides, and loads
+    run beside its forward passes, reported through get_finished."""
+
+    def setUp(self) -> None:
+        self.sidecar = Sidecar("node-a").start()
+        self.spec = {"socket": self.sidecar.socket}
+
+    def tearDown(self) -> None:
+        self.sidecar.close()
+
+    def publish(self, seed: int) -> list[int]:
+        a_prompt = prompt(seed, 70)
+        a = run_engine_process({**self.spec, "requests": [{"id": "a", "prompt": a_prompt}]})
+        self.assertEqual(a["counters"]["worker"]["publishes"], 1)
+        return a_prompt
+
+    def test_async_lookups_answer_none_until_the_sidecar_decides_and_then_load(self) -> None:
+        a_prompt = self.publish(11)
+        b = run_engine_process({**self.spec, "extra": {"async_lookup": True},
+                                "requests": [{"id": "b", "prompt": a_prompt + [2, 2]},
+                                             {"id": "c", "prompt": prompt(12, 40)}]})
+        hit, miss = b["results"]["b"], b["results"]["c"]
+        self.assertGreaterEqual(hit["none_answers"], 1)
+        self.assertEqual(hit["loaded_tokens"], 64)
+        self.assertTrue(hit["kv_ok"], hit["mismatched_tokens"])
+        self.assertGreaterEqual(miss["none_answers"], 1)  # a miss is also asked for again, then 0
+        self.assertEqual(miss["loaded_tokens"], 0)
+        self.assertTrue(miss["kv_ok"])
+        self.assertEqual(b["counters"]["scheduler"]["lookups"], 2)  # one resolve each, however often asked
+
+    def test_async_loads_land_through_get_finished_bit_exact(self) -> None:
+        a_prompt = self.publish(13)
+        b = run_engine_process({**self.spec, "extra": {"async_lookup": True, "async_load": True},
+                                "requests": [{"id": "b", "prompt": a_prompt + [4]}]})
+        result = b["results"]["b"]
+        self.assertEqual(result["loaded_tokens"], 64)
+        self.assertEqual(result["load_error_blocks"], 0)
+        # Once loaded, vLLM schedules it from token 64: only the rest is computed.
+        self.assertEqual(result["computed_tokens"], 71 - 64 + 1)
+        self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
+        self.assertFalse(result["delayed_free"])
+
+    def test_an_async_load_that_fails_is_reported_and_recomputed(self) -> None:
+        a_prompt = self.publish(14)
+        engine = build_engine({**self.spec, "extra": {"async_load": True}})
+        sidecar = self.sidecar
+        original = engine.worker_connector._load
+
+        def load_after_the_sidecar_died(load):
+            sidecar.kill()
+            return original(load)
+
+        engine.worker_connector._load = load_after_the_sidecar_died
+        result = run_requests(engine, [{"id": "b", "prompt": a_prompt + [5]}])["b"]
+        self.assertEqual(result["loaded_tokens"], 64)
+        self.assertEqual(result["load_error_blocks"], 4)
+        self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
+        self.assertEqual(result["computed_tokens"], 71 + 1)  # all of it, from the first failed block
+        engine.shutdown()
+
+    def test_a_request_aborted_while_its_load_runs_keeps_its_blocks_until_the_load_ends(self) -> None:
+        a_prompt = self.publish(15)
+        engine = build_engine({**self.spec, "extra": {"async_load": True}})
+        gate = threading.Event()
+        started = threading.Event()
+        original = engine.worker_connector._load
+
+        def held_load(load):
+            started.set()
+            gate.wait(30)
+            return original(load)
+
+        engine.worker_connector._load = held_load
+        free_before = len(engine.free_blocks)
+        engine.add_request("b", a_prompt + [6], 2)
+        while not started.is_set():
+            engine.step()
+        engine.abort("b")
+        self.assertTrue(engine.results["b"].delayed_free)
+        for _ in range(3):
+            engine.step()  # the load is still writing into its blocks: they stay allocated
+        self.assertEqual(len(engine.free_blocks), free_before - 4)  # 64 tokens
+        gate.set()
+        engine.run()
+        self.assertEqual(len(engine.free_blocks), free_before)
+        self.assertEqual(engine.pending_free, {})
+        engine.shutdown()
 
 
 class Configuration(unittest.TestCase):
@@ -224,6 +333,39 @@ class TwoNodes(unittest.TestCase):
             self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
             decisions = node_b.admin("/admin/decisions?limit=5")
             self.assertIn("peer:node-a", json.dumps(decisions))
+        finally:
+            node_a.close()
+            node_b.close()
+
+    def test_tensor_parallel_shards_are_fetched_from_the_peer_by_the_schedulers_lookup(self) -> None:
+        port_a, port_b = free_port(), free_port()
+        route = [{"id": "writer-to-reader", "from": "writer", "to": "reader", "forced_medium": "kv_raw"}]
+        # Both engines run TP=2: node A lets node B fetch the shards of reader's model.
+        node_a = Sidecar("node-a", agents=[agent("writer", tp_size=2), agent("reader", "node-b", tp_size=2)],
+                         routes=route, peers=[{"id": "node-b", "address": f"127.0.0.1:{port_b}"}])
+        node_b = Sidecar("node-b", agents=[agent("writer", "node-a", tp_size=2), agent("reader", tp_size=2)],
+                         routes=route, peers=[{"id": "node-a", "address": f"127.0.0.1:{port_a}"}])
+        node_a.policy["listen"]["peer"] = f"127.0.0.1:{port_a}"
+        node_b.policy["listen"]["peer"] = f"127.0.0.1:{port_b}"
+        node_a.start()
+        node_b.start()
+        try:
+            a_prompt = prompt(16, 70)
+            writer = {"kvrelay": {"agent": "writer"}}
+            for rank in (0, 1):
+                a = run_engine_process({"socket": node_a.socket, "tp_size": 2, "tp_rank": rank, "requests": [
+                    {"id": f"a{rank}", "prompt": a_prompt, "kv_transfer_params": writer}]})
+                self.assertEqual(a["counters"]["worker"]["publishes"], 1)
+            reader = {"kvrelay": {"agent": "reader", "route": "writer-to-reader"}}
+            # Rank 1 of node B: its scheduler's lookup fetches both shards from node A; the worker
+            # claims its own.
+            b = run_engine_process({"socket": node_b.socket, "tp_size": 2, "tp_rank": 1, "requests": [
+                {"id": "b1", "prompt": a_prompt + [6, 6], "kv_transfer_params": reader}]})
+            result = b["results"]["b1"]
+            self.assertEqual(result["loaded_tokens"], 64, json.dumps(node_b.admin("/admin/decisions?limit=5"))[-3000:])
+            self.assertEqual(result["load_error_blocks"], 0)
+            self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
+            self.assertEqual(b["counters"]["scheduler"]["lookup_hits"], 1)
         finally:
             node_a.close()
             node_b.close()

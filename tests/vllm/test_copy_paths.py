@@ -9,9 +9,11 @@ import unittest
 
 import torch
 
+from kvrelay_sidecar import Sidecar as SidecarProcess
 from kvrelay_vllm import _native as native
 from kvrelay_vllm.layouts import describe
-from kvrelay_vllm.torch_copy import TorchCopier
+from kvrelay_vllm.sidecar import Sidecar
+from kvrelay_vllm.torch_copy import HostRegistry, TorchCopier, arena_mapping_of
 
 BLOCK = 16
 HEADS = 4
@@ -86,6 +88,50 @@ class CopyPathsAgree(unittest.TestCase):
             big[:, :, :, ::2].copy_(tensor)
             return big[:, :, :, ::2]
         self.round_trip(native.PAGED_FLASH_ATTN, torch.bfloat16, heads_view)
+
+
+class ArenaRegistration(unittest.TestCase):
+    """What the CUDA copy path registers: the sidecar's arena mapping, found for a real region of
+    a real sidecar, once, and unregistered before the connection closes. (cudaHostRegister itself
+    runs where a GPU is: scripts/gpu-check.sh.)"""
+
+    def setUp(self) -> None:
+        self.process = SidecarProcess("node-a").start()
+        self.client = Sidecar(self.process.socket)
+
+    def tearDown(self) -> None:
+        self.client.close()
+        self.process.close()
+
+    def test_the_arena_mapping_is_registered_once_and_forgotten_before_close(self) -> None:
+        region, address = self.client.allocate(1 << 20)
+        try:
+            mapping = arena_mapping_of(address)
+            self.assertIsNotNone(mapping, "a region of the arena is not in a kvrelay-arena mapping")
+            start, end = mapping
+            self.assertTrue(start <= address and address + (1 << 20) <= end)
+            self.assertGreaterEqual(end - start, 1 << 20)
+            # Memory that is not the sidecar's arena is never registered.
+            self.assertIsNone(arena_mapping_of(torch.zeros(1 << 16, dtype=torch.uint8).data_ptr()))
+            registered: list = []
+            unregistered: list = []
+            registry = HostRegistry(register=lambda s, n: registered.append((s, n)) or True,
+                                    unregister=unregistered.append)
+            self.client.before_close.append(registry.forget)
+            self.assertTrue(registry.covers(address, 1 << 20))
+            self.assertTrue(registry.covers(address + 4096, 4096))
+            self.assertEqual(registered, [(start, end - start)])
+            self.assertFalse(registry.covers(torch.zeros(16).data_ptr(), 64))
+            # A mapping CUDA refused is not asked again: the bounce buffer serves it.
+            refusing_calls: list = []
+            refusing = HostRegistry(register=lambda s, n: refusing_calls.append(s) and False)
+            self.assertFalse(refusing.covers(address, 4096))
+            self.assertFalse(refusing.covers(address, 4096))
+            self.assertEqual(len(refusing_calls), 1)
+        finally:
+            self.client.abort(region)
+        self.client.close()
+        self.assertEqual(unregistered, [start])
 
 
 if __name__ == "__main__":

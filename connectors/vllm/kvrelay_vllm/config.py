@@ -13,7 +13,7 @@ _DTYPES = {"float32": native.DTYPE_FP32, "float16": native.DTYPE_FP16, "half": n
            "bfloat16": native.DTYPE_BF16}
 _LAYOUTS = {"flash_attn": native.PAGED_FLASH_ATTN, "flashinfer": native.PAGED_FLASHINFER, "cpu": native.PAGED_CPU}
 _KNOWN_KEYS = {"socket", "block_tokens", "weights", "architecture", "lookup_timeout_ms", "load_timeout_ms",
-               "paged_layout", "publish", "retry_seconds", "copy"}
+               "paged_layout", "publish", "retry_seconds", "copy", "async_lookup", "async_load"}
 
 
 class ConnectorConfigError(ValueError):
@@ -44,7 +44,9 @@ class ConnectorConfig:
     paged_layout: int | None   # forced native.PAGED_*; None: read from the tensors' shapes
     publish: bool
     retry_seconds: float
-    copy: str                  # "auto": native for host caches, torch for CUDA ones; "torch": always torch
+    copy: str                  # "auto", "torch" (torch indexing on host caches too), "bounce" (CUDA: never register)
+    async_lookup: bool         # lookups on a background thread: vLLM is answered None until the sidecar decides
+    async_load: bool           # loads on a background thread while vLLM runs other requests
 
     def model(self) -> native.Model:
         model = native.sized(native.Model)
@@ -97,8 +99,13 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
     if not isinstance(publish, bool):
         raise ConnectorConfigError("kv_connector_extra_config.publish must be true or false")
     copy = extra.get("copy", "auto")
-    if copy not in ("auto", "torch"):
-        raise ConnectorConfigError('kv_connector_extra_config.copy must be "auto" or "torch"')
+    if copy not in ("auto", "torch", "bounce"):
+        raise ConnectorConfigError('kv_connector_extra_config.copy must be "auto", "torch" or "bounce"')
+    switches = {}
+    for key in ("async_lookup", "async_load"):
+        switches[key] = extra.get(key, False)
+        if not isinstance(switches[key], bool):
+            raise ConnectorConfigError(f"kv_connector_extra_config.{key} must be true or false")
     role = getattr(transfer, "kv_role", "kv_both")
     return ConnectorConfig(
         socket=str(extra.get("socket", DEFAULT_SOCKET)),
@@ -119,4 +126,6 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         publish=publish and role in ("kv_both", "kv_producer"),
         retry_seconds=float(extra.get("retry_seconds", 1.0)),
         copy=copy,
+        async_lookup=switches["async_lookup"],
+        async_load=switches["async_load"],
     )

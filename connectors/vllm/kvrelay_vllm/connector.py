@@ -1,18 +1,22 @@
 """KvRelayConnector: vLLM's V1 KV connector over the node's kvrelay sidecar.
 
-Scheduler side: one reserving Resolve per request (the sidecar's decision: medium, peers,
-audit record), whose answer is cached, so get_num_new_matched_tokens stays side-effect free
-however often vLLM asks. Worker side: each rank claims the reservation (rank 0) or resolves its
-own shard (other ranks) and scatters it into the blocks vLLM allocated; after the prompt's
-prefill it gathers the prompt's whole kvrelay blocks into a shared region and commits it with
-their token ids. Any failure is a miss or a load error that vLLM recomputes, never wrong KV.
+Scheduler side: one reserving Resolve per request and TP rank (the sidecar's decision: medium,
+peers, audit record), whose answer is cached, so get_num_new_matched_tokens stays side-effect
+free however often vLLM asks; with async_lookup it runs on a background thread and vLLM is
+answered None until it is back. Worker side: each rank claims its own shard's reservation and
+scatters it into the blocks vLLM allocated, before the forward pass or, with async_load, on a
+background thread reported through get_finished; after the prompt's prefill it gathers the
+prompt's whole kvrelay blocks into a shared region and commits it with their token ids. Any
+failure is a miss or a load error that vLLM recomputes, never wrong KV.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
@@ -48,10 +52,16 @@ def chain_root(params: Any) -> int:
     return native.ROOT_BLOCK_HASH
 
 
+@dataclass(frozen=True)
+class _Hit:
+    prefix: native.ResolvedPrefix  # rank 0's answer; tokens: what every rank's shard covers
+    reservations: tuple[int, ...]  # one per TP rank
+
+
 @dataclass
 class _Lookup:
-    prefix: native.ResolvedPrefix | None  # None: a miss
-    local_computed: int                   # vLLM's own prefix-cache hit when it asked
+    hit: _Hit | None     # None: a miss
+    local_computed: int  # vLLM's own prefix-cache hit when it asked
 
 
 @dataclass
@@ -60,7 +70,9 @@ class _RequestState:
     params: Any
     root: int
     lookup: _Lookup | None = None
+    lookup_future: Future | None = None  # async_lookup: the resolve in flight
     pending_load: LoadSpec | None = None
+    loading: bool = False                # an asynchronous load not yet reported finished
     block_ids: list[int] | None = None
     first_scheduled_computed: int | None = None
     imported_tokens: int = 0
@@ -77,17 +89,28 @@ class KvRelayConnector(KVConnectorBase_V1):
         cfg = self.config
         self.model_id = self._lib.model_id(cfg.model())
         self.shard_heads = self._lib.shard_heads(cfg.model())
-        rank0 = cfg.model()
-        rank0.tp_rank = 0
-        self.rank0_model_id = self._lib.model_id(rank0)
+        self.rank_model_ids = []
+        for rank in range(max(1, cfg.tp_size)):
+            shard = cfg.model()
+            shard.tp_rank = rank
+            self.rank_model_ids.append(self._lib.model_id(shard))
+        self.rank0_model_id = self.rank_model_ids[0]
         self.sidecar = Sidecar(cfg.socket, self._lib, cfg.retry_seconds)
         # Scheduler side.
         self._states: dict[str, _RequestState] = {}
+        self._delayed_frees: list[str] = []
+        self._lookups: ThreadPoolExecutor | None = None
+        if role == KVConnectorRole.SCHEDULER and cfg.async_lookup:
+            self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvrelay-lookup")
         # Worker side.
         self._caches: dict[str, PagedCache] = {}
         self._layer_index: dict[str, int] = {}
         self._regions: dict[str, tuple[Any, int]] = {}
         self._load_errors: set[int] = set()
+        self._errors_lock = threading.Lock()  # the load thread adds, vLLM's thread takes
+        self._loader: ThreadPoolExecutor | None = None
+        self._inflight: dict[str, Future] = {}
+        self._free_when_loaded: set[str] = set()
         self._dropped: set[str] = set()  # publishes abandoned this step
         self._step_started = 0.0
         self.copy_mode = "native"
@@ -107,45 +130,82 @@ class KvRelayConnector(KVConnectorBase_V1):
             self._states[request.request_id] = state
         return state
 
-    def _resolve(self, state: _RequestState) -> native.ResolvedPrefix | None:
+    def _resolve(self, prompt: tuple[int, ...], params: Any, root: int) -> _Hit | None:
+        """Every TP rank's shard, reserved: a hit only when all of them are held."""
         cfg = self.config
         self.sidecar.counters.lookups += 1
+        answers: list[native.ResolvedPrefix] = []
         try:
-            prefix, _ = self.sidecar.resolve(model_id=self.rank0_model_id, block_tokens=cfg.block_tokens,
-                                             root=state.root, tokens=state.prompt, params=state.params,
-                                             timeout_ms=cfg.lookup_timeout_ms, reserve=True)
+            for model_id in self.rank_model_ids:
+                prefix, _ = self.sidecar.resolve(model_id=model_id, block_tokens=cfg.block_tokens, root=root,
+                                                 tokens=prompt, params=params, timeout_ms=cfg.lookup_timeout_ms,
+                                                 reserve=True)
+                answers.append(prefix)
         except native.KvrelayError as error:
+            self._release_reservations(tuple(a.reservation for a in answers))
             if error.code != native.E_NOT_FOUND:
                 self.sidecar.counters.lookup_errors += 1
                 logger.debug("kvrelay lookup failed (a miss for vLLM): %s", error)
             return None
         self.sidecar.counters.lookup_hits += 1
-        return prefix
+        common = replace(answers[0], tokens=min(a.tokens for a in answers),
+                         lossy=any(a.lossy for a in answers),
+                         exact_tokens=min(a.exact_tokens if a.lossy else a.tokens for a in answers))
+        return _Hit(common, tuple(a.reservation for a in answers))
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._state(request)
         if state.lookup is None:
-            state.lookup = _Lookup(self._resolve(state), num_computed_tokens)
+            if self._lookups is None:
+                state.lookup = _Lookup(self._resolve(state.prompt, state.params, state.root), num_computed_tokens)
+            else:
+                if state.lookup_future is None:
+                    state.lookup_future = self._lookups.submit(self._resolve, state.prompt, state.params, state.root)
+                if not state.lookup_future.done():
+                    return None, False  # vLLM asks again next step; the request waits, nothing else does
+                future, state.lookup_future = state.lookup_future, None
+                state.lookup = _Lookup(self._lookup_result(future), num_computed_tokens)
         state.lookup.local_computed = num_computed_tokens
-        prefix = state.lookup.prefix
-        if prefix is None:
+        hit = state.lookup.hit
+        if hit is None:
             return 0, False
         # Whole kvrelay blocks, short of the last prompt token (vLLM computes it for its logits).
         block = self.config.block_tokens
-        usable = min(prefix.tokens, len(state.prompt) - 1) // block * block
+        usable = min(hit.prefix.tokens, len(state.prompt) - 1) // block * block
         if usable <= num_computed_tokens:
             return 0, False
-        return usable - num_computed_tokens, False
+        return usable - num_computed_tokens, self.config.async_load
+
+    def _release_reservations(self, reservations: tuple[int, ...]) -> None:
+        for reservation in reservations:
+            if not reservation:
+                continue
+            try:
+                self.sidecar.release_reservation(reservation)
+            except native.KvrelayError as error:
+                logger.debug("kvrelay reservation not released (it expires): %s", error)
 
     def _release(self, state: _RequestState) -> None:
         lookup = state.lookup
         state.lookup = None
-        if lookup is None or lookup.prefix is None or not lookup.prefix.reservation:
-            return
+        if lookup is not None and lookup.hit is not None:
+            self._release_reservations(lookup.hit.reservations)
+        future, state.lookup_future = state.lookup_future, None
+        if future is not None:  # a lookup still in flight: release what it reserves once it lands
+            future.add_done_callback(self._release_when_resolved)
+
+    def _release_when_resolved(self, future: Future) -> None:
+        hit = self._lookup_result(future)
+        if hit is not None:
+            self._release_reservations(hit.reservations)
+
+    def _lookup_result(self, future: Future) -> _Hit | None:
         try:
-            self.sidecar.release_reservation(lookup.prefix.reservation)
-        except native.KvrelayError as error:
-            logger.debug("kvrelay reservation not released (it expires): %s", error)
+            return future.result()
+        except Exception as error:  # a bug must cost the hit, never vLLM's scheduler
+            self.sidecar.counters.lookup_errors += 1
+            logger.warning("kvrelay lookup raised (a miss for vLLM): %r", error)
+            return None
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         state = self._state(request)
@@ -154,21 +214,24 @@ class KvRelayConnector(KVConnectorBase_V1):
                 self._release(state)  # nothing to load: give the sidecar its entry back now
             return
         lookup = state.lookup
-        if lookup is None or lookup.prefix is None:
+        if lookup is None or lookup.hit is None:
             logger.warning("kvrelay: vLLM allocated %d external tokens for %s without a lookup",
                            num_external_tokens, request.request_id)
             return
         block_ids = tuple(int(b) for b in blocks.get_block_ids()[0])
-        state.pending_load = LoadSpec(request_id=request.request_id, reservation=lookup.prefix.reservation,
-                                      prompt=state.prompt, params=state.params, root=state.root,
+        asynchronous = self.config.async_load
+        state.pending_load = LoadSpec(request_id=request.request_id, reservations=lookup.hit.reservations,
                                       block_ids=block_ids, first_token=lookup.local_computed,
-                                      tokens=num_external_tokens)
+                                      tokens=num_external_tokens, asynchronous=asynchronous)
         state.imported_tokens = lookup.local_computed + num_external_tokens
-        state.imported = lookup.prefix
-        state.lookup = None  # claimed by the worker; a preempted request resolves again
+        state.imported = lookup.hit.prefix
+        state.loading = asynchronous
+        state.block_ids = list(block_ids)  # where load errors land before the request is scheduled
+        state.lookup = None  # claimed by the workers; a preempted request resolves again
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = KvRelayMetadata()
+        meta = KvRelayMetadata(delayed_frees=self._delayed_frees)
+        self._delayed_frees = []
         for state in self._states.values():
             if state.pending_load is not None:
                 meta.loads.append(state.pending_load)
@@ -228,6 +291,10 @@ class KvRelayConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         # Blocks a worker could not load are recomputed by vLLM: what the prompt then holds is
         # computed from the first failed block on, and its KV is saved once that recompute ends.
+        for req_id in getattr(connector_output, "finished_recving", None) or ():
+            state = self._states.get(req_id)
+            if state is not None:
+                state.loading = False
         invalid = getattr(connector_output, "invalid_block_ids", None)
         if not invalid:
             return
@@ -249,12 +316,15 @@ class KvRelayConnector(KVConnectorBase_V1):
         if state is None:
             return False, None
         self._release(state)
+        delay = state.loading  # the workers still write its blocks: vLLM frees them when they say
+        if delay:
+            self._delayed_frees.append(request.request_id)
         published = {"tokens": state.published_tokens, "block_tokens": self.config.block_tokens,
                      "model_id": f"{self.rank0_model_id:016x}", "chain_root": f"{state.root:016x}"}
         answer: dict[str, Any] = {"published": published, "imported_tokens": state.imported_tokens}
         if state.imported is not None:
             answer["imported_medium"] = state.imported.medium
-        return False, {"kvrelay": answer}
+        return delay, {"kvrelay": answer}
 
     # ====================================================================================
     # Worker side
@@ -271,16 +341,24 @@ class KvRelayConnector(KVConnectorBase_V1):
             raise ValueError(f"vLLM registered {len(self._caches)} KV cache layers; the model has {cfg.layers}")
         # Host caches: the native gather/scatter. CUDA caches (or copy "torch"): torch indexing
         # on the cache's device through a pinned bounce buffer.
-        self.copy_mode = describe_mode(kv_caches, cfg.copy == "torch")
-        self._torch_copier = TorchCopier() if self.copy_mode != "native" else None
-        logger.info("kvrelay connector: %d layers, %s layout, copy %s", len(self._caches),
-                    LAYOUT_NAMES[next(iter(self._caches.values())).layout], self.copy_mode)
+        self.copy_mode = describe_mode(kv_caches, cfg.copy)
+        self._torch_copier = TorchCopier(register=cfg.copy != "bounce") if self.copy_mode != "native" else None
+        if self._torch_copier is not None and self._torch_copier.registry is not None:
+            self.sidecar.before_close.append(self._torch_copier.registry.forget)
+        if cfg.async_load and self._loader is None:
+            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvrelay-load")
+        logger.info("kvrelay connector: %d layers, %s layout, copy %s, %s loads", len(self._caches),
+                    LAYOUT_NAMES[next(iter(self._caches.values())).layout], self.copy_mode,
+                    "asynchronous" if self._loader else "synchronous")
 
     def _copy(self, scatter: bool, cache: PagedCache, block_ids: tuple[int, ...], first_token: int, tokens: int,
               k_address: int, v_address: int) -> None:
         if self._torch_copier is not None:
             self._torch_copier.copy(scatter, cache.tensor, cache.layout, self.config.vllm_block_size, list(block_ids),
                                     first_token, tokens, k_address, v_address)
+            if self._torch_copier.mode != self.copy_mode:
+                self.copy_mode = self._torch_copier.mode  # the first CUDA copy found out which path works
+                logger.info("kvrelay connector: copies between the GPU and shared memory go %s", self.copy_mode)
             return
         ids = (native.ctypes.c_int32 * len(block_ids))(*block_ids)
         self._lib.paged_copy(scatter, cache.native_view, ids, first_token, tokens, k_address, v_address)
@@ -301,13 +379,11 @@ class KvRelayConnector(KVConnectorBase_V1):
 
     def _open_load(self, load: LoadSpec) -> Entry:
         cfg = self.config
-        if cfg.tp_size <= 1 or cfg.tp_rank == 0:
-            return self.sidecar.claim(load.reservation, cfg.load_timeout_ms)
-        # Other ranks: the same chain, their own shard's key.
-        _, entry = self.sidecar.resolve(model_id=self.model_id, block_tokens=cfg.block_tokens, root=load.root,
-                                        tokens=load.prompt, params=load.params, timeout_ms=cfg.load_timeout_ms,
-                                        reserve=False)
-        return entry
+        rank = cfg.tp_rank if cfg.tp_size > 1 else 0
+        if rank >= len(load.reservations):
+            raise native.KvrelayError("load", native.E_INVALID_ARGUMENT,
+                                      f"the scheduler reserved {len(load.reservations)} shards; this is rank {rank}")
+        return self.sidecar.claim(load.reservations[rank], cfg.load_timeout_ms)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self._step_started = time.perf_counter()
@@ -317,8 +393,12 @@ class KvRelayConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvRelayMetadata):
             return
+        self._free_when_loaded.update(meta.delayed_frees)
         for load in meta.loads:
-            self._load(load)
+            if load.asynchronous and self._loader is not None:
+                self._inflight[load.request_id] = self._loader.submit(self._load, load)
+            else:
+                self._load(load)
 
     def _load(self, load: LoadSpec) -> None:
         counters = self.sidecar.counters
@@ -333,17 +413,19 @@ class KvRelayConnector(KVConnectorBase_V1):
                     layer = self._layer_index[name]
                     k = entry.address + 2 * layer * stride + load.first_token * row
                     self._copy(True, cache, load.block_ids, load.first_token, load.tokens, k, k + stride)
-        except native.KvrelayError as error:
+        except Exception as error:  # noqa: BLE001 - any failure is a load error vLLM recomputes
             counters.load_failures += 1
-            self._dropped.add(load.request_id)  # its blocks hold no KV worth publishing this step
+            if not load.asynchronous:
+                self._dropped.add(load.request_id)  # its blocks hold no KV worth publishing this step
             block = self.config.vllm_block_size
             failed = load.block_ids[load.first_token // block: -(-end // block)]
-            self._load_errors.update(failed)
+            with self._errors_lock:
+                self._load_errors.update(failed)
             logger.warning("kvrelay load of %s failed; vLLM recomputes %d blocks: %s", load.request_id,
                            len(failed), error)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv imported every layer before the forward pass
+        return  # synchronous loads end in start_load_kv; asynchronous ones belong to unscheduled requests
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         if not self.has_connector_metadata():
@@ -421,13 +503,25 @@ class KvRelayConnector(KVConnectorBase_V1):
                 return
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, None  # loads and saves complete within the step
+        # Saves complete within the step; asynchronous loads are reported once done (their load
+        # errors are already recorded for get_block_ids_with_load_errors, which vLLM asks next).
+        recving = {req_id for req_id, future in self._inflight.items() if future.done()}
+        for req_id in recving:
+            del self._inflight[req_id]
+        sending = {req_id for req_id in self._free_when_loaded if req_id not in self._inflight}
+        self._free_when_loaded -= sending
+        recving -= sending  # finished while loading: vLLM only frees its blocks
+        return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        failed, self._load_errors = self._load_errors, set()
+        with self._errors_lock:
+            failed, self._load_errors = self._load_errors, set()
         return failed
 
     def shutdown(self) -> None:
+        for pool in (self._lookups, self._loader):
+            if pool is not None:
+                pool.shutdown(wait=True)
         for region, _ in self._regions.values():
             self.sidecar.abort(region)
         self._regions.clear()

@@ -13,13 +13,11 @@ class LoadSpec:
     """Import tokens [first_token, first_token + tokens) of a reserved prefix into block_ids."""
 
     request_id: str
-    reservation: int
-    prompt: tuple[int, ...]      # the whole prompt (ranks other than 0 resolve their own shard)
-    params: Any
-    root: int
+    reservations: tuple[int, ...]  # one per TP rank: each claims its own shard's
     block_ids: tuple[int, ...]
     first_token: int
     tokens: int
+    asynchronous: bool             # reported through get_finished, not before the forward pass
 
 
 @dataclass(frozen=True)
@@ -52,3 +50,6 @@ class KvRelayMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     prefills: list[PrefillSpec] = field(default_factory=list)
+    # Requests vLLM finished while their asynchronous load ran: their blocks are freed once the
+    # workers report them in finished_sending.
+    delayed_frees: list[str] = field(default_factory=list)

@@ -2,13 +2,16 @@
 
 Every call either succeeds or raises KvrelayError; a failure other than a plain miss drops the
 connection, and the next call reconnects, at most once per `retry_seconds`, so a dead sidecar
-costs each lookup one failed connect (immediate on a Unix socket) and never a wait.
+costs each lookup one failed connect (immediate on a Unix socket) and never a wait. Calls are
+serialized by a lock, so a connector's lookup or load thread and vLLM's own thread share it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +36,10 @@ class SidecarCounters:
 class Entry:
     """A read-only entry the sidecar handed out, released on close()."""
 
-    def __init__(self, lib: native.Library, handle: ctypes.c_void_p, meta: native.ResolvedPrefix):
+    def __init__(self, lib: native.Library, handle: ctypes.c_void_p, meta: native.ResolvedPrefix,
+                 lock: threading.RLock):
         self._lib = lib
+        self._lock = lock
         self._handle = handle
         self.meta = meta
         layout = native.Layout()
@@ -44,15 +49,24 @@ class Entry:
         self.size = int(lib.lib.kvrelay_entry_size(handle))
 
     def close(self) -> None:
-        if self._handle:
-            self._lib.lib.kvrelay_entry_release(self._handle)
-            self._handle = None
+        with self._lock:
+            if self._handle:
+                self._lib.lib.kvrelay_entry_release(self._handle)
+                self._handle = None
 
     def __enter__(self) -> "Entry":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _locked(method):
+    @functools.wraps(method)
+    def call(self: "Sidecar", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
 
 
 def params_text(params: Any) -> bytes:
@@ -69,6 +83,8 @@ class Sidecar:
         self.counters = SidecarCounters()
         self._client = ctypes.c_void_p()
         self._next_attempt = 0.0
+        self._lock = threading.RLock()
+        self.before_close: list = []  # callables run before the connection (and its mappings) goes
 
     # -- connection ---------------------------------------------------------------------------
     def _connected(self) -> ctypes.c_void_p:
@@ -91,8 +107,11 @@ class Sidecar:
         self._client = client
         return client
 
+    @_locked
     def close(self) -> None:
         if self._client:
+            for hook in self.before_close:
+                hook()
             self.lib.lib.kvrelay_client_close(self._client)
             self._client = ctypes.c_void_p()
 
@@ -104,6 +123,7 @@ class Sidecar:
         return error
 
     # -- calls --------------------------------------------------------------------------------
+    @_locked
     def resolve(self, *, model_id: int, block_tokens: int, root: int, tokens, params: Any, timeout_ms: int,
                 reserve: bool) -> tuple[native.ResolvedPrefix, Entry | None]:
         """The sidecar's decision for a prompt; raises KvrelayError(E_NOT_FOUND) on a miss."""
@@ -125,8 +145,9 @@ class Sidecar:
         if code != native.OK:
             raise self._fail("kvrelay_resolve", code, keep=code == native.E_NOT_FOUND)
         meta = native.ResolvedPrefix.from_struct(answer)
-        return meta, (None if reserve else Entry(self.lib, handle, meta))
+        return meta, (None if reserve else Entry(self.lib, handle, meta, self._lock))
 
+    @_locked
     def claim(self, reservation: int, timeout_ms: int) -> Entry:
         client = self._connected()
         answer = native.sized(native.Resolved)
@@ -135,14 +156,16 @@ class Sidecar:
                                           ctypes.byref(handle))
         if code != native.OK:
             raise self._fail("kvrelay_claim", code, keep=code == native.E_NOT_FOUND)
-        return Entry(self.lib, handle, native.ResolvedPrefix.from_struct(answer))
+        return Entry(self.lib, handle, native.ResolvedPrefix.from_struct(answer), self._lock)
 
+    @_locked
     def release_reservation(self, reservation: int) -> None:
         client = self._connected()
         code = self.lib.lib.kvrelay_release_reservation(client, reservation)
         if code != native.OK:
             raise self._fail("kvrelay_release_reservation", code)
 
+    @_locked
     def allocate(self, size: int) -> tuple[ctypes.c_void_p, int]:
         """A writable region of `size` bytes: (handle, address)."""
         client = self._connected()
@@ -152,10 +175,12 @@ class Sidecar:
             raise self._fail("kvrelay_region_alloc", code)
         return region, int(self.lib.lib.kvrelay_region_data(region))
 
+    @_locked
     def abort(self, region: ctypes.c_void_p) -> None:
         if self._client:
             self.lib.lib.kvrelay_region_abort(self._client, region)
 
+    @_locked
     def commit(self, region: ctypes.c_void_p, *, model_id: int, block_tokens: int, root: int, tokens,
                prompt_tokens: int, params: Any, layout: native.Layout, lossy_from: int | None = None,
                lossy_codec: str = "") -> bool:
@@ -185,6 +210,7 @@ class Sidecar:
             raise self._fail("kvrelay_region_commit_request", code)
         return True
 
+    @_locked
     def report_prefill(self, *, model_id: int, computed_tokens: int, context_tokens: int, seconds: float,
                        params: Any) -> None:
         client = self._connected()

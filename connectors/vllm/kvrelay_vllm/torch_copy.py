@@ -1,15 +1,17 @@
 """Paged KV <-> kvrelay region copies with torch indexing, for caches on a GPU.
 
-The region is host shared memory; a CUDA cache is reached through a pinned bounce buffer (one
-per connector, grown as needed), and the gather/scatter runs on the device as one indexed copy
-per tensor, so no Python loop touches KV bytes. With CPU tensors the same code runs without the
-device hop (how its host side is tested without a GPU).
+The region is host shared memory. A CUDA cache copies straight to and from it where CUDA
+accepts the sidecar's arena mapping with cudaHostRegister (registered once per mapping), and
+through a pinned bounce buffer (one per connector, grown as needed) where it does not. The
+gather/scatter runs on the device as one indexed copy per tensor, so no Python loop touches KV
+bytes. With CPU tensors the same code runs without the device hop (how its host side is tested
+without a GPU).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -39,11 +41,93 @@ def _index(cache: torch.Tensor, layout: int, kv: int, blocks: torch.Tensor, slot
     return (kv, blocks, slice(None), slots)  # cpu: heads before tokens; advanced dims come first
 
 
+# The sidecar names its arena memfd so (kv_store/src/arena.cpp). Only the arena is mapped once
+# per connection and reused; other regions and entries are mapped per use, too briefly to pin.
+ARENA_MAPPING = "/memfd:kvrelay-arena"
+
+
+def arena_mapping_of(address: int, maps_path: str = "/proc/self/maps") -> tuple[int, int] | None:
+    """[start, end) of the sidecar arena mapping that holds `address`, or None."""
+    try:
+        with open(maps_path, "r", encoding="ascii", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                start_text, _, end_text = fields[0].partition("-")
+                start, end = int(start_text, 16), int(end_text, 16)
+                if start <= address < end:
+                    path = fields[5].strip() if len(fields) > 5 else ""
+                    return (start, end) if path.startswith(ARENA_MAPPING) else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+# cudaHostRegisterDefault, then cudaHostRegisterReadOnly (CUDA 11.1+) for read-only mappings.
+_REGISTER_FLAGS = (0, 8)
+
+
+def cuda_host_register(start: int, size: int) -> bool:
+    """Pins [start, start + size) for the GPU's DMA engines; False where CUDA refuses it."""
+    try:
+        cudart = torch.cuda.cudart()
+    except (AttributeError, RuntimeError, AssertionError):
+        return False
+    for flags in _REGISTER_FLAGS:
+        try:
+            if int(cudart.cudaHostRegister(start, size, flags)) == 0:
+                return True
+        except (RuntimeError, TypeError):
+            return False
+    return False
+
+
+def cuda_host_unregister(start: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(start)
+    except (AttributeError, RuntimeError, AssertionError, TypeError):
+        pass
+
+
+class HostRegistry:
+    """The sidecar's shared mappings this process registered with CUDA: each one once, so an
+    import or export copies between the device and shared memory with no bounce."""
+
+    def __init__(self, register: Callable[[int, int], bool] = cuda_host_register,
+                 unregister: Callable[[int], None] = cuda_host_unregister,
+                 find: Callable[[int], tuple[int, int] | None] = arena_mapping_of) -> None:
+        self._register = register
+        self._unregister = unregister
+        self._find = find
+        self._registered: list[tuple[int, int]] = []
+        self._refused: set[tuple[int, int]] = set()
+
+    def covers(self, address: int, size: int) -> bool:
+        for start, end in self._registered:
+            if start <= address and address + size <= end:
+                return True
+        mapping = self._find(address)
+        if mapping is None or mapping in self._refused or address + size > mapping[1]:
+            return False
+        if not self._register(mapping[0], mapping[1] - mapping[0]):
+            self._refused.add(mapping)
+            return False
+        self._registered.append(mapping)
+        return True
+
+    def forget(self) -> None:
+        """Unregisters everything: called before the connection (and so its arena) is closed."""
+        for start, _ in self._registered:
+            self._unregister(start)
+        self._registered.clear()
+        self._refused.clear()
+
+
 class TorchCopier:
     """Moves one sequence's KV between a region and a cache tensor of any device."""
 
-    def __init__(self) -> None:
+    def __init__(self, register: bool = True, registry: HostRegistry | None = None) -> None:
         self._staging: torch.Tensor | None = None
+        self.registry = (registry or HostRegistry()) if register else None
         self.mode = "torch-host"
 
     def _bounce(self, like: torch.Tensor) -> torch.Tensor:
@@ -65,8 +149,15 @@ class TorchCopier:
         for kv, address in ((0, k_address), (1, v_address)):
             host = host_view(address, tokens, heads, head_dim, cache.dtype)
             index = _index(cache, layout, kv, blocks, slots)
-            if cache.is_cuda:
-                self.mode = "torch-bounce"
+            nbytes = host.numel() * host.element_size()
+            if cache.is_cuda and self.registry is not None and self.registry.covers(address, nbytes):
+                self.mode = "cuda-registered"
+                if scatter:
+                    cache[index] = host.to(cache.device, non_blocking=True)
+                else:
+                    host.copy_(cache[index])  # device -> registered host memory, synchronous
+            elif cache.is_cuda:
+                self.mode = "cuda-bounce"
                 staging = self._bounce(host)
                 if scatter:
                     staging.copy_(host)
@@ -79,10 +170,13 @@ class TorchCopier:
             else:
                 host.copy_(cache[index])
         if cache.is_cuda and scatter:
-            torch.cuda.current_stream(cache.device).synchronize()  # the staging buffer is reused
+            # The staging buffer is reused, and the entry's memory is released after this call.
+            torch.cuda.current_stream(cache.device).synchronize()
 
 
-def describe_mode(caches: dict[str, Any], forced_torch: bool) -> str:
+def describe_mode(caches: dict[str, Any], copy: str) -> str:
+    """"native" (host caches, kvrelay_paged_*), "torch-host", or for CUDA caches "cuda" until the
+    first copy finds out whether it goes "cuda-registered" or "cuda-bounce"."""
     if any(getattr(t, "is_cuda", False) for t in caches.values()):
-        return "torch-bounce"
-    return "torch-host" if forced_torch else "native"
+        return "cuda-bounce" if copy == "bounce" else "cuda"
+    return "torch-host" if copy == "torch" else "native"

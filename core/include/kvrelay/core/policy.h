@@ -64,8 +64,9 @@ struct AgentPolicy {
   bool kv_connector = false;  // upstream accepts kv_transfer_params.kvrelay
   std::string node;           // node that serves this agent; "" = this node
   std::optional<HttpUrl> metrics_url;
-  bool accepts_sparse_kv = false;  // receiver declared support for position-sparse KV
-  std::string tenant;              // a tenant id from Policy::tenants; "" = the unsalted default tenant
+  bool accepts_sparse_kv = false;          // receiver declared support for position-sparse KV
+  std::string tenant;                      // a tenant id from Policy::tenants; "" = the unsalted default tenant
+  std::uint32_t tensor_parallel_size = 1;  // its engine's TP ranks: each publishes and loads one shard
 };
 
 // Media a transfer can use. Plugin codecs appear as "codec:<name>".

@@ -30,8 +30,9 @@ struct PeerGrant {
 
 // Models are matched by shape (layers, KV heads, head size, dtype): the KV a worker files is
 // keyed by its own fingerprint id (a digest of its weights), which need not be the id of the
-// fingerprint the policy declares for its agent, so ids cannot be compared yet.
-[[nodiscard]] bool same_model_shape(const ModelFingerprint& model, const KvLayout& layout) noexcept;
+// fingerprint the policy declares for its agent, so ids cannot be compared yet. An agent with
+// tensor_parallel_size > 1 also owns its ranks' shards (kv_heads shared out, shard_kv_heads).
+[[nodiscard]] bool agent_model_shape(const AgentPolicy& agent, const KvLayout& layout) noexcept;
 
 // A push on `route_id`, before any of it is read: the route's `from` agent lives on the peer
 // and its `to` agent here. kPermissionDenied says which not.
