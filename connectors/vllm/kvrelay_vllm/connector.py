@@ -135,11 +135,12 @@ class KvRelayConnector(KVConnectorBase_V1):
         cfg = self.config
         self.sidecar.counters.lookups += 1
         answers: list[native.ResolvedPrefix] = []
+        deadline = time.monotonic() + cfg.lookup_timeout_ms / 1000.0  # one deadline for all the shards
         try:
             for model_id in self.rank_model_ids:
+                left_ms = max(1, int((deadline - time.monotonic()) * 1000))
                 prefix, _ = self.sidecar.resolve(model_id=model_id, block_tokens=cfg.block_tokens, root=root,
-                                                 tokens=prompt, params=params, timeout_ms=cfg.lookup_timeout_ms,
-                                                 reserve=True)
+                                                 tokens=prompt, params=params, timeout_ms=left_ms, reserve=True)
                 answers.append(prefix)
         except native.KvrelayError as error:
             self._release_reservations(tuple(a.reservation for a in answers))
