@@ -70,10 +70,10 @@ TEST_CASE("fp8 KV never gets a lossy medium, where bf16 KV of the same size woul
         CHECK(d.candidates[i].excluded == Exclusion::kBytesOnlyDtype);
       }
     }
-    const auto json = decision_to_json(d, fp8.engine);
-    CHECK(json["dtype"] == std::string(kvrelay::dtype_name(dtype)));
+    const auto decision_json = decision_to_json(d, fp8.engine);
+    CHECK(decision_json["dtype"] == std::string(kvrelay::dtype_name(dtype)));
     bool named = false;
-    for (const auto& candidate : json["candidates"]) {
+    for (const auto& candidate : decision_json["candidates"]) {
       if (candidate["medium"] == "kv_int4") named = candidate.value("lost_because", "") == "fp8_moves_as_bytes";
     }
     CHECK(named);

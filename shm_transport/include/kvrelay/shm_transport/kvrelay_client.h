@@ -57,7 +57,7 @@ typedef struct kvrelay_key {
 /* kvrelay_layout.dtype and kvrelay_model.dtype: the element type of the KV. The fp8 values (ABI
  * version 6) are an engine's 1-byte fp8 kv_cache_dtype, moved as tagged bytes: stored, served and
  * sent between sidecars raw or through a lossless codec, never converted (a lossy medium is never
- * chosen for them). A sidecar older than ABI 6 refuses them (KVRELAY_E_INVALID_ARGUMENT). */
+ * chosen for them). A library or sidecar built before ABI 6 refuses them (KVRELAY_E_INVALID_ARGUMENT). */
 enum {
   KVRELAY_DTYPE_FP32 = 1,     /* 4 bytes */
   KVRELAY_DTYPE_FP16 = 2,     /* 2 bytes */
