@@ -23,7 +23,7 @@ MediumSpec medium(const char* name, decision::MediumKind kind, double ratio, dou
   MediumSpec spec;
   spec.name = name;
   spec.kind = kind;
-  spec.profile = decision::CodecProfile{{ratio * 0.5, ratio, ratio}, enc, dec, fidelity, extra};
+  spec.profile = decision::CodecProfile{{ratio * 0.5, ratio, ratio, ratio}, enc, dec, fidelity, extra};
   return spec;
 }
 

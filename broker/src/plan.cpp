@@ -30,6 +30,13 @@ bool allows_exact_kv(const RoutePolicy& route) {
          std::find(allowed.begin(), allowed.end(), "kv_lossless") != allowed.end();
 }
 
+// The dtype of the KV a route moves: its sending agent's model's (the worker's fingerprint, and so
+// every entry filed under it, carries the same).
+std::optional<DType> route_dtype(const Policy& policy, const RoutePolicy& route) {
+  const auto* from = policy.find_agent(route.from_agent);
+  return from == nullptr ? std::nullopt : std::optional<DType>(from->model.dtype);
+}
+
 PlanStop stop_with(std::string outcome, ErrorCode code, std::string message) {
   return PlanStop{std::move(outcome), Error{code, std::move(message)}};
 }
@@ -66,6 +73,8 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
   shape.tokens = context_tokens;
   shape.receiver_cached = held_tokens;
   if (context.max_tokens) shape.expected_output_tokens = *context.max_tokens;
+  shape.dtype = route_dtype(policy, *route);
+  const bool bytes_only = shape.dtype && dtype_moves_as_bytes(*shape.dtype);
   const auto decided = engine.advise(policy, *route, shape, engine_decides, choice.cost);
   if (treatment_decides) {
     choice.medium = treatment->delivered_medium();
@@ -79,6 +88,9 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
     choice.medium = decided->medium;
     choice.source = "engine";
     choice.reason = decided->reason;
+    if (bytes_only) {
+      choice.reason += fmt::format(" ({} KV moves as bytes: lossy media excluded)", dtype_name(*shape.dtype));
+    }
     choice.serve_held_prefix = choice.medium == "tokens" && held_tokens > 0 && route->enabled &&
                                same_fingerprint(policy, *route) && allows_exact_kv(*route);
   } else {
@@ -101,6 +113,11 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
       // A treatment or a forced plugin medium whose codec this sidecar has not loaded.
       choice.reason = fmt::format("codec of {} is not loaded here (GET /admin/codecs); tokens instead", choice.medium);
       choice.medium = "tokens";
+    } else if (bytes_only && !codec::fidelity_of(codecs, *codec_for_medium(choice.medium)).is_exact()) {
+      // A treatment or a forced lossy medium: fp8 KV is never converted, its bytes move as stored.
+      choice.reason = fmt::format("{} would convert {} KV, which moves only as bytes; kv_raw instead", choice.medium,
+                                  dtype_name(*shape.dtype));
+      choice.medium = "kv_raw";
     }
   }
   return choice;

@@ -1,11 +1,17 @@
 #include "kvrelay/codec_plugins/byte_planes.h"
 
+#include <cstring>
+
 namespace kvrelay::codec {
 
 // Fixed-width inner loops (no per-element branch on the element size) so GCC vectorizes the
 // strided loads with shuffles.
 void split_byte_planes(const std::uint8_t* source, std::size_t elements, std::size_t element_size,
                        std::uint8_t* planes) noexcept {
+  if (element_size == 1) {  // fp8: one plane, the elements themselves
+    if (elements != 0) std::memcpy(planes, source, elements);
+    return;
+  }
   if (element_size == 2) {
     std::uint8_t* high = planes;
     std::uint8_t* low = planes + elements;
@@ -25,6 +31,10 @@ void split_byte_planes(const std::uint8_t* source, std::size_t elements, std::si
 
 void merge_byte_planes(const std::uint8_t* planes, std::size_t elements, std::size_t element_size,
                        std::uint8_t* destination) noexcept {
+  if (element_size == 1) {
+    if (elements != 0) std::memcpy(destination, planes, elements);
+    return;
+  }
   if (element_size == 2) {
     const std::uint8_t* high = planes;
     const std::uint8_t* low = planes + elements;

@@ -4,10 +4,11 @@
 
 namespace kvrelay::codec::detail {
 
-int make_shape(const kvrelay_codec_layout* layout, Shape& shape) noexcept {
+int make_shape(const kvrelay_codec_layout* layout, ElementAccess access, Shape& shape) noexcept {
   if (layout == nullptr) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
   const auto dtype = dtype_from_wire(static_cast<std::uint8_t>(layout->dtype > 255 ? 0 : layout->dtype));
   if (!dtype) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
+  if (access == ElementAccess::kFloats && dtype_moves_as_bytes(*dtype)) return KVRELAY_CODEC_E_UNSUPPORTED;
   shape.layout = KvLayout{layout->layers, layout->kv_heads, layout->head_dim, *dtype, layout->tokens};
   auto total = shape.layout.total_bytes();
   if (!total) return static_cast<int>(total.error().code);
@@ -80,6 +81,17 @@ void load_floats(const std::uint8_t* source, DType dtype, std::size_t count, flo
         destination[i] = bf16_to_float(value);
       }
       return;
+    case DType::kFp8E4M3:
+      for (std::size_t i = 0; i < count; ++i) {
+        // 0x7F / 0xFF are e4m3fn's NaN, which e4m3_to_float (a quantizer's decoder) never sees.
+        const bool is_nan = (source[i] & 0x7FU) == 0x7FU;
+        destination[i] = is_nan ? bits_to_float(0x7FC00000U) : e4m3_to_float(source[i]);
+      }
+      return;
+    case DType::kFp8E5M2:
+      for (std::size_t i = 0; i < count; ++i)
+        destination[i] = e5m2_to_float(source[i]);
+      return;
   }
 }
 
@@ -99,6 +111,14 @@ void store_floats(const float* source, DType dtype, std::size_t count, std::uint
         const std::uint16_t value = float_to_bf16(source[i]);
         std::memcpy(destination + 2 * i, &value, 2);
       }
+      return;
+    case DType::kFp8E4M3:
+      for (std::size_t i = 0; i < count; ++i)
+        destination[i] = float_to_e4m3(source[i]);  // saturating at 448, as vLLM's fp8 cache stores
+      return;
+    case DType::kFp8E5M2:
+      for (std::size_t i = 0; i < count; ++i)
+        destination[i] = float_to_e5m2(source[i]);
       return;
   }
 }

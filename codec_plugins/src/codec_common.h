@@ -25,8 +25,12 @@ struct Shape {
   std::size_t total_bytes = 0;
 };
 
-// Returns KVRELAY_CODEC_OK or an error code.
-int make_shape(const kvrelay_codec_layout* layout, Shape& shape) noexcept;
+// How a codec reads the elements: as bytes it moves (raw, lossless: any dtype) or as floats it
+// quantizes or ranks (the lossy codecs), which refuse the dtypes that move only as bytes (fp8).
+enum class ElementAccess : std::uint8_t { kBytes, kFloats };
+
+// Returns KVRELAY_CODEC_OK or an error code (KVRELAY_CODEC_E_UNSUPPORTED: fp8 under kFloats).
+int make_shape(const kvrelay_codec_layout* layout, ElementAccess access, Shape& shape) noexcept;
 
 // Splits the tokens into exact sinks, a quantized middle and an exact recent window.
 struct TokenSplit {
@@ -54,6 +58,7 @@ int guarded(Body&& body) noexcept {
 const char* builtin_error_text(int code) noexcept;
 
 // Converts `count` elements of `dtype` to float / back; loops are branch-free so they vectorize.
+// fp8 converts too, for synthetic KV and the fidelity metrics only: no codec converts fp8 KV.
 void load_floats(const std::uint8_t* source, DType dtype, std::size_t count, float* destination) noexcept;
 void store_floats(const float* source, DType dtype, std::size_t count, std::uint8_t* destination) noexcept;
 

@@ -24,6 +24,11 @@ detail::QuantKind kind_of(Quantizer quantizer) {
 
 Result<KernelPlan> make_plan(Quantizer quantizer, const KvLayout& layout, const BuiltinParams& params) {
   KVRELAY_TRY(auto tensor, layout.tensor_bytes());
+  if (dtype_moves_as_bytes(layout.dtype)) {
+    return fail(ErrorCode::kUnsupported, fmt::format("CUDA quantizers read fp32, fp16 or bf16; {} KV moves only as "
+                                                     "bytes (raw or lossless), never converted",
+                                                     dtype_name(layout.dtype)));
+  }
   KVRELAY_TRY(BuiltinParams::parse(params.serialize().data(), BuiltinParams::kWireSize));
   KernelPlan plan;
   plan.kind = static_cast<std::uint8_t>(kind_of(quantizer));

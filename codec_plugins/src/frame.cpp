@@ -54,6 +54,17 @@ Error codec_error(const Codec& codec, const kvrelay_codec_plugin& ran, int code,
   return Error{error_code, fmt::format("codec '{}' {} failed: {}", codec.name(), action, text ? text : "?")};
 }
 
+// fp8 KV moves as its bytes: only a lossless codec (raw, lossless, a lossless plugin) may carry
+// it. A lossy one would quantize values it reads as something else, or convert the engine's own
+// quantization a second time.
+Status check_converts_nothing(const Codec& codec, const KvLayout& layout, const char* action) {
+  if (!dtype_moves_as_bytes(layout.dtype) || codec.lossless()) return ok();
+  return fail(ErrorCode::kUnsupported,
+              fmt::format("codec '{}' is lossy and cannot {} {} KV: {} moves only as bytes (raw or lossless), "
+                          "never converted",
+                          codec.name(), action, dtype_name(layout.dtype), dtype_name(layout.dtype)));
+}
+
 }  // namespace
 
 namespace {
@@ -66,6 +77,7 @@ struct EncodePlan {
 
 Result<EncodePlan> plan_encode(const Codec& codec, const KvLayout& layout, const EncodeOptions& options) {
   KVRELAY_TRY(auto total, layout.total_bytes());
+  KVRELAY_TRY(check_converts_nothing(codec, layout, "encode"));
   EncodePlan plan;
   plan.params = options.params.empty() ? codec.default_params() : options.params;
   if (plan.params.size() > kMaxFrameParamsSize)
@@ -271,6 +283,7 @@ Status decode_inspected(const CodecRegistry& registry, const FrameHeader& header
                             implementation->name, implementation->codec_id, codec->name(), header.codec_id));
   }
   const kvrelay_codec_plugin& decoder = implementation != nullptr ? *implementation : codec->executor();
+  KVRELAY_TRY(check_converts_nothing(*codec, header.layout, "decode"));
   KVRELAY_TRY(auto total, header.layout.total_bytes());
   if (output.size() != total) {
     return fail(ErrorCode::kLayoutMismatch, fmt::format("output has {} bytes, frame layout {} needs {}", output.size(),

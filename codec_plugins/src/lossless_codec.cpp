@@ -72,7 +72,8 @@ bool configure(ZSTD_CCtx* context, int level) {
 
 int check(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, Shape& shape,
           BuiltinParams& parsed) {
-  if (const int code = detail::make_shape(layout, shape); code != KVRELAY_CODEC_OK) return code;
+  if (const int code = detail::make_shape(layout, detail::ElementAccess::kBytes, shape); code != KVRELAY_CODEC_OK)
+    return code;
   return detail::parse_params(params, params_size, parsed);
 }
 

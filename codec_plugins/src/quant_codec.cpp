@@ -33,7 +33,8 @@ struct Plan {
 
 int make_plan(QuantKind kind, const kvrelay_codec_layout* layout, const void* params, std::size_t params_size,
               Plan& plan) {
-  if (const int code = detail::make_shape(layout, plan.shape); code != KVRELAY_CODEC_OK) return code;
+  if (const int code = detail::make_shape(layout, detail::ElementAccess::kFloats, plan.shape); code != KVRELAY_CODEC_OK)
+    return code;
   if (const int code = detail::parse_params(params, params_size, plan.params); code != KVRELAY_CODEC_OK) return code;
   plan.split = detail::split_tokens(plan.shape.tokens, plan.params);
   const std::size_t heads = plan.shape.layout.kv_heads;
@@ -100,6 +101,8 @@ const detail::QuantKernelSet& kernels_for(DType dtype) {
     case DType::kBFloat16:
       return table.bf16;
     case DType::kFloat32:
+    case DType::kFp8E4M3:  // never reached: make_plan refuses the byte-only dtypes
+    case DType::kFp8E5M2:
       break;
   }
   return table.fp32;

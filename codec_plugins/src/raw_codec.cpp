@@ -14,7 +14,7 @@ using detail::Shape;
 
 std::uint64_t raw_max_size(const kvrelay_codec_layout* layout, const void* /*params*/, std::size_t /*size*/) {
   Shape shape;
-  return detail::make_shape(layout, shape) == KVRELAY_CODEC_OK ? shape.total_bytes : 0;
+  return detail::make_shape(layout, detail::ElementAccess::kBytes, shape) == KVRELAY_CODEC_OK ? shape.total_bytes : 0;
 }
 
 int raw_encode(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, const void* input,
@@ -26,7 +26,8 @@ int raw_encode(const kvrelay_codec_layout* layout, const void* params, std::size
 int raw_decode(const kvrelay_codec_layout* layout, const void* /*params*/, std::size_t /*params_size*/,
                const void* input, std::size_t input_size, void* output, std::size_t output_size) {
   Shape shape;
-  if (const int code = detail::make_shape(layout, shape); code != KVRELAY_CODEC_OK) return code;
+  if (const int code = detail::make_shape(layout, detail::ElementAccess::kBytes, shape); code != KVRELAY_CODEC_OK)
+    return code;
   if (output_size != shape.total_bytes) return KVRELAY_CODEC_E_INVALID_ARGUMENT;
   if (input_size < shape.total_bytes) return KVRELAY_CODEC_E_TRUNCATED;
   if (input_size > shape.total_bytes) return KVRELAY_CODEC_E_LAYOUT_MISMATCH;
@@ -58,7 +59,8 @@ int detail::raw_encode_streamed(const kvrelay_codec_layout* layout, const void* 
                                 std::size_t* output_size, OutputSink sink) {
   constexpr std::size_t kPiece = std::size_t{256} << 10;
   Shape shape;
-  if (const int code = detail::make_shape(layout, shape); code != KVRELAY_CODEC_OK) return code;
+  if (const int code = detail::make_shape(layout, detail::ElementAccess::kBytes, shape); code != KVRELAY_CODEC_OK)
+    return code;
   if (input_size != shape.total_bytes || output_capacity < shape.total_bytes || output_size == nullptr) {
     return KVRELAY_CODEC_E_INVALID_ARGUMENT;
   }

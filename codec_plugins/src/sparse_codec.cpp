@@ -37,7 +37,8 @@ struct Plan {
 };
 
 int make_plan(const kvrelay_codec_layout* layout, const void* params, std::size_t params_size, Plan& plan) {
-  if (const int code = detail::make_shape(layout, plan.shape); code != KVRELAY_CODEC_OK) return code;
+  if (const int code = detail::make_shape(layout, detail::ElementAccess::kFloats, plan.shape); code != KVRELAY_CODEC_OK)
+    return code;
   if (const int code = detail::parse_params(params, params_size, plan.params); code != KVRELAY_CODEC_OK) return code;
   plan.split = detail::split_tokens(plan.shape.tokens, plan.params);
   // Rounded up, in 64-bit arithmetic: middle is below 2^53 here, so the product cannot overflow.

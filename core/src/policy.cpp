@@ -223,7 +223,8 @@ void read_model(const json& value, const std::string& pointer, ModelFingerprint&
     if (parsed) {
       out.dtype = *parsed;
     } else {
-      diag.expected(reader.pointer_of("dtype"), "one of \"fp32\", \"fp16\", \"bf16\"", dtype);
+      diag.expected(reader.pointer_of("dtype"), "one of \"fp32\", \"fp16\", \"bf16\", \"fp8_e4m3\", \"fp8_e5m2\"",
+                    dtype);
     }
   }
   reader.read_string("weights", out.weights_identity, true);

@@ -27,6 +27,8 @@ std::string_view exclusion_name(Exclusion exclusion) noexcept {
       return "precision_refresh";
     case Exclusion::kCodecUnavailable:
       return "codec_unavailable";
+    case Exclusion::kBytesOnlyDtype:
+      return "fp8_moves_as_bytes";
   }
   return "unknown";
 }
@@ -92,7 +94,7 @@ Result<MediumId> DecisionEngine::add_medium(MediumSpec spec) {
   const CodecProfile& p = spec.profile;
   MediumState state{spec,
                     {WindowedMean(config_.codec_window, p.ratio[0]), WindowedMean(config_.codec_window, p.ratio[1]),
-                     WindowedMean(config_.codec_window, p.ratio[2])},
+                     WindowedMean(config_.codec_window, p.ratio[2]), WindowedMean(config_.codec_window, p.ratio[3])},
                     WindowedRate(config_.codec_window, p.encode_bytes_per_s),
                     WindowedRate(config_.codec_window, p.decode_bytes_per_s)};
   medium_ids_.emplace(spec.name, id);
@@ -130,7 +132,7 @@ void DecisionEngine::refresh_hot(AgentId agent) noexcept {
   const PrefillCoefficients fit = state.prefill.coefficients();
   hot.prefill = PrefillCoefficients{fit.a * load_weight, fit.b * load_weight, fit.c * load_weight};
   hot.accepts_sparse = state.params.accepts_sparse;
-  hot.dtype_index = state.params.dtype == DType::kFloat32 ? 0 : (state.params.dtype == DType::kFloat16 ? 1 : 2);
+  hot.dtype = state.params.dtype;
 }
 
 Result<LinkId> DecisionEngine::add_link(LinkParams params) {
@@ -288,9 +290,14 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
   const double rtt = link.rtt.mean();
   const double decode_s_per_token = receiver.decode_s_per_token;
   const bool refresh = shape.chain_fidelity < route.quality_floor;
-  const std::size_t dtype_index = sender.dtype_index;
+  const DType dtype = shape.dtype.value_or(sender.dtype);
+  const std::size_t dtype_index = dtype_slot(dtype);
+  // fp8 KV is already the engine's quantization: only its bytes move (raw, lossless), never a
+  // lossy or sparse re-encoding of it.
+  const bool bytes_only = dtype_moves_as_bytes(dtype);
 
   out.missing_tokens = missing;
+  out.dtype = dtype;
   out.candidate_count = static_cast<std::uint8_t>(media_.size());
   out.argmin = kNoMedium;
   double best = std::numeric_limits<double>::infinity();
@@ -331,6 +338,8 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.excluded = Exclusion::kCodecUnavailable;
     } else if (m.spec.needs_kv() && !kv_compatible) {
       c.excluded = Exclusion::kFingerprintMismatch;
+    } else if (bytes_only && !m.spec.lossless()) {
+      c.excluded = Exclusion::kBytesOnlyDtype;
     } else if (m.spec.kind == MediumKind::kKvSparse && !receiver.accepts_sparse) {
       c.excluded = Exclusion::kSparseUnsupported;
     } else if (!m.spec.lossless() && refresh) {
@@ -464,8 +473,7 @@ void DecisionEngine::observe_codec(MediumId medium, DType dtype, double raw_byte
     return;
   }
   MediumState& m = media_[medium];
-  const std::size_t index = dtype == DType::kFloat32 ? 0 : (dtype == DType::kFloat16 ? 1 : 2);
-  m.ratio[index].observe(encoded_bytes / raw_bytes);
+  m.ratio[dtype_slot(dtype)].observe(encoded_bytes / raw_bytes);
   m.encode.observe(raw_bytes, encode_s);
   m.decode.observe(raw_bytes, decode_s);
 }

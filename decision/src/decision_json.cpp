@@ -55,6 +55,7 @@ nlohmann::json decision_to_json(const Decision& decision, const DecisionEngine& 
       {"predicted_gain", decision.predicted_gain},
       {"deadline_miss", decision.deadline_miss},
       {"missing_tokens", decision.missing_tokens},
+      {"dtype", std::string(dtype_name(decision.dtype))},
       {"chain_fidelity_after", decision.chain_fidelity_after},
       {"candidates", std::move(candidates)},
   };

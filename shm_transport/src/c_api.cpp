@@ -1,6 +1,7 @@
 // The C ABI over ShmClient. No exception or C++ type crosses this boundary.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -105,13 +106,29 @@ int record(kvrelay_client* client, const Error& error) {
   return c_error_code(error.code);
 }
 
-// NULL is the defaults.
+// The C dtype values are the wire's (DType), and the version-3 options end where ABI 6 added a field.
+static_assert(KVRELAY_DTYPE_FP32 == static_cast<int>(kvrelay::DType::kFloat32));
+static_assert(KVRELAY_DTYPE_FP16 == static_cast<int>(kvrelay::DType::kFloat16));
+static_assert(KVRELAY_DTYPE_BF16 == static_cast<int>(kvrelay::DType::kBFloat16));
+static_assert(KVRELAY_DTYPE_FP8_E4M3 == static_cast<int>(kvrelay::DType::kFp8E4M3));
+static_assert(KVRELAY_DTYPE_FP8_E5M2 == static_cast<int>(kvrelay::DType::kFp8E5M2));
+static_assert(offsetof(kvrelay_client_options, reply_timeout_ms) == KVRELAY_CLIENT_OPTIONS_SIZE_V3);
+
+// NULL is the defaults. Both sizes the struct has had are accepted; fields past the caller's
+// struct_size keep their defaults.
 kvrelay::Result<kvrelay::shm::ShmClientOptions> to_client_options(const kvrelay_client_options* options) {
   kvrelay::shm::ShmClientOptions out;
   if (options == nullptr) return out;
-  if (options->struct_size != sizeof(kvrelay_client_options)) {
+  if (options->struct_size != sizeof(kvrelay_client_options) &&
+      options->struct_size != KVRELAY_CLIENT_OPTIONS_SIZE_V3) {
     return kvrelay::fail(ErrorCode::kInvalidArgument,
-                         "kvrelay_client_options.struct_size is not sizeof(kvrelay_client_options)");
+                         "kvrelay_client_options.struct_size " + std::to_string(options->struct_size) +
+                             " is neither sizeof(kvrelay_client_options) = " +
+                             std::to_string(sizeof(kvrelay_client_options)) + " nor the version-3 size 8");
+  }
+  if (options->struct_size >= offsetof(kvrelay_client_options, reply_timeout_ms) + sizeof(uint32_t) &&
+      options->reply_timeout_ms != 0) {
+    out.reply_timeout = std::chrono::milliseconds(options->reply_timeout_ms);
   }
   switch (options->memory_strategy) {
     case KVRELAY_MEMORY_PORTABLE:
@@ -141,7 +158,9 @@ kvrelay::KvLayout to_layout(const kvrelay_layout& layout) {
 }
 
 bool valid_dtype(const kvrelay_layout& layout) {
-  return layout.layers == 0 || kvrelay::dtype_from_wire(static_cast<std::uint8_t>(layout.dtype)).has_value();
+  // Checked at its full width: a value past 255 is no dtype, not its low byte's.
+  return layout.layers == 0 ||
+         (layout.dtype <= 0xFF && kvrelay::dtype_from_wire(static_cast<std::uint8_t>(layout.dtype)).has_value());
 }
 
 // NULL is exact. The codec spec must be NUL-terminated inside its array.

@@ -7,10 +7,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <climits>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 
@@ -23,7 +25,6 @@ namespace kvrelay::shm {
 namespace {
 
 constexpr std::uint32_t kClientProtocolVersion = kDataPlaneVersion;
-constexpr int kReplyTimeoutSeconds = 60;
 // Busy-polls this many times for a ring answer before sleeping on the eventfd: a round trip
 // is a few microseconds, a wake-up through the scheduler costs more.
 constexpr int kRingSpins = 20000;
@@ -613,8 +614,12 @@ Result<std::size_t> ShmClient::ring_call(std::span<const std::byte> message, std
     }
     if (spin >= kRingSpins) {
       pollfd waits[2] = {{wake_client_.get(), POLLIN, 0}, {socket_.get(), POLLIN, 0}};
-      const int ready = ::poll(waits, 2, kReplyTimeoutSeconds * 1000);
-      if (ready == 0) return fail(ErrorCode::kTimeout, "no ring answer");
+      const int ready =
+          ::poll(waits, 2, static_cast<int>(std::clamp<std::int64_t>(reply_timeout_.count(), 1, INT_MAX)));
+      if (ready == 0) {
+        timed_out_ = true;  // a late answer would be taken for the next call's
+        return fail(ErrorCode::kTimeout, "no ring answer");
+      }
       if ((waits[1].revents & (POLLHUP | POLLIN)) != 0 && (waits[0].revents & POLLIN) == 0) {
         return fail(ErrorCode::kIo, "sidecar closed the connection");
       }

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <memory>
+
 #include "kvrelay/codec_plugins/registry.h"
 
 #include "stage_fixture.h"
@@ -155,4 +157,36 @@ TEST_CASE("plan: span prompt needs A's prompt length and caps the servable block
   CHECK(servable_blocks(request, context).value() == 2);
   context.treatment.reset();
   CHECK(servable_blocks(request, context).value() == 4);
+}
+
+TEST_CASE("plan: fp8 KV is never served through a lossy medium, forced or drawn", "[broker][plan]") {
+  const auto fp8_bench = [](const std::string& route_extra) {
+    auto bench = std::make_unique<PlanBench>(route_extra);
+    for (auto& agent : bench->policy.agents)
+      agent.model.dtype = DType::kFp8E4M3;  // an engine with an fp8 kv_cache_dtype
+    return bench;
+  };
+  auto engine_chose = fp8_bench("");
+  const auto decided = engine_chose->plan(lookup_of(engine_chose->model_id(), 3, 60, kToCoder));
+  REQUIRE(engine_chose->engine.last_shape.dtype == DType::kFp8E4M3);  // the engine is told the KV's dtype
+  CHECK(decided.choice.medium == "kv_raw");
+  CHECK(decided.choice.reason.find("fp8_e4m3 KV moves as bytes") != std::string::npos);
+
+  auto treated = fp8_bench("");
+  const auto drawn = treated->plan(
+      lookup_of(treated->model_id(), 3, 60,
+                R"({"agent": "coder", "treatment": {"name": "T3", "medium": "kv_int8", "span": "all"}})"));
+  CHECK(drawn.choice.medium == "kv_raw");
+  CHECK(drawn.choice.reason.find("kv_int8 would convert fp8_e4m3 KV") != std::string::npos);
+  CHECK(drawn.codec == "raw");
+  CHECK(drawn.lossless);
+
+  auto forced = fp8_bench(R"(, "forced_medium": "kv_int4")");
+  const auto held = forced->plan(lookup_of(forced->model_id(), 3, 60, kToCoder));
+  CHECK(held.choice.medium == "kv_raw");
+  CHECK(held.codec == "raw");
+
+  // The same forced route with fp32 KV keeps its lossy medium.
+  PlanBench floats(R"(, "forced_medium": "kv_int4")");
+  CHECK(floats.plan(lookup_of(floats.model_id(), 3, 60, kToCoder)).choice.medium == "kv_int4");
 }

@@ -126,3 +126,23 @@ TEST_CASE("bf16 conversion rounds to nearest even and keeps NaN", "[codec][float
   CHECK(float_to_bf16(bits_to_float(0x3F808000U)) == 0x3F80);  // tie -> even
   CHECK(float_to_bf16(bits_to_float(0x3F818000U)) == 0x3F82);  // tie -> even (up)
 }
+
+TEST_CASE("e5m2 is the top byte of a half: every code decodes and re-encodes to itself", "[codec][float]") {
+  for (int code = 0; code < 256; ++code) {
+    INFO(code);
+    const auto byte = static_cast<std::uint8_t>(code);
+    const float value = e5m2_to_float(byte);
+    CHECK(float_to_bits(value) == float_to_bits(half_to_float(static_cast<std::uint16_t>(code << 8))));
+    if (std::isnan(value)) {
+      CHECK(std::isnan(e5m2_to_float(float_to_e5m2(value))));
+    } else {
+      CHECK(float_to_e5m2(value) == byte);
+    }
+  }
+  CHECK(e5m2_to_float(0x3C) == 1.0F);
+  CHECK(e5m2_to_float(0x7B) == 57344.0F);  // largest finite
+  CHECK(std::isinf(e5m2_to_float(0x7C)));
+  CHECK(float_to_e5m2(1e6F) == 0x7C);    // overflow carries into infinity
+  CHECK(float_to_e5m2(1.125F) == 0x3C);  // a tie between 1.0 (even) and 1.25 rounds to even
+  CHECK(float_to_e5m2(1.375F) == 0x3E);  // a tie between 1.25 (odd) and 1.5 rounds to even
+}

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvrelay/connectors/kvrelay_paged.h"
+#include "kvrelay/core/kv_layout.h"
 
 namespace {
 
@@ -352,4 +353,49 @@ TEST_CASE("the C++ paged API reports kvrelay error codes", "[connectors][paged]"
   CHECK(refused.error().code == kvrelay::ErrorCode::kOutOfRange);
   CHECK(kvrelay::connectors::gather_paged(view, {kBlockIds, kFirstToken, kTokens}, k.data(), v.data()));
   CHECK(flat_at(k, 4, 0, 1, 2) == pattern(0, 2, 2, 1, 2));
+}
+
+TEST_CASE("an fp8 layout's region is exactly what paged gathers of 1-byte elements fill", "[connectors][paged]") {
+  // Two layers of one fp8 cache shape gathered into one region at the layout's tensor offsets.
+  const kvrelay::KvLayout layout{2, static_cast<std::uint32_t>(kHeads), static_cast<std::uint32_t>(kHeadDim),
+                                 kvrelay::DType::kFp8E4M3, kTokens};
+  const std::uint64_t total = layout.total_bytes().value();
+  CHECK(total == 2ULL * 2 * kTokens * kHeads * kHeadDim * 1);
+  CHECK(layout.tensor_bytes().value() == flat_bytes(1));
+  std::vector<Cache> layers;
+  layers.reserve(2);
+  for (int layer = 0; layer < 2; ++layer) {
+    layers.emplace_back(KVRELAY_PAGED_FLASH_ATTN, 1, Strides::kContiguous);
+    layers.back().fill();
+    for (auto& byte : layers.back().buffer)
+      byte = static_cast<std::uint8_t>(byte + layer * 29);  // layers differ
+  }
+  constexpr std::uint8_t kCanary = 0xA5;
+  std::vector<std::uint8_t> region(total + 1, kCanary);
+  for (std::uint32_t layer = 0; layer < 2; ++layer) {
+    std::uint8_t* k = region.data() + layout.tensor_offset(layer, false).value();
+    std::uint8_t* v = region.data() + layout.tensor_offset(layer, true).value();
+    REQUIRE(kvrelay_paged_gather(&layers[layer].tensor, kBlockIds.data(), kBlockIds.size(), kFirstToken, kTokens, k,
+                                 v) == KVRELAY_OK);
+  }
+  CHECK(region[total] == kCanary);  // nothing past the layout's size
+  std::size_t mismatches = 0;
+  for (std::uint32_t layer = 0; layer < 2; ++layer) {
+    for (std::uint64_t token = 0; token < kTokens; ++token) {
+      const std::uint64_t position = kFirstToken + token;
+      const std::int64_t block = kBlockIds[position / kBlockSize];
+      const auto slot = static_cast<std::int64_t>(position % kBlockSize);
+      for (std::int64_t head = 0; head < kHeads; ++head) {
+        for (std::int64_t dim = 0; dim < kHeadDim; ++dim) {
+          const std::size_t element =
+              static_cast<std::size_t>((static_cast<std::int64_t>(token) * kHeads + head) * kHeadDim + dim);
+          for (const bool is_value : {false, true}) {
+            const auto at = static_cast<std::size_t>(layout.tensor_offset(layer, is_value).value()) + element;
+            mismatches += region[at] != layers[layer].at(is_value ? 1 : 0, block, slot, head, dim);
+          }
+        }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
 }

@@ -56,7 +56,7 @@ TEST_CASE("Cost terms follow the model over the blocks the receiver lacks") {
 TEST_CASE("A receiver that already holds the whole context costs only a round trip") {
   EngineFixture f;
   const RouteId r = f.route();
-  const Decision d = f.engine.predict(r, TransferShape{2048, 4096, 1.0, 0.0, 0}).value();
+  const Decision d = f.engine.predict(r, TransferShape{2048, 4096, 1.0, 0.0, 0, {}}).value();
   CHECK(d.missing_tokens == 0);
   CHECK(d.cost_of(f.id("kv_raw")).wire_bytes == 0.0);
   CHECK(d.cost_of(f.id("kv_raw")).total_s == Approx(1e-3));
@@ -66,19 +66,19 @@ TEST_CASE("Short contexts go as tokens and long ones as KV when prefill is atten
   EngineFixture f(EngineConfig{}, true, false, testing::kAttentionBound);
   const RouteId r = f.route_over("1GBps", 1e9);
   // 16 tokens: recompute ~1.2 ms vs 1.6 MB of KV at 1 GB/s; 16k tokens: ~2.9 s vs ~1.6 s.
-  const Decision shorter = f.engine.predict(r, TransferShape{16, 0, 1.0, 0.0, 0}).value();
+  const Decision shorter = f.engine.predict(r, TransferShape{16, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(shorter.argmin == kTokensMedium);
-  const Decision longer = f.engine.predict(r, TransferShape{16384, 0, 1.0, 0.0, 0}).value();
+  const Decision longer = f.engine.predict(r, TransferShape{16384, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(f.engine.medium(longer.argmin).needs_kv());
   // The same long context over a 10x slower link is cheaper to recompute.
   const RouteId slow = f.route_over("100MBps", 1e8);
-  CHECK(f.engine.predict(slow, TransferShape{16384, 0, 1.0, 0.0, 0}).value().argmin == kTokensMedium);
+  CHECK(f.engine.predict(slow, TransferShape{16384, 0, 1.0, 0.0, 0, {}}).value().argmin == kTokensMedium);
 }
 
 TEST_CASE("KV media are excluded between different fingerprints") {
   EngineFixture f(EngineConfig{}, /*same_model=*/false);
   const RouteId r = f.route();
-  const Decision d = f.engine.predict(r, TransferShape{32768, 0, 1.0, 0.0, 256}).value();
+  const Decision d = f.engine.predict(r, TransferShape{32768, 0, 1.0, 0.0, 256, {}}).value();
   CHECK(d.argmin == kTokensMedium);
   for (std::size_t i = 1; i < d.candidate_count; ++i) {
     CHECK(d.candidates[i].excluded == Exclusion::kFingerprintMismatch);
@@ -87,10 +87,10 @@ TEST_CASE("KV media are excluded between different fingerprints") {
 
 TEST_CASE("kv_sparse is a candidate only for receivers that declared support") {
   EngineFixture without;
-  const Decision d1 = without.engine.predict(without.route(), TransferShape{8192, 0, 1.0, 0.0, 0}).value();
+  const Decision d1 = without.engine.predict(without.route(), TransferShape{8192, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d1.cost_of(without.id("kv_sparse")).excluded == Exclusion::kSparseUnsupported);
   EngineFixture with(EngineConfig{}, true, /*accepts_sparse=*/true);
-  const Decision d2 = with.engine.predict(with.route(), TransferShape{8192, 0, 1.0, 0.0, 0}).value();
+  const Decision d2 = with.engine.predict(with.route(), TransferShape{8192, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d2.cost_of(with.id("kv_sparse")).excluded == Exclusion::kNone);
 }
 
@@ -98,7 +98,7 @@ TEST_CASE("Route policy: allowed media, forced medium, disabled route") {
   EngineFixture f;
   RoutePolicy allowed;
   allowed.allowed_media = {"tokens", "kv_raw"};
-  const Decision d = f.engine.predict(f.route(allowed), TransferShape{32768, 0, 1.0, 0.0, 0}).value();
+  const Decision d = f.engine.predict(f.route(allowed), TransferShape{32768, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.cost_of(f.id("kv_int8")).excluded == Exclusion::kNotAllowed);
   CHECK(d.cost_of(f.id("kv_raw")).excluded == Exclusion::kNone);
   CHECK((d.argmin == kTokensMedium || d.argmin == f.id("kv_raw")));
@@ -106,14 +106,14 @@ TEST_CASE("Route policy: allowed media, forced medium, disabled route") {
   RoutePolicy forced;
   forced.forced_medium = "kv_int4";
   const RouteId fr = f.route(forced);
-  Decision fd = f.engine.decide(fr, TransferShape{16, 0, 1.0, 0.0, 0}).value();
+  Decision fd = f.engine.decide(fr, TransferShape{16, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(fd.chosen == f.id("kv_int4"));
   CHECK(fd.reason == DecisionReason::kForced);
   CHECK(fd.cost_of(kTokensMedium).excluded == Exclusion::kNotForced);
 
   RoutePolicy disabled;
   disabled.enabled = false;
-  const Decision dd = f.engine.decide(f.route(disabled), TransferShape{32768, 0, 1.0, 0.0, 0}).value();
+  const Decision dd = f.engine.decide(f.route(disabled), TransferShape{32768, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(dd.chosen == kTokensMedium);
   CHECK(dd.reason == DecisionReason::kRouteDisabled);
   CHECK(dd.cost_of(f.id("kv_raw")).excluded == Exclusion::kRouteDisabled);
@@ -123,7 +123,7 @@ TEST_CASE("A forced KV medium on an incompatible model pair falls back to tokens
   EngineFixture f(EngineConfig{}, false);
   RoutePolicy forced;
   forced.forced_medium = "kv_raw";
-  const Decision d = f.engine.decide(f.route(forced), TransferShape{4096, 0, 1.0, 0.0, 0}).value();
+  const Decision d = f.engine.decide(f.route(forced), TransferShape{4096, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.chosen == kTokensMedium);
   CHECK(d.cost_of(f.id("kv_raw")).excluded == Exclusion::kFingerprintMismatch);
 }
@@ -134,7 +134,7 @@ TEST_CASE("Quality floor excludes weak codecs and forces a lossless hop once the
   policy.quality_floor = 0.97;
   policy.allowed_media = {"kv_raw", "kv_fp8", "kv_int8", "kv_int4"};  // keep it on KV
   const RouteId r = f.route(policy);
-  const Decision fresh = f.engine.predict(r, TransferShape{32768, 0, 1.0, 0.0, 0}).value();
+  const Decision fresh = f.engine.predict(r, TransferShape{32768, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(fresh.cost_of(f.id("kv_int4")).excluded == Exclusion::kBelowQualityFloor);  // fidelity 0.95
   CHECK(fresh.cost_of(f.id("kv_int8")).excluded == Exclusion::kNone);               // fidelity 0.99
   CHECK_FALSE(f.engine.medium(fresh.argmin).lossless());
@@ -145,7 +145,7 @@ TEST_CASE("Quality floor excludes weak codecs and forces a lossless hop once the
   int lossy_hops = 0;
   int lossless_hops = 0;
   for (int hop = 0; hop < 12; ++hop) {
-    const Decision d = f.engine.decide(r, TransferShape{32768, 0, chain, static_cast<double>(hop) * 10, 0}).value();
+    const Decision d = f.engine.decide(r, TransferShape{32768, 0, chain, static_cast<double>(hop) * 10, 0, {}}).value();
     CHECK(d.chain_fidelity_after >= policy.quality_floor);
     const MediumSpec& chosen = f.engine.medium(d.chosen);
     if (chosen.lossless()) {
@@ -159,7 +159,7 @@ TEST_CASE("Quality floor excludes weak codecs and forces a lossless hop once the
   CHECK(lossy_hops >= 1);
   CHECK(lossless_hops >= 1);
 
-  const Decision refresh = f.engine.predict(r, TransferShape{32768, 0, 0.96, 0.0, 0}).value();
+  const Decision refresh = f.engine.predict(r, TransferShape{32768, 0, 0.96, 0.0, 0, {}}).value();
   for (const char* lossy : {"kv_fp8", "kv_int8", "kv_int4"}) {
     CHECK(refresh.cost_of(f.id(lossy)).excluded == Exclusion::kPrecisionRefresh);
   }
@@ -171,10 +171,10 @@ TEST_CASE("Plugin codecs take part under their codec: name") {
   MediumSpec plugin;
   plugin.name = "codec:tiny";
   plugin.kind = MediumKind::kKvLossless;
-  plugin.profile = CodecProfile{{0.05, 0.05, 0.05}, 50e9, 50e9, 1.0, 0.0};
+  plugin.profile = CodecProfile{{0.05, 0.05, 0.05, 0.05}, 50e9, 50e9, 1.0, 0.0};
   const MediumId id = f.engine.add_medium(plugin).value();
   CHECK(f.engine.add_medium(plugin).error().code == ErrorCode::kAlreadyExists);
-  const Decision d = f.engine.predict(f.route(), TransferShape{32768, 0, 1.0, 0.0, 0}).value();
+  const Decision d = f.engine.predict(f.route(), TransferShape{32768, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.argmin == id);
 }
 
@@ -185,7 +185,7 @@ TEST_CASE("Codec observations move the expected ratio used by the cost model") {
   for (int i = 0; i < 64; ++i) {
     f.engine.observe_codec(int8, DType::kFloat16, 1e6, 0.75e6, 1e-3, 1e-3);
   }
-  const Decision d = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0}).value();
+  const Decision d = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.cost_of(int8).wire_bytes == Approx(1000 * 100e3 * 0.75));
   CHECK(d.cost_of(int8).codec_s == Approx(1000 * 100e3 / 1e9 * 2));
 }
@@ -199,12 +199,12 @@ TEST_CASE("A codec observation that timed one side (a sidecar's encode or its de
   for (int i = 0; i < 64; ++i) {
     f.engine.observe_codec(int8, DType::kFloat16, 1e6, 0.5e6, 1e-3, not_timed);  // encode at 1 GB/s
   }
-  const double encode_only = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0}).value().cost_of(int8).codec_s;
+  const double encode_only = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0, {}}).value().cost_of(int8).codec_s;
   CHECK(encode_only > raw / 1e9);  // the decode prior is still in
   for (int i = 0; i < 64; ++i) {
     f.engine.observe_codec(int8, DType::kFloat16, 1e6, 0.5e6, not_timed, 0.5e-3);  // decode at 2 GB/s
   }
-  const Decision d = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0}).value();
+  const Decision d = f.engine.predict(r, TransferShape{1000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.cost_of(int8).codec_s == Approx(raw / 1e9 + raw / 2e9));
   CHECK(d.cost_of(int8).wire_bytes == Approx(raw * 0.5));
   CHECK(encode_only != Approx(d.cost_of(int8).codec_s));
@@ -238,7 +238,7 @@ TEST_CASE("The decision log record carries every term, the winner and why the ot
   policy.id = "logged";
   policy.allowed_media = {"tokens", "kv_raw", "kv_int8", "kv_sparse"};
   const RouteId r = f.route(policy);
-  const Decision d = f.engine.decide(r, TransferShape{8192, 0, 1.0, 0.0, 64}).value();
+  const Decision d = f.engine.decide(r, TransferShape{8192, 0, 1.0, 0.0, 64, {}}).value();
   const nlohmann::json j = decision_to_json(d, f.engine);
   CHECK(j.at("route") == "logged");
   CHECK(j.at("chosen") == f.engine.medium(d.chosen).name);
@@ -267,13 +267,13 @@ TEST_CASE("A chosen medium predicted past the route deadline is flagged") {
   EngineFixture f;
   RoutePolicy tight;
   tight.deadline = std::chrono::milliseconds(5);
-  const Decision late = f.engine.decide(f.route(tight), TransferShape{8192, 0, 1.0, 0.0, 0}).value();
+  const Decision late = f.engine.decide(f.route(tight), TransferShape{8192, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(late.cost_of(late.chosen).total_s > 0.005);
   CHECK(late.deadline_miss);
   RoutePolicy loose;
   loose.deadline = std::chrono::milliseconds(60'000);
-  CHECK_FALSE(f.engine.decide(f.route(loose), TransferShape{8192, 0, 1.0, 0.0, 0}).value().deadline_miss);
-  CHECK_FALSE(f.engine.decide(f.route(), TransferShape{8192, 0, 1.0, 0.0, 0}).value().deadline_miss);
+  CHECK_FALSE(f.engine.decide(f.route(loose), TransferShape{8192, 0, 1.0, 0.0, 0, {}}).value().deadline_miss);
+  CHECK_FALSE(f.engine.decide(f.route(), TransferShape{8192, 0, 1.0, 0.0, 0, {}}).value().deadline_miss);
 }
 
 TEST_CASE("Receiver load stretches the re-prefill cost, not the KV media") {

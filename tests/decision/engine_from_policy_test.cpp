@@ -23,15 +23,15 @@ TEST_CASE("engine_from_policy builds agents, one link per peer node, and every r
 
   // KV size per token comes from the fingerprint: 32 layers * 2 * 8 heads * 128 dim * 2 bytes.
   const RouteId plan_code = engine.find_route("plan-code").value();
-  const Decision d = engine.predict(plan_code, TransferShape{1000, 0, 1.0, 0.0, 0}).value();
+  const Decision d = engine.predict(plan_code, TransferShape{1000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.cost_of(engine.find_medium("kv_raw").value()).wire_bytes == Approx(1000.0 * 32 * 2 * 8 * 128 * 2));
 
   const Decision review =
-      engine.predict(engine.find_route("plan-review").value(), TransferShape{1000, 0, 1.0, 0.0, 0}).value();
+      engine.predict(engine.find_route("plan-review").value(), TransferShape{1000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(review.cost_of(engine.find_medium("kv_fp8").value()).excluded == Exclusion::kNotAllowed);
 
   const Decision sum =
-      engine.predict(engine.find_route("plan-sum").value(), TransferShape{30000, 0, 1.0, 0.0, 0}).value();
+      engine.predict(engine.find_route("plan-sum").value(), TransferShape{30000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(sum.argmin == kTokensMedium);
   CHECK(sum.cost_of(engine.find_medium("kv_raw").value()).excluded == Exclusion::kFingerprintMismatch);
 }
@@ -65,7 +65,7 @@ TEST_CASE("engine_from_policy applies the policy's calibrated cost model") {
   // The calibrated prefill and decode enter the prediction: tokens costs a + b n for 1000 tokens,
   // int8's quality loss costs 0.25 * 100 output tokens * 0.04 s.
   const Decision d =
-      engine.predict(engine.find_route("plan-code").value(), TransferShape{1000, 0, 1.0, 0.0, 100}).value();
+      engine.predict(engine.find_route("plan-code").value(), TransferShape{1000, 0, 1.0, 0.0, 100, {}}).value();
   CHECK(d.cost_of(kTokensMedium).comp_s == Approx(0.5 + 0.001 * 1000));
   CHECK(d.cost_of(int8).loss_s == Approx(0.25 * 100 * 0.04));
 }

@@ -51,7 +51,7 @@ TEST_CASE("a reload applies the cost model and route settings to a kept engine, 
   const MediumId int8 = engine.find_medium("kv_int8").value();
   const MediumId sparse = engine.find_medium("kv_sparse").value();
   const RouteId plan_code = engine.find_route("plan-code").value();
-  const TransferShape shape{4000, 0, 1.0, 0.0, 100};
+  const TransferShape shape{4000, 0, 1.0, 0.0, 100, {}};
   const PrefillCoefficients learned_prefill = engine.prefill_coefficients(coder);
   const double learned_link = engine.link_bytes_per_s(engine.find_link("peer:node-b").value());
   const Decision old = engine.predict(plan_code, shape).value();
@@ -110,7 +110,7 @@ TEST_CASE("hysteresis set by a reload holds a kept route's previous choice", "[d
   REQUIRE(built);
   DecisionEngine& engine = built.value();
   const RouteId route = engine.find_route("plan-code").value();
-  const TransferShape shape{4000, 0, 1.0, 10.0, 0};
+  const TransferShape shape{4000, 0, 1.0, 10.0, 0, {}};
   const Decision first = engine.decide(route, shape).value();
   // A link measured at 1 MB/s makes tokens the argmin by a wide margin.
   const LinkId local = engine.find_link("local").value();
@@ -120,7 +120,7 @@ TEST_CASE("hysteresis set by a reload holds a kept route's previous choice", "[d
   REQUIRE(probe.argmin != first.chosen);
   document["routes"][0]["hysteresis"] = 10.0;  // no gain is worth a switch
   REQUIRE(apply_policy_settings(engine, parsed(document)));
-  const Decision held = engine.decide(route, TransferShape{4000, 0, 1.0, 20.0, 0}).value();
+  const Decision held = engine.decide(route, TransferShape{4000, 0, 1.0, 20.0, 0, {}}).value();
   CHECK(held.chosen == first.chosen);
   CHECK(held.reason == DecisionReason::kHysteresisHeld);
 }
@@ -167,6 +167,6 @@ TEST_CASE("live updates refuse what needs a rebuild", "[decision][reload]") {
   CHECK_FALSE(engine.update_route(unknown_medium));
   // The refused update left the route as it was: every medium still allowed.
   const Decision d =
-      engine.predict(engine.find_route("plan-code").value(), TransferShape{1000, 0, 1.0, 0.0, 0}).value();
+      engine.predict(engine.find_route("plan-code").value(), TransferShape{1000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.cost_of(engine.find_medium("kv_int8").value()).excluded == Exclusion::kNone);
 }

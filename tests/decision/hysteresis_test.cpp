@@ -31,7 +31,7 @@ Run drive(EngineFixture& f, RouteId route, int steps, Bandwidth bandwidth_at) {
   for (int step = 0; step < steps; ++step) {
     const double bw = bandwidth_at(step);
     f.engine.observe_link(f.link, 64e6, 64e6 / bw);
-    const Decision d = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, static_cast<double>(step), 0}).value();
+    const Decision d = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, static_cast<double>(step), 0, {}}).value();
     if (last != kNoMedium && d.chosen != last) {
       ++run.switches;
     }
@@ -108,13 +108,13 @@ TEST_CASE("Hysteresis holds a cheaper argmin below the threshold and reports it"
   for (int i = 0; i < 16; ++i) {
     f.engine.observe_link(f.link, 64e6, 64e6 / (even * 1.3));
   }
-  Decision first = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 0.0, 0}).value();
+  Decision first = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 0.0, 0, {}}).value();
   REQUIRE(first.chosen == f.id("kv_raw"));
   // ...then 30% slower: tokens is cheaper, but by less than 50%.
   for (int i = 0; i < 16; ++i) {
     f.engine.observe_link(f.link, 64e6, 64e6 / (even * 0.7));
   }
-  const Decision held = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 100.0, 0}).value();
+  const Decision held = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 100.0, 0, {}}).value();
   CHECK(held.argmin == kTokensMedium);
   CHECK(held.chosen == f.id("kv_raw"));
   CHECK(held.hysteresis_held);
@@ -132,14 +132,14 @@ TEST_CASE("The minimum dwell delays a switch that beats the threshold") {
   for (int i = 0; i < 16; ++i) {
     f.engine.observe_link(f.link, 64e6, 64e6 / (even * 4));
   }
-  REQUIRE(f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 0.0, 0}).value().chosen == f.id("kv_raw"));
+  REQUIRE(f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 0.0, 0, {}}).value().chosen == f.id("kv_raw"));
   for (int i = 0; i < 16; ++i) {
     f.engine.observe_link(f.link, 64e6, 64e6 / (even / 4));
   }
-  const Decision early = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 5.0, 0}).value();
+  const Decision early = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 5.0, 0, {}}).value();
   CHECK(early.reason == DecisionReason::kDwellHeld);
   CHECK(early.chosen == f.id("kv_raw"));
-  const Decision later = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 10.0, 0}).value();
+  const Decision later = f.engine.decide(route, TransferShape{kTokens, 0, 1.0, 10.0, 0, {}}).value();
   CHECK(later.reason == DecisionReason::kSwitched);
   CHECK(later.chosen == kTokensMedium);
 }
@@ -149,8 +149,8 @@ TEST_CASE("Length regimes keep separate hysteresis state on one route") {
   const RouteId route = f.route_over("1GBps", 1e9);
   // Alternating short and long contexts follow the break-even length without being held.
   for (int i = 0; i < 10; ++i) {
-    const Decision shorter = f.engine.decide(route, TransferShape{16, 0, 1.0, i * 2.0, 0}).value();
-    const Decision longer = f.engine.decide(route, TransferShape{16384, 0, 1.0, i * 2.0 + 1, 0}).value();
+    const Decision shorter = f.engine.decide(route, TransferShape{16, 0, 1.0, i * 2.0, 0, {}}).value();
+    const Decision longer = f.engine.decide(route, TransferShape{16384, 0, 1.0, i * 2.0 + 1, 0, {}}).value();
     CHECK(shorter.chosen == kTokensMedium);
     CHECK(f.engine.medium(longer.chosen).needs_kv());
     CHECK_FALSE(shorter.hysteresis_held);

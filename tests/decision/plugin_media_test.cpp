@@ -56,7 +56,7 @@ TEST_CASE("a plugin medium in allowed_media builds an engine, and the engine cho
   const MediumId xor_medium = engine.find_medium("codec:xor").value();
   CHECK(engine.medium(xor_medium).kind == MediumKind::kKvLossless);  // the codec's lossless flag
   const RouteId route = engine.find_route("plan-code").value();
-  const TransferShape shape{8000, 0, 1.0, 0.0, 0};
+  const TransferShape shape{8000, 0, 1.0, 0.0, 0, {}};
 
   // Unmeasured, a plugin is priced as no compression on a slow host path: not chosen.
   const Decision unmeasured = engine.predict(route, shape).value();
@@ -79,7 +79,7 @@ TEST_CASE("a plugin medium in allowed_media builds an engine, and the engine cho
   auto floored = kvrelay::parse_policy(document.dump(), "test.json");
   REQUIRE(floored);
   REQUIRE(apply_policy_settings(engine, floored.value()));
-  const Decision refresh = engine.predict(route, TransferShape{8000, 0, 0.5, 0.0, 0}).value();
+  const Decision refresh = engine.predict(route, TransferShape{8000, 0, 0.5, 0.0, 0, {}}).value();
   CHECK(refresh.cost_of(engine.find_medium("kv_int8").value()).excluded == Exclusion::kPrecisionRefresh);
   CHECK(refresh.cost_of(xor_medium).excluded == Exclusion::kNone);
   CHECK(refresh.argmin == xor_medium);
@@ -95,7 +95,7 @@ TEST_CASE("a plugin medium whose codec is not loaded is listed and never chosen,
   for (int i = 0; i < 64; ++i)
     engine.observe_codec(xor_medium, kvrelay::DType::kFloat16, 1e8, 1e6, 1e-4, 1e-4);
   const Decision d =
-      engine.predict(engine.find_route("plan-code").value(), TransferShape{8000, 0, 1.0, 0.0, 0}).value();
+      engine.predict(engine.find_route("plan-code").value(), TransferShape{8000, 0, 1.0, 0.0, 0, {}}).value();
   CHECK(d.cost_of(xor_medium).excluded == Exclusion::kCodecUnavailable);
   CHECK(d.argmin != xor_medium);
   CHECK(d.cost_of(engine.find_medium("kv_int8").value()).excluded == Exclusion::kNone);

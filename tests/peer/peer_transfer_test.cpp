@@ -64,6 +64,40 @@ TEST_CASE("pushed KV frames of one token to 256 MiB are filed byte for byte, and
   CHECK(stats.failed_transfers == 0);
 }
 
+TEST_CASE("fp8 KV crosses between sidecars as raw and lossless frames, byte for byte, and never lossy", "[peer]") {
+  PeerDaemon daemon;
+  std::uint64_t id = 700;
+  for (const DType dtype : {DType::kFp8E4M3, DType::kFp8E5M2}) {
+    for (const char* codec : {"raw", "lossless"}) {
+      INFO(dtype_name(dtype) << " pushed as " << codec);
+      // A connection each: the refused lossy fetch below may end its session.
+      auto client = peer::PeerClient::connect(daemon.peer_address(), {});
+      REQUIRE(client.has_value());
+      // Over 1 MiB: a lossless frame of more than one chunk.
+      const auto frame = kv_frame((1U << 20) + 3, id, codec, KvLayout{4, 2, 64, dtype, 1});
+      CHECK(frame.kv.size() == frame.layout.tokens * 4 * 2 * 2 * 64);  // 1 byte an element
+      const auto key = frame.key(9);
+      REQUIRE(client.value().push_encoded(id, key, frame.chain, frame.bytes()).has_value());
+      auto entry = daemon.data_plane().lookup(key);
+      REQUIRE(entry.has_value());
+      CHECK(entry.value().info.layout == frame.layout);
+      CHECK(same_bytes(entry.value().bytes(), frame.kv));
+      for (const char* fetch_codec : {"raw", "lossless"}) {
+        auto fetched = client.value().fetch(peer::FetchRequest{id, key.model_id, fetch_codec, {key.context_hash}},
+                                            std::uint64_t{1} << 32);
+        REQUIRE(fetched.has_value());
+        REQUIRE(fetched.value().has_value());
+        CHECK(same_bytes(decoded_kv(fetched.value()->frame()), frame.kv));
+      }
+      // A lossy fetch of fp8 KV is refused: its bytes are never converted.
+      auto lossy = client.value().fetch(peer::FetchRequest{id, key.model_id, "int8", {key.context_hash}},
+                                        std::uint64_t{1} << 32);
+      CHECK_FALSE((lossy.has_value() && lossy.value().has_value()));
+      ++id;
+    }
+  }
+}
+
 TEST_CASE("a push that fits one chunk goes as two halves, kvrelay peer send splits unless told not to", "[peer]") {
   PeerDaemon daemon;
   std::uint64_t id = 300;

@@ -8,7 +8,7 @@
 
 namespace kvrelay::codec {
 
-// `elements` elements of `element_size` (2 or 4) bytes -> element_size planes of `elements` bytes.
+// `elements` elements of `element_size` (1, 2 or 4) bytes -> element_size planes of `elements` bytes.
 void split_byte_planes(const std::uint8_t* source, std::size_t elements, std::size_t element_size,
                        std::uint8_t* planes) noexcept;
 void merge_byte_planes(const std::uint8_t* planes, std::size_t elements, std::size_t element_size,

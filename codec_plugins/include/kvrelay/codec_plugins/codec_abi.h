@@ -36,6 +36,11 @@ extern "C" {
 #define KVRELAY_CODEC_DTYPE_F32 1u
 #define KVRELAY_CODEC_DTYPE_F16 2u
 #define KVRELAY_CODEC_DTYPE_BF16 3u
+/* 1-byte fp8 KV (an engine's fp8 kv_cache_dtype), moved as bytes: kvrelay hands these only to
+ * lossless codecs (KVRELAY_CODEC_FLAG_LOSSLESS); a lossy codec is refused before it is called.
+ * A codec must refuse every dtype it does not know (KVRELAY_CODEC_E_INVALID_ARGUMENT). */
+#define KVRELAY_CODEC_DTYPE_FP8_E4M3 4u
+#define KVRELAY_CODEC_DTYPE_FP8_E5M2 5u
 
 /* Return codes: 0 is success; the rest are kvrelay's ErrorCode values. */
 #define KVRELAY_CODEC_OK 0

@@ -128,6 +128,20 @@ KVRELAY_HD float e4m3_to_float(std::uint8_t code) {
   return bits_to_float(sign | select_bits(exponent == 0, float_to_bits(subnormal), float_to_bits(normal)));
 }
 
+// e5m2 is the top byte of an IEEE half: exact both ways through half_to_float.
+KVRELAY_HD float e5m2_to_float(std::uint8_t code) {
+  return half_to_float(static_cast<std::uint16_t>(static_cast<std::uint16_t>(code) << 8));
+}
+
+// float -> e5m2 via the half, round to nearest even on the low byte; NaN stays NaN, overflow
+// carries into infinity. Rounds twice (float -> half -> e5m2): for synthetic and test data only.
+KVRELAY_HD std::uint8_t float_to_e5m2(float value) {
+  const std::uint32_t half = float_to_half(value);
+  const bool is_nan = (half & 0x7FFFU) > 0x7C00U;
+  const std::uint32_t rounded = (half + 0x7FU + ((half >> 8) & 1U)) >> 8;
+  return static_cast<std::uint8_t>(select_bits(is_nan, (half >> 8) | 0x02U, rounded));
+}
+
 // Asymmetric quantizer step: code = round((x - zero) * inv_scale) clamped to [0, max_code].
 // Written as a clamp then +0.5 truncation (values are non-negative there) so host and device agree.
 KVRELAY_HD std::uint32_t quantize_step(float value, float zero, float inv_scale, float max_code) {

@@ -42,6 +42,7 @@ enum class Exclusion : std::uint8_t {
   kBelowQualityFloor,    // codec fidelity (times the chain so far) below the route's floor
   kPrecisionRefresh,     // chain fidelity already below the floor: lossless only
   kCodecUnavailable,     // a plugin medium whose codec this process has not loaded
+  kBytesOnlyDtype,       // a lossy or sparse medium for fp8 KV, which moves only as bytes
 };
 [[nodiscard]] std::string_view exclusion_name(Exclusion exclusion) noexcept;
 
@@ -76,6 +77,7 @@ struct TransferShape {
   double chain_fidelity = 1.0;                 // product of lossy-hop fidelities this context went through
   double now_s = 0.0;                          // caller's clock (monotonic or virtual), for the dwell
   std::uint32_t expected_output_tokens = 256;  // scales the decode cost of quality loss
+  std::optional<DType> dtype;                  // the KV's, when the caller knows it; else the sender's
 };
 
 struct Decision {
@@ -89,6 +91,7 @@ struct Decision {
   double predicted_gain = 0.0;   // (cost(previous) - cost(argmin)) / cost(previous)
   double chain_fidelity_after = 1.0;
   std::uint64_t missing_tokens = 0;
+  DType dtype = DType::kFloat16;  // of the KV decided about (fp8: no lossy candidate)
   std::uint8_t candidate_count = 0;
   std::array<CandidateCost, kMaxMedia> candidates{};
 
@@ -198,7 +201,7 @@ class DecisionEngine {
 
   struct MediumState {
     MediumSpec spec;
-    std::array<WindowedMean, 3> ratio;  // per dtype
+    std::array<WindowedMean, kDtypeSlots> ratio;  // per dtype_slot()
     WindowedRate encode;
     WindowedRate decode;
   };
@@ -214,7 +217,7 @@ class DecisionEngine {
     double kv_bytes_per_token = 0.0;
     double decode_s_per_token = 0.0;
     PrefillCoefficients prefill;
-    std::uint8_t dtype_index = 0;
+    DType dtype = DType::kFloat16;
     bool accepts_sparse = false;
   };
   struct LinkState {

@@ -32,9 +32,14 @@ enum class MediumKind : std::uint8_t {
   kKvSparse,    // a subset of token positions; receiver must declare support
 };
 
+// Slots of CodecProfile::ratio: fp32, fp16, bf16, and the 1-byte fp8 dtypes (both e4m3 and e5m2).
+inline constexpr std::size_t kDtypeSlots = 4;
+[[nodiscard]] std::size_t dtype_slot(DType dtype) noexcept;
+
 struct CodecProfile {
-  // Encoded bytes / raw bytes, by dtype (index: fp32, fp16, bf16).
-  std::array<double, 3> ratio{1.0, 1.0, 1.0};
+  // Encoded bytes / raw bytes, by dtype (index: dtype_slot()). A lossy medium's fp8 slot is never
+  // used: lossy media are excluded for fp8 KV, which moves only as bytes.
+  std::array<double, kDtypeSlots> ratio{1.0, 1.0, 1.0, 1.0};
   // Raw bytes per second through encode and decode on this host; 0 means free (kv_raw).
   double encode_bytes_per_s = 0.0;
   double decode_bytes_per_s = 0.0;

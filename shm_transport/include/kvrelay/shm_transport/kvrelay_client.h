@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define KVRELAY_CLIENT_ABI_VERSION 5
+#define KVRELAY_CLIENT_ABI_VERSION 6
 
 enum {
   KVRELAY_OK = 0,
@@ -54,8 +54,19 @@ typedef struct kvrelay_key {
   uint64_t context_hash; /* e.g. the last block hash of the context */
 } kvrelay_key;
 
+/* kvrelay_layout.dtype and kvrelay_model.dtype: the element type of the KV. The fp8 values (ABI
+ * version 6) are an engine's 1-byte fp8 kv_cache_dtype, moved as tagged bytes: stored, served and
+ * sent between sidecars raw or through a lossless codec, never converted (a lossy medium is never
+ * chosen for them). A library or sidecar built before ABI 6 refuses them (KVRELAY_E_INVALID_ARGUMENT). */
+enum {
+  KVRELAY_DTYPE_FP32 = 1,     /* 4 bytes */
+  KVRELAY_DTYPE_FP16 = 2,     /* 2 bytes */
+  KVRELAY_DTYPE_BF16 = 3,     /* 2 bytes */
+  KVRELAY_DTYPE_FP8_E4M3 = 4, /* 1 byte (ABI 6): torch.float8_e4m3fn, vLLM "fp8" / "fp8_e4m3" */
+  KVRELAY_DTYPE_FP8_E5M2 = 5  /* 1 byte (ABI 6): torch.float8_e5m2, vLLM "fp8_e5m2" */
+};
 /* layers == 0 publishes opaque bytes; otherwise size must equal
- * layers * 2 * tokens * kv_heads * head_dim * dtype size. dtype: 1 fp32, 2 fp16, 3 bf16. */
+ * layers * 2 * tokens * kv_heads * head_dim * dtype size (4, 2, 2, 1, 1). dtype: KVRELAY_DTYPE_*. */
 typedef struct kvrelay_layout {
   uint32_t layers;
   uint32_t kv_heads;
@@ -77,10 +88,20 @@ enum {
 };
 /* Zero-initialise, set struct_size, then the fields to change (ABI version 3). */
 typedef struct kvrelay_client_options {
-  uint32_t struct_size;     /* sizeof(kvrelay_client_options) */
+  uint32_t struct_size;     /* sizeof(kvrelay_client_options), or KVRELAY_CLIENT_OPTIONS_SIZE_V3 */
   uint32_t memory_strategy; /* KVRELAY_MEMORY_PORTABLE or KVRELAY_MEMORY_PREFAULT */
+  /* ABI 6: how long the client waits for any one reply of the sidecar, in milliseconds, the
+   * connect handshake's included (0: the default, 60 s). A sidecar that stops answering (stopped,
+   * not dead) then costs a call this long: it returns KVRELAY_E_TIMEOUT and the client is closed
+   * for further calls (every later call fails with KVRELAY_E_IO; reconnect), as after a resolve
+   * timeout. kvrelay_resolve_request.timeout_ms and kvrelay_claim's timeout_ms, when not 0,
+   * replace it for their call. */
+  uint32_t reply_timeout_ms;
 } kvrelay_client_options;
-/* options NULL: the defaults. KVRELAY_E_INVALID_ARGUMENT for an unknown struct_size or value. */
+/* struct_size of the version-3 struct (struct_size and memory_strategy only), still accepted. */
+#define KVRELAY_CLIENT_OPTIONS_SIZE_V3 8u
+/* options NULL: the defaults. KVRELAY_E_INVALID_ARGUMENT for an unknown struct_size or value.
+ * KVRELAY_E_TIMEOUT: the sidecar did not answer the handshake within reply_timeout_ms. */
 int kvrelay_client_connect_with_options(const char* socket_path, const kvrelay_client_options* options,
                                         kvrelay_client** out);
 void kvrelay_client_close(kvrelay_client* client);
@@ -153,7 +174,7 @@ typedef struct kvrelay_model {
   uint32_t layers;
   uint32_t kv_heads; /* the whole model's KV heads */
   uint32_t head_dim;
-  uint32_t dtype;           /* as kvrelay_layout.dtype */
+  uint32_t dtype;           /* KVRELAY_DTYPE_*, as kvrelay_layout.dtype */
   uint32_t tp_rank;         /* this process's tensor-parallel rank */
   uint32_t tp_size;         /* 0 or 1: not sharded */
   uint32_t reserved;        /* 0 */
