@@ -26,7 +26,8 @@ def build_engine(spec: dict) -> MiniEngine:
                       num_blocks=spec.get("num_blocks", 64), tp_size=spec.get("tp_size", 1),
                       tp_rank=spec.get("tp_rank", 0), dtype=DTYPES[spec.get("dtype", "float16")],
                       layers=spec.get("layers", 4), kv_heads=spec.get("kv_heads", 4),
-                      head_size=spec.get("head_size", 32), device=spec.get("device", "cpu"))
+                      head_size=spec.get("head_size", 32), device=spec.get("device", "cpu"),
+                      cache_dtype=spec.get("cache_dtype", "auto"))
 
 
 def run_requests(engine: MiniEngine, requests: list[dict]) -> dict:

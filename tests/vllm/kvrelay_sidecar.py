@@ -94,6 +94,11 @@ class Sidecar:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
 
+    def pause(self, paused: bool = True) -> None:
+        """SIGSTOP (a sidecar that is alive and answers nothing) or SIGCONT."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.terminate()

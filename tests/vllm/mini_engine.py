@@ -76,7 +76,7 @@ class MiniEngine:
                  head_size: int = 32, dtype: torch.dtype = torch.float16, block_size: int = 16,
                  num_blocks: int = 64, layout: str = "flash_attn", tp_size: int = 1, tp_rank: int = 0,
                  max_tokens_per_step: Optional[int] = None, seed: int = 0, model: str = "standin/tiny-llama",
-                 kv_role: str = "kv_both", device: str = "cpu") -> None:
+                 kv_role: str = "kv_both", device: str = "cpu", cache_dtype: str = "auto") -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}")
         if kv_transfer_config is None:
@@ -88,14 +88,17 @@ class MiniEngine:
         self.layout = layout
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.dtype = dtype
+        # The KV caches' element type: the model's, or bytes for an fp8 kv_cache_dtype (vLLM
+        # allocates fp8 caches as uint8, STR_DTYPE_TO_TORCH_DTYPE).
+        self.dtype = torch.uint8 if cache_dtype.startswith("fp8") else dtype
         self.max_tokens_per_step = max_tokens_per_step
         self.rng = random.Random(seed)
         model_config = ModelConfig(model=model, dtype=dtype, num_hidden_layers=layers, num_key_value_heads=kv_heads,
                                    head_dim=head_size)
         parallel = ParallelConfig(tensor_parallel_size=tp_size, rank=tp_rank)
         self.vllm_config = VllmConfig(model_config=model_config,
-                                      cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=False,
+                                      cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype,
+                                                               enable_prefix_caching=False,
                                                                num_gpu_blocks=num_blocks),
                                       parallel_config=parallel, scheduler_config=SchedulerConfig(),
                                       kv_transfer_config=kv_transfer_config)
@@ -106,8 +109,9 @@ class MiniEngine:
                             else tp_rank // (tp_size // kv_heads))
         self.head_size = head_size
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-        self.caches = {name: torch.zeros(self._shape(), dtype=dtype, device=device) for name in self.layer_names}
-        page = FullAttentionSpec(block_size=block_size, num_kv_heads=self.heads, head_size=head_size, dtype=dtype)
+        self.caches = {name: torch.zeros(self._shape(), dtype=self.dtype, device=device) for name in self.layer_names}
+        page = FullAttentionSpec(block_size=block_size, num_kv_heads=self.heads, head_size=head_size,
+                                 dtype=self.dtype)
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=[KVCacheTensor(size=page.page_size_bytes * num_blocks, shared_by=[n])
@@ -139,6 +143,8 @@ class MiniEngine:
         # Integers/64 in [-125/64, 125/64]: exact in fp32, fp16 and bf16.
         base = (prefix_hash % 65521) + layer * 7919 + kv * 104729 + self.head_offset * self.head_size
         values = (torch.arange(self.heads * self.head_size, dtype=torch.int64) + base) % 251 - 125
+        if self.dtype == torch.uint8:  # fp8 bit patterns: every byte value is a distinct element
+            return (values + 125).to(torch.uint8).reshape(self.heads, self.head_size)
         return (values.to(torch.float32) / 64).reshape(self.heads, self.head_size).to(self.dtype)
 
     def expected_kv(self, tokens: list[int]) -> torch.Tensor:

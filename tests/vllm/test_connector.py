@@ -15,7 +15,7 @@ import unittest
 from pathlib import Path
 
 from engine_proc import build_engine, counters, run_requests
-from kvrelay_sidecar import Sidecar, agent
+from kvrelay_sidecar import MODEL, Sidecar, agent
 from kvrelay_vllm.config import ConnectorConfigError
 
 HERE = Path(__file__).resolve().parent
@@ -164,6 +164,28 @@ class OneNode(unittest.TestCase):
         self.assertTrue(hit["kv_ok"])
         self.assertGreaterEqual(counters(engine)["scheduler"]["connects"], 2)
 
+    def test_fp8_kv_caches_move_as_tagged_bytes_bit_exact(self) -> None:
+        fp8 = {**MODEL, "dtype": "fp8_e4m3"}
+        self.sidecar.close()
+        self.sidecar = Sidecar("node-a", agents=[agent("writer", model=fp8), agent("reader", model=fp8)]).start()
+        for layout, block_size in (("flash_attn", 16), ("cpu", 32)):
+            with self.subTest(layout=layout):
+                seed = 18 if layout == "flash_attn" else 19
+                a_prompt = prompt(seed, 70)
+                spec = {"socket": self.sidecar.socket, "cache_dtype": "fp8", "layout": layout,
+                        "block_size": block_size}
+                a = run_engine_process({**spec, "requests": [{"id": "a", "prompt": a_prompt}]})
+                self.assertEqual(a["counters"]["worker"]["publishes"], 1)
+                b = run_engine_process({**spec, "requests": [{"id": "b", "prompt": a_prompt + [2]}]})["results"]["b"]
+                self.assertEqual(b["loaded_tokens"], 64)
+                self.assertTrue(b["kv_ok"], b["mismatched_tokens"])
+                self.assertEqual(b["kv_transfer_params"]["kvrelay"]["imported_medium"], "kv_raw")
+        # e5m2 is another model's KV: e4m3 bytes are never served to it.
+        other = run_engine_process({"socket": self.sidecar.socket, "cache_dtype": "fp8_e5m2", "requests": [
+            {"id": "c", "prompt": prompt(18, 70) + [2]}]})["results"]["c"]
+        self.assertEqual(other["loaded_tokens"], 0)
+        self.assertTrue(other["kv_ok"])
+
     def test_a_preempted_request_resolves_and_loads_again_when_it_resumes(self) -> None:
         spec = {"socket": self.sidecar.socket}
         a_prompt = prompt(17, 70)
@@ -180,6 +202,26 @@ class OneNode(unittest.TestCase):
         self.assertEqual(result.load_error_blocks, 0)
         self.assertTrue(result.kv_ok, result.mismatched_tokens)
         self.assertEqual(counters(engine)["scheduler"]["lookups"], 2)
+        engine.shutdown()
+
+    def test_a_stopped_sidecar_costs_each_call_its_deadline_and_the_connector_comes_back(self) -> None:
+        spec = {"socket": self.sidecar.socket, "extra": {"lookup_timeout_ms": 200, "reply_timeout_ms": 200}}
+        engine = build_engine(spec)
+        run_requests(engine, [{"id": "warm", "prompt": prompt(20, 40)}])  # connected, both sides
+        self.sidecar.pause()
+        try:
+            stalled = run_requests(engine, [{"id": "stalled", "prompt": prompt(21, 70)}])["stalled"]
+        finally:
+            self.sidecar.pause(False)
+        self.assertEqual(stalled["loaded_tokens"], 0)  # the lookup's deadline passed: a miss
+        self.assertTrue(stalled["kv_ok"])
+        self.assertEqual(counters(engine)["worker"]["publishes_dropped"], 1)  # the save's alloc timed out
+        time.sleep(0.1)  # past retry_seconds
+        again = prompt(22, 70)
+        run_requests(engine, [{"id": "a", "prompt": again}])
+        hit = run_requests(engine, [{"id": "b", "prompt": again + [1]}])["b"]
+        self.assertEqual(hit["loaded_tokens"], 64)
+        self.assertTrue(hit["kv_ok"])
         engine.shutdown()
 
     def test_tensor_parallel_ranks_publish_and_load_their_own_shards(self) -> None:
@@ -299,6 +341,12 @@ class Configuration(unittest.TestCase):
         self.assertIn("must divide vLLM's block_size (16)", str(refused.exception))
         # 16 divides the CPU backend's 128.
         build_engine({"socket": "/nonexistent.sock", "block_size": 128, "num_blocks": 8}).shutdown()
+
+    def test_an_unknown_kv_cache_dtype_is_refused_by_name(self) -> None:
+        with self.assertRaises(ConnectorConfigError) as refused:
+            build_engine({"socket": "/nonexistent.sock", "cache_dtype": "fp8_inc"})
+        self.assertIn("fp8_inc", str(refused.exception))
+        self.assertIn("fp8_e5m2", str(refused.exception))
 
     def test_unknown_settings_are_refused_by_name(self) -> None:
         with self.assertRaises(ConnectorConfigError) as refused:

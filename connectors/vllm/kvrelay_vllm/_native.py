@@ -1,4 +1,4 @@
-"""ctypes bindings of libkvrelay_client.so (C ABI 5: kvrelay_client.h and kvrelay_paged.h).
+"""ctypes bindings of libkvrelay_client.so (C ABI 6: kvrelay_client.h and kvrelay_paged.h).
 
 Only the calls the connector makes are bound. Struct layouts mirror the C headers field for
 field; every struct that starts with struct_size gets it set here, so a library of another ABI
@@ -12,7 +12,7 @@ import ctypes.util
 import os
 from dataclasses import dataclass
 
-MIN_ABI_VERSION = 5
+MIN_ABI_VERSION = 6
 MIN_PAGED_ABI_VERSION = 1
 
 # kvrelay::ErrorCode numbers (kvrelay_client.h).
@@ -33,6 +33,9 @@ FIDELITY_CODEC_BYTES = 64
 DTYPE_FP32 = 1
 DTYPE_FP16 = 2
 DTYPE_BF16 = 3
+DTYPE_FP8_E4M3 = 4  # C ABI 6: fp8 KV moved as tagged bytes, never converted
+DTYPE_FP8_E5M2 = 5
+DTYPE_SIZES = {DTYPE_FP32: 4, DTYPE_FP16: 2, DTYPE_BF16: 2, DTYPE_FP8_E4M3: 1, DTYPE_FP8_E5M2: 1}
 
 PAGED_FLASH_ATTN = 1
 PAGED_FLASHINFER = 2
@@ -151,7 +154,8 @@ class PagedTensor(ctypes.Structure):
 
 
 class ClientOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("memory_strategy", ctypes.c_uint32)]
+    _fields_ = [("struct_size", ctypes.c_uint32), ("memory_strategy", ctypes.c_uint32),
+                ("reply_timeout_ms", ctypes.c_uint32)]  # ABI 6
 
 
 def sized(struct_type):

@@ -11,9 +11,13 @@ DEFAULT_SOCKET = "/run/kvrelay/kvrelay.sock"
 
 _DTYPES = {"float32": native.DTYPE_FP32, "float16": native.DTYPE_FP16, "half": native.DTYPE_FP16,
            "bfloat16": native.DTYPE_BF16}
+# vLLM's fp8 kv_cache_dtype names ("fp8" is e4m3, as on CUDA) and kvrelay's dtypes.
+_FP8_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+_FP8_DTYPES = {"fp8_e4m3": native.DTYPE_FP8_E4M3, "fp8_e5m2": native.DTYPE_FP8_E5M2}
 _LAYOUTS = {"flash_attn": native.PAGED_FLASH_ATTN, "flashinfer": native.PAGED_FLASHINFER, "cpu": native.PAGED_CPU}
 _KNOWN_KEYS = {"socket", "block_tokens", "weights", "architecture", "lookup_timeout_ms", "load_timeout_ms",
-               "paged_layout", "publish", "retry_seconds", "copy", "async_lookup", "async_load"}
+               "paged_layout", "publish", "retry_seconds", "copy", "async_lookup", "async_load",
+               "reply_timeout_ms"}
 
 
 class ConnectorConfigError(ValueError):
@@ -41,6 +45,7 @@ class ConnectorConfig:
     tp_size: int
     lookup_timeout_ms: int
     load_timeout_ms: int
+    reply_timeout_ms: int      # every other call's wait for the sidecar (connect, alloc, commit, reports)
     paged_layout: int | None   # forced native.PAGED_*; None: read from the tensors' shapes
     publish: bool
     retry_seconds: float
@@ -86,10 +91,20 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             "whole kvrelay blocks into whole vLLM blocks; set kv_connector_extra_config.block_tokens to a divisor")
     cache_dtype = str(getattr(cache, "cache_dtype", "auto"))
     if cache_dtype.startswith("fp8"):
-        raise ConnectorConfigError(f"kv_cache_dtype {cache_dtype} is not supported by kvrelay_vllm yet")
-    dtype_name = _dtype_name(model_config.dtype)
-    if dtype_name not in _DTYPES:
-        raise ConnectorConfigError(f"model dtype {dtype_name} has no kvrelay layout dtype (fp32, fp16, bf16)")
+        # The KV's own dtype: its bytes move tagged, never converted (the sidecar offers no lossy
+        # medium for them). The policy's agents[].model.dtype names it the same way.
+        if cache_dtype not in _FP8_CACHE_DTYPES:
+            raise ConnectorConfigError(f"kv_cache_dtype {cache_dtype} has no kvrelay dtype; known: "
+                                       f"{sorted(_FP8_CACHE_DTYPES)}")
+        dtype_name = _FP8_CACHE_DTYPES[cache_dtype]
+        dtype = _FP8_DTYPES[dtype_name]
+    elif cache_dtype not in ("auto", ""):
+        raise ConnectorConfigError(f"kv_cache_dtype {cache_dtype} is not supported: use auto or an fp8 dtype")
+    else:
+        dtype_name = _dtype_name(model_config.dtype)
+        if dtype_name not in _DTYPES:
+            raise ConnectorConfigError(f"model dtype {dtype_name} has no kvrelay layout dtype (fp32, fp16, bf16)")
+        dtype = _DTYPES[dtype_name]
     layout_name = extra.get("paged_layout")
     if layout_name is not None and layout_name not in _LAYOUTS:
         raise ConnectorConfigError(f"kv_connector_extra_config.paged_layout must be one of {sorted(_LAYOUTS)}")
@@ -114,7 +129,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         layers=int(model_config.get_num_layers(parallel)),
         kv_heads=int(model_config.get_total_num_kv_heads()),
         head_dim=int(model_config.get_head_size()),
-        dtype=_DTYPES[dtype_name],
+        dtype=dtype,
         dtype_name=dtype_name,
         architecture=str(architecture),
         weights=str(extra.get("weights") or model_config.model),
@@ -122,6 +137,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         tp_size=int(parallel.tensor_parallel_size),
         lookup_timeout_ms=_positive_int(extra, "lookup_timeout_ms", 250),
         load_timeout_ms=_positive_int(extra, "load_timeout_ms", 2000),
+        reply_timeout_ms=_positive_int(extra, "reply_timeout_ms", 1000),
         paged_layout=_LAYOUTS[layout_name] if layout_name else None,
         publish=publish and role in ("kv_both", "kv_producer"),
         retry_seconds=float(extra.get("retry_seconds", 1.0)),

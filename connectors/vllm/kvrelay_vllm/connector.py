@@ -95,7 +95,7 @@ class KvRelayConnector(KVConnectorBase_V1):
             shard.tp_rank = rank
             self.rank_model_ids.append(self._lib.model_id(shard))
         self.rank0_model_id = self.rank_model_ids[0]
-        self.sidecar = Sidecar(cfg.socket, self._lib, cfg.retry_seconds)
+        self.sidecar = Sidecar(cfg.socket, self._lib, cfg.retry_seconds, cfg.reply_timeout_ms)
         # Scheduler side.
         self._states: dict[str, _RequestState] = {}
         self._delayed_frees: list[str] = []
@@ -340,6 +340,10 @@ class KvRelayConnector(KVConnectorBase_V1):
             self._layer_index[name] = index
         if len(self._caches) != cfg.layers:
             raise ValueError(f"vLLM registered {len(self._caches)} KV cache layers; the model has {cfg.layers}")
+        want = native.DTYPE_SIZES[cfg.dtype]
+        for name, cache in self._caches.items():
+            if cache.elem_size != want:
+                raise ValueError(f"KV cache {name} has {cache.elem_size}-byte elements; {cfg.dtype_name} KV has {want}")
         # Host caches: the native gather/scatter. CUDA caches (or copy "torch"): torch indexing
         # on the cache's device through a pinned bounce buffer.
         self.copy_mode = describe_mode(kv_caches, cfg.copy)

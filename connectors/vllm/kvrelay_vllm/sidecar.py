@@ -76,8 +76,10 @@ def params_text(params: Any) -> bytes:
 
 
 class Sidecar:
-    def __init__(self, socket_path: str, lib: native.Library | None = None, retry_seconds: float = 1.0):
+    def __init__(self, socket_path: str, lib: native.Library | None = None, retry_seconds: float = 1.0,
+                 reply_timeout_ms: int = 0):
         self.socket_path = socket_path
+        self.reply_timeout_ms = reply_timeout_ms  # 0: the library's default
         self.lib = lib or native.library()
         self.retry_seconds = retry_seconds
         self.counters = SidecarCounters()
@@ -96,6 +98,7 @@ class Sidecar:
                                       f"sidecar {self.socket_path} unreachable; next try in "
                                       f"{self._next_attempt - now:.2f} s")
         options = native.sized(native.ClientOptions)
+        options.reply_timeout_ms = self.reply_timeout_ms
         client = ctypes.c_void_p()
         code = self.lib.lib.kvrelay_client_connect_with_options(self.socket_path.encode(), ctypes.byref(options),
                                                                  ctypes.byref(client))
