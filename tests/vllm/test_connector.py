@@ -355,68 +355,58 @@ class Configuration(unittest.TestCase):
 
 
 class TwoNodes(unittest.TestCase):
-    def test_kv_published_on_node_a_is_loaded_bit_exact_on_node_b_over_tcp(self) -> None:
-        port_a, port_b = free_port(), free_port()
-        model_agents = [agent("writer", "node-a"), agent("reader", "node-b")]
-        route = [{"id": "writer-to-reader", "from": "writer", "to": "reader", "forced_medium": "kv_raw"}]
-        node_a = Sidecar("node-a", agents=[agent("writer"), agent("reader", "node-b")], routes=route,
-                         peers=[{"id": "node-b", "address": f"127.0.0.1:{port_b}"}])
-        node_b = Sidecar("node-b", agents=[agent("writer", "node-a"), agent("reader")], routes=route,
-                         peers=[{"id": "node-a", "address": f"127.0.0.1:{port_a}"}])
-        del model_agents
-        node_a.policy["listen"]["peer"] = f"127.0.0.1:{port_a}"
-        node_b.policy["listen"]["peer"] = f"127.0.0.1:{port_b}"
-        node_a.start()
-        node_b.start()
-        try:
-            a_prompt = prompt(10, 70)
-            a = run_engine_process({"socket": node_a.socket, "requests": [
-                {"id": "a", "prompt": a_prompt, "kv_transfer_params": {"kvrelay": {"agent": "writer"}}}]})
-            self.assertEqual(a["counters"]["worker"]["publishes"], 1)
-            b = run_engine_process({"socket": node_b.socket, "requests": [
-                {"id": "b", "prompt": a_prompt + [6, 6, 6],
-                 "kv_transfer_params": {"kvrelay": {"agent": "reader", "route": "writer-to-reader"}}}]})
-            result = b["results"]["b"]
-            self.assertEqual(result["loaded_tokens"], 64, node_b.stderr()[-2000:])
-            self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
-            decisions = node_b.admin("/admin/decisions?limit=5")
-            self.assertIn("peer:node-a", json.dumps(decisions))
-        finally:
-            node_a.close()
-            node_b.close()
+    """Node A's writer and node B's reader, a route between them that forces raw KV, and each
+    sidecar the other's peer over TCP."""
 
-    def test_tensor_parallel_shards_are_fetched_from_the_peer_by_the_schedulers_lookup(self) -> None:
+    def start_nodes(self, tp_size: int = 1) -> tuple[Sidecar, Sidecar]:
         port_a, port_b = free_port(), free_port()
         route = [{"id": "writer-to-reader", "from": "writer", "to": "reader", "forced_medium": "kv_raw"}]
-        # Both engines run TP=2: node A lets node B fetch the shards of reader's model.
-        node_a = Sidecar("node-a", agents=[agent("writer", tp_size=2), agent("reader", "node-b", tp_size=2)],
+        node_a = Sidecar("node-a", agents=[agent("writer", tp_size=tp_size), agent("reader", "node-b", tp_size=tp_size)],
                          routes=route, peers=[{"id": "node-b", "address": f"127.0.0.1:{port_b}"}])
-        node_b = Sidecar("node-b", agents=[agent("writer", "node-a", tp_size=2), agent("reader", tp_size=2)],
+        node_b = Sidecar("node-b", agents=[agent("writer", "node-a", tp_size=tp_size), agent("reader", tp_size=tp_size)],
                          routes=route, peers=[{"id": "node-a", "address": f"127.0.0.1:{port_a}"}])
         node_a.policy["listen"]["peer"] = f"127.0.0.1:{port_a}"
         node_b.policy["listen"]["peer"] = f"127.0.0.1:{port_b}"
         node_a.start()
+        self.addCleanup(node_a.close)
         node_b.start()
-        try:
-            a_prompt = prompt(16, 70)
-            writer = {"kvrelay": {"agent": "writer"}}
-            for rank in (0, 1):
-                a = run_engine_process({"socket": node_a.socket, "tp_size": 2, "tp_rank": rank, "requests": [
-                    {"id": f"a{rank}", "prompt": a_prompt, "kv_transfer_params": writer}]})
-                self.assertEqual(a["counters"]["worker"]["publishes"], 1)
-            reader = {"kvrelay": {"agent": "reader", "route": "writer-to-reader"}}
-            # Rank 1 of node B: its scheduler's lookup fetches both shards from node A; the worker
-            # claims its own.
-            b = run_engine_process({"socket": node_b.socket, "tp_size": 2, "tp_rank": 1, "requests": [
-                {"id": "b1", "prompt": a_prompt + [6, 6], "kv_transfer_params": reader}]})
-            result = b["results"]["b1"]
-            self.assertEqual(result["loaded_tokens"], 64, json.dumps(node_b.admin("/admin/decisions?limit=5"))[-3000:])
-            self.assertEqual(result["load_error_blocks"], 0)
-            self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
-            self.assertEqual(b["counters"]["scheduler"]["lookup_hits"], 1)
-        finally:
-            node_a.close()
-            node_b.close()
+        self.addCleanup(node_b.close)
+        return node_a, node_b
+
+    def test_kv_published_on_node_a_is_loaded_bit_exact_on_node_b_over_tcp(self) -> None:
+        node_a, node_b = self.start_nodes()
+        a_prompt = prompt(10, 70)
+        a = run_engine_process({"socket": node_a.socket, "requests": [
+            {"id": "a", "prompt": a_prompt, "kv_transfer_params": {"kvrelay": {"agent": "writer"}}}]})
+        self.assertEqual(a["counters"]["worker"]["publishes"], 1)
+        b = run_engine_process({"socket": node_b.socket, "requests": [
+            {"id": "b", "prompt": a_prompt + [6, 6, 6],
+             "kv_transfer_params": {"kvrelay": {"agent": "reader", "route": "writer-to-reader"}}}]})
+        result = b["results"]["b"]
+        self.assertEqual(result["loaded_tokens"], 64, node_b.stderr()[-2000:])
+        self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
+        decisions = node_b.admin("/admin/decisions?limit=5")
+        self.assertIn("peer:node-a", json.dumps(decisions))
+
+    def test_tensor_parallel_shards_are_fetched_from_the_peer_by_the_schedulers_lookup(self) -> None:
+        # Both engines run TP=2: node A lets node B fetch the shards of reader's model.
+        node_a, node_b = self.start_nodes(tp_size=2)
+        a_prompt = prompt(16, 70)
+        writer = {"kvrelay": {"agent": "writer"}}
+        for rank in (0, 1):
+            a = run_engine_process({"socket": node_a.socket, "tp_size": 2, "tp_rank": rank, "requests": [
+                {"id": f"a{rank}", "prompt": a_prompt, "kv_transfer_params": writer}]})
+            self.assertEqual(a["counters"]["worker"]["publishes"], 1)
+        reader = {"kvrelay": {"agent": "reader", "route": "writer-to-reader"}}
+        # Rank 1 of node B: its scheduler's lookup fetches both shards from node A; the worker
+        # claims its own.
+        b = run_engine_process({"socket": node_b.socket, "tp_size": 2, "tp_rank": 1, "requests": [
+            {"id": "b1", "prompt": a_prompt + [6, 6], "kv_transfer_params": reader}]})
+        result = b["results"]["b1"]
+        self.assertEqual(result["loaded_tokens"], 64, json.dumps(node_b.admin("/admin/decisions?limit=5"))[-3000:])
+        self.assertEqual(result["load_error_blocks"], 0)
+        self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
+        self.assertEqual(b["counters"]["scheduler"]["lookup_hits"], 1)
 
 
 if __name__ == "__main__":
