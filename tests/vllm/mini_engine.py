@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -430,6 +431,8 @@ class MiniEngine:
         kv_output = self._execute(output, starts)
         self._update(output, starts, kv_output)
         self.steps += 1
+        if not output.num_scheduled_tokens:
+            time.sleep(0.001)  # only waiting requests (a lookup or load in flight): as a real step would take
         return output
 
     def has_unfinished(self) -> bool:

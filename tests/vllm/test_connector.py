@@ -263,17 +263,31 @@ class Asynchronous(unittest.TestCase):
 
     def test_async_lookups_answer_none_until_the_sidecar_decides_and_then_load(self) -> None:
         a_prompt = self.publish(11)
-        b = run_engine_process({**self.spec, "extra": {"async_lookup": True},
-                                "requests": [{"id": "b", "prompt": a_prompt + [2, 2]},
-                                             {"id": "c", "prompt": prompt(12, 40)}]})
-        hit, miss = b["results"]["b"], b["results"]["c"]
-        self.assertGreaterEqual(hit["none_answers"], 1)
-        self.assertEqual(hit["loaded_tokens"], 64)
-        self.assertTrue(hit["kv_ok"], hit["mismatched_tokens"])
-        self.assertGreaterEqual(miss["none_answers"], 1)  # a miss is also asked for again, then 0
-        self.assertEqual(miss["loaded_tokens"], 0)
-        self.assertTrue(miss["kv_ok"])
-        self.assertEqual(b["counters"]["scheduler"]["lookups"], 2)  # one resolve each, however often asked
+        engine = build_engine({**self.spec, "extra": {"async_lookup": True}})
+        # The sidecar "decides" only when the test lets it: until then every step answers None.
+        decided = threading.Event()
+        resolve = engine.scheduler_connector._resolve
+
+        def slow_resolve(*args):
+            decided.wait(30)
+            return resolve(*args)
+
+        engine.scheduler_connector._resolve = slow_resolve
+        engine.add_request("b", a_prompt + [2, 2], 2)
+        engine.add_request("c", prompt(12, 40), 2)
+        for _ in range(3):
+            engine.step()
+        self.assertGreaterEqual(engine.results["b"].none_answers, 3)
+        self.assertEqual(engine.results["b"].computed_tokens, 0)  # waiting, not scheduled
+        decided.set()
+        engine.run()
+        hit, miss = engine.results["b"], engine.results["c"]
+        self.assertEqual(hit.loaded_tokens, 64)
+        self.assertTrue(hit.kv_ok, hit.mismatched_tokens)
+        self.assertEqual(miss.loaded_tokens, 0)  # a miss is also asked for again, then 0
+        self.assertTrue(miss.kv_ok)
+        self.assertEqual(counters(engine)["scheduler"]["lookups"], 2)  # one resolve each, however often asked
+        engine.shutdown()
 
     def test_async_loads_land_through_get_finished_bit_exact(self) -> None:
         a_prompt = self.publish(13)

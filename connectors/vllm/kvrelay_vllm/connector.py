@@ -158,7 +158,12 @@ class KvRelayConnector(KVConnectorBase_V1):
         state = self._state(request)
         if state.lookup is None:
             if self._lookups is None:
-                state.lookup = _Lookup(self._resolve(state.prompt, state.params, state.root), num_computed_tokens)
+                done: Future = Future()
+                try:
+                    done.set_result(self._resolve(state.prompt, state.params, state.root))
+                except Exception as error:  # noqa: BLE001 - judged by _lookup_result, like a thread's
+                    done.set_exception(error)
+                state.lookup = _Lookup(self._lookup_result(done), num_computed_tokens)
             else:
                 if state.lookup_future is None:
                     state.lookup_future = self._lookups.submit(self._resolve, state.prompt, state.params, state.root)
