@@ -30,6 +30,7 @@
 #include "kvrelay/proxy/front_proxy.h"
 #include "kvrelay/proxy/http_server.h"
 #include "kvrelay/proxy/logging.h"
+#include "kvrelay/proxy/memory_limit.h"
 #include "kvrelay/proxy/upstream_prober.h"
 #include "kvrelay/proxy/version.h"
 #include "kvrelay/shm_transport/server.h"
@@ -106,6 +107,22 @@ int run_daemon(const DaemonOptions& options) {
   }
   spdlog::info("kvrelay {} starting: node {}, policy {} ({} agents, {} routes, {} peers)", kVersion, policy->node_id,
                policy->source, policy->agents.size(), policy->routes.size(), policy->peers.size());
+  // Before the arena and the store exist: shared memory past the container's limit would meet
+  // the OOM killer at the first burst, not evictions. Reloads are held to the same check.
+  const auto memory_limit = container_memory_limit(options.cgroup_root, options.self_cgroup);
+  if (auto fits = check_memory_budget(*policy, memory_limit); !fits) {
+    spdlog::critical("{}", fits.error().message);
+    return 2;
+  }
+  const auto budget = memory_budget(*policy);
+  if (memory_limit) {
+    spdlog::info("memory: the policy commits {} of the container's memory limit {} ({}): {}",
+                 memory_size_text(budget.total), memory_size_text(memory_limit->bytes), memory_limit->file,
+                 budget.breakdown());
+  } else {
+    spdlog::info("memory: no container memory limit found; the policy commits {}: {}", memory_size_text(budget.total),
+                 budget.breakdown());
+  }
 
   asio::io_context io;
   // Signals are claimed before anything can announce readiness: a supervisor that sends SIGHUP
@@ -117,6 +134,9 @@ int run_daemon(const DaemonOptions& options) {
 
   auto registry = std::make_shared<metrics::Registry>();
   auto runtime_policy = std::make_shared<RuntimePolicy>(options.config_path, initial_policy, *registry);
+  runtime_policy->set_reload_check([root = options.cgroup_root, self = options.self_cgroup](const Policy& next) {
+    return check_memory_budget(next, container_memory_limit(root, self));
+  });
   auto online_audit = std::make_shared<OnlineAudit>();
   auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit);
 

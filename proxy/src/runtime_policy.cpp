@@ -109,14 +109,19 @@ RuntimePolicy::RuntimePolicy(std::string path, std::shared_ptr<const Policy> ini
 
 Result<ReloadReport> RuntimePolicy::reload() {
   const std::lock_guard lock(write_mutex_);
-  auto loaded = load_policy_file(path_);
-  if (!loaded) {
+  const auto reject = [&](const Error& error) {
     reloads_.with({"rejected"}).inc();
     last_reload_success_.set(0);
-    spdlog::error("policy reload rejected; still serving the previous policy:\n{}", loaded.error().message);
-    return loaded.error();
-  }
+    spdlog::error("policy reload rejected; still serving the previous policy:\n{}", error.message);
+    return error;
+  };
+  auto loaded = load_policy_file(path_);
+  if (!loaded) return reject(loaded.error());
   Policy file = std::move(loaded).value();
+  // The file as written, restart-only fields included: the next start would be held to it.
+  if (reload_check_) {
+    if (auto admitted = reload_check_(file); !admitted) return reject(admitted.error());
+  }
   ReloadReport report;
   {
     PolicyChanges changes = diff_policies(*file_policy_, file);
@@ -155,6 +160,11 @@ Result<ReloadReport> RuntimePolicy::reload() {
 void RuntimePolicy::set_engine_observer(EngineObserver observer) {
   const std::lock_guard lock(write_mutex_);
   engine_observer_ = std::move(observer);
+}
+
+void RuntimePolicy::set_reload_check(ReloadCheck check) {
+  const std::lock_guard lock(write_mutex_);
+  reload_check_ = std::move(check);
 }
 
 Result<RoutePolicy> RuntimePolicy::update_route(const std::string& route_id, const nlohmann::json& changes) {

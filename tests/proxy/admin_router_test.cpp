@@ -40,7 +40,11 @@ HttpRequest request(http::verb method, const char* target, const std::string& au
 }
 
 HttpRequest with_token(http::verb method, const char* target) {
-  return request(method, target, std::string("Bearer ") + kToken);
+  // Built by append, not std::string("Bearer ") + kToken: in some unity batches GCC 12 flags that
+  // operator+ with a false -Warray-bounds.
+  std::string authorization = "Bearer ";
+  authorization += kToken;
+  return request(method, target, authorization);
 }
 
 }  // namespace

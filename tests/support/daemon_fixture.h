@@ -6,6 +6,7 @@
 #include <csignal>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "support/admin_token.h"
 #include "support/child_process.h"
@@ -18,12 +19,13 @@ namespace kvrelay::test {
 // Its policy gets the test admin token unless it sets "admin" itself (support/admin_token.h).
 class DaemonUnderTest {
  public:
-  explicit DaemonUnderTest(const nlohmann::json& policy) {
+  // `extra_args` go after serve's own (e.g. --cgroup-root for a fake cgroup tree).
+  explicit DaemonUnderTest(const nlohmann::json& policy, const std::vector<std::string>& extra_args = {}) {
     write_file(dir_ / "policy.json", with_test_admin_token(policy, dir_.path()).dump(2));
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{kvrelay_binary().string(), "serve", "--config", (dir_ / "policy.json").string(),
-                                 "--ready-file", (dir_ / "ready.json").string()},
-        dir_.path());
+    std::vector<std::string> argv{kvrelay_binary().string(),       "serve",        "--config",
+                                  (dir_ / "policy.json").string(), "--ready-file", (dir_ / "ready.json").string()};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    process_ = std::make_unique<ChildProcess>(std::move(argv), dir_.path());
     const bool ready = wait_until([&] { return std::filesystem::exists(dir_ / "ready.json") || !process_->running(); },
                                   std::chrono::seconds(20));
     if (!ready || !std::filesystem::exists(dir_ / "ready.json")) {

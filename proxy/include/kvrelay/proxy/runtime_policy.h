@@ -57,6 +57,11 @@ class RuntimePolicy final : public broker::PolicySource {
   // report compares the engines' topologies. {} unregisters.
   void set_engine_observer(EngineObserver observer) override;
 
+  // A check every reloaded file must pass besides validation (the daemon's memory limit,
+  // memory_limit.h); a failure rejects the reload as an invalid file does. {} removes it.
+  using ReloadCheck = std::function<Status(const Policy&)>;
+  void set_reload_check(ReloadCheck check);
+
  private:
   std::string path_;
   std::atomic<std::shared_ptr<const Policy>> current_;
@@ -66,6 +71,7 @@ class RuntimePolicy final : public broker::PolicySource {
   std::shared_ptr<const Policy> file_policy_;
   std::map<std::string, nlohmann::json> route_overrides_;
   EngineObserver engine_observer_;
+  ReloadCheck reload_check_;
   metrics::Family<metrics::Counter>& reloads_;
   metrics::Family<metrics::Counter>& route_updates_;
   metrics::Gauge& last_reload_success_;
