@@ -6,6 +6,7 @@
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/decision/media.h"
 #include "kvrelay/kv_store/entry_chain.h"
+#include "kvrelay/kv_store/entry_slice.h"
 #include "kvrelay/kv_store/memfd.h"
 
 namespace kvrelay::broker {
@@ -28,21 +29,7 @@ std::string medium_for_codec(std::string_view codec) {
 
 Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry,
                                                                  std::uint64_t tokens, kv_store::ShmArena* arena) {
-  const KvLayout& layout = entry.info.layout;
-  if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
-  if (tokens > layout.tokens) {  // checked before the slice's buffer is allocated
-    return fail(ErrorCode::kOutOfRange, fmt::format("slice of {} tokens from an entry of {}", tokens, layout.tokens));
-  }
-  KVRELAY_TRY(const auto view, kv_store::view_entry(entry));
-  const KvLayout sliced = layout.with_tokens(tokens);
-  KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
-  std::vector<std::byte> bytes(static_cast<std::size_t>(total));
-  KVRELAY_TRY(copy_token_range(layout, view.bytes(), 0, tokens, bytes));
-  KVRELAY_TRY(auto stored, kv_store::make_stored_entry(sliced, bytes, arena));
-  stored->fidelity = entry.fidelity.prefix(tokens);
-  if (entry.chain)
-    stored->chain = std::make_shared<const kv_store::EntryChain>(kv_store::chain_prefix(*entry.chain, tokens));
-  return std::shared_ptr<const kv_store::StoredEntry>(std::move(stored));
+  return kv_store::slice_entry(entry, tokens, arena);
 }
 
 Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::StoredEntry& head,
