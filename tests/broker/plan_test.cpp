@@ -70,7 +70,8 @@ TEST_CASE("plan: a longer entry holding the prompt's first blocks is the held pr
   REQUIRE(bench.store.put({kChainModel, chain_of(4)[3]}, longer));
   // A prompt that shares its first 2 blocks, then asks something else.
   auto branch = stage_chain(5);
-  for (std::size_t token = 2 * kBlockTokens; token < branch.tokens.size(); ++token) branch.tokens[token] += 5000;
+  for (std::size_t token = 2 * kBlockTokens; token < branch.tokens.size(); ++token)
+    branch.tokens[token] += 5000;
   auto request = lookup_of(kChainModel, 5, 5 * kBlockTokens + 3, kToCoder);
   request.block_hashes = kv_store::chain_keys(kChainModel, branch, kv_store::ChainScope::kUnscoped);
   const auto plan = bench.plan(request);
@@ -79,7 +80,7 @@ TEST_CASE("plan: a longer entry holding the prompt's first blocks is the held pr
   CHECK(plan.held.entry == longer);
   CHECK(plan.choice.medium == "kv_raw");
   CHECK(bench.engine.last_shape.receiver_cached == 2 * kBlockTokens);  // priced for what is held
-  CHECK(plan.ask_peers);  // blocks 3 to 5 may still come from the peer
+  CHECK(plan.ask_peers);                                               // blocks 3 to 5 may still come from the peer
 }
 
 TEST_CASE("plan: a treatment decides the medium, and span none is a tokens stop", "[broker][plan]") {
