@@ -6,7 +6,6 @@
 #include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/decision/media.h"
 #include "kvrelay/kv_store/entry_chain.h"
-#include "kvrelay/kv_store/entry_slice.h"
 #include "kvrelay/kv_store/memfd.h"
 
 namespace kvrelay::broker {
@@ -25,11 +24,6 @@ std::optional<std::string> codec_for_medium(std::string_view medium) {
 
 std::string medium_for_codec(std::string_view codec) {
   return decision::medium_for_codec_spec(codec);
-}
-
-Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry,
-                                                                 std::uint64_t tokens, kv_store::ShmArena* arena) {
-  return kv_store::slice_entry(entry, tokens, arena);
 }
 
 Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::StoredEntry& head,

@@ -13,6 +13,7 @@
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/kv_store/entry_chain.h"
+#include "kvrelay/kv_store/entry_slice.h"
 #include "kvrelay/peer/peer_authorization.h"
 
 #include "fetch_missing.h"
@@ -194,7 +195,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   // entry holds is cut first: the peer's delta joins those blocks, not the whole entry.
   const std::uint64_t held_tokens = plan.held.blocks * std::uint64_t{request.block_tokens};
   if (plan.ask_peers && plan.held && plan.held.entry->info.layout.tokens > held_tokens) {
-    auto head = slice_entry(*plan.held.entry, held_tokens, arena_.get());
+    auto head = kv_store::slice_entry(*plan.held.entry, held_tokens, arena_.get());
     if (!head) return fail_with(head.error());
     plan.held.entry = std::move(head).value();
   }
