@@ -26,25 +26,6 @@ std::string medium_for_codec(std::string_view codec) {
   return decision::medium_for_codec_spec(codec);
 }
 
-Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry,
-                                                                 std::uint64_t tokens, kv_store::ShmArena* arena) {
-  const KvLayout& layout = entry.info.layout;
-  if (layout.layers == 0) return fail(ErrorCode::kLayoutMismatch, "cannot slice an opaque entry");
-  if (tokens > layout.tokens) {  // checked before the slice's buffer is allocated
-    return fail(ErrorCode::kOutOfRange, fmt::format("slice of {} tokens from an entry of {}", tokens, layout.tokens));
-  }
-  KVRELAY_TRY(const auto view, kv_store::view_entry(entry));
-  const KvLayout sliced = layout.with_tokens(tokens);
-  KVRELAY_TRY(const std::uint64_t total, sliced.total_bytes());
-  std::vector<std::byte> bytes(static_cast<std::size_t>(total));
-  KVRELAY_TRY(copy_token_range(layout, view.bytes(), 0, tokens, bytes));
-  KVRELAY_TRY(auto stored, kv_store::make_stored_entry(sliced, bytes, arena));
-  stored->fidelity = entry.fidelity.prefix(tokens);
-  if (entry.chain)
-    stored->chain = std::make_shared<const kv_store::EntryChain>(kv_store::chain_prefix(*entry.chain, tokens));
-  return std::shared_ptr<const kv_store::StoredEntry>(std::move(stored));
-}
-
 Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::StoredEntry& head,
                                                                 const KvLayout& tail_layout,
                                                                 std::span<const std::byte> tail,

@@ -28,11 +28,7 @@ namespace kvrelay::broker {
 
 // New entries below go into `arena` when one is given and has room, else into sealed memfds.
 
-// The first `tokens` tokens of an entry's KV (every layer's K and V), as a new entry with the
-// fidelity of those tokens.
-[[nodiscard]] Result<std::shared_ptr<const kv_store::StoredEntry>> slice_entry(const kv_store::StoredEntry& entry,
-                                                                               std::uint64_t tokens,
-                                                                               kv_store::ShmArena* arena = nullptr);
+// A prefix slice is kv_store::slice_entry (kvrelay/kv_store/entry_slice.h), shared with the data plane.
 
 // The KV of `head` followed token-wise by `tail` (`tail_layout`, same model shape), as a new
 // sealed entry: a prefix this sidecar held joined to the rest fetched from a peer. `head` is

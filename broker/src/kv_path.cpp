@@ -13,6 +13,7 @@
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/kv_store/entry_chain.h"
+#include "kvrelay/kv_store/entry_slice.h"
 #include "kvrelay/peer/peer_authorization.h"
 
 #include "fetch_missing.h"
@@ -190,7 +191,14 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   }
   const MediumChoice& choice = plan.choice;
 
-  // 2. Fetch what peers add after the held prefix, by the lookup's deadline.
+  // 2. Fetch what peers add after the held prefix, by the lookup's deadline. A prefix a longer
+  // entry holds is cut first: the peer's delta joins those blocks, not the whole entry.
+  const std::uint64_t held_tokens = plan.held.blocks * std::uint64_t{request.block_tokens};
+  if (plan.ask_peers && plan.held && plan.held.entry->info.layout.tokens > held_tokens) {
+    auto head = kv_store::slice_entry(*plan.held.entry, held_tokens, arena_.get());
+    if (!head) return fail_with(head.error());
+    plan.held.entry = std::move(head).value();
+  }
   std::shared_ptr<const kv_store::StoredEntry> entry = plan.held.entry;
   std::size_t entry_blocks = plan.held.blocks;
   bool already_encoded = plan.held_already_encoded;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/kv_store/entry_slice.h"
 
 #include "kv_media.h"
 
@@ -54,9 +55,12 @@ Result<ServedEntry> entry_to_serve(ServeInputs in) {
   ServedEntry served;
   served.blocks = std::min(in.entry_blocks, in.max_blocks);
   served.entry = std::move(in.entry);
-  if (served.blocks < in.entry_blocks) {
-    KVRELAY_TRY(served.entry,
-                slice_entry(*served.entry, static_cast<std::uint64_t>(served.blocks) * in.block_tokens, in.arena));
+  // Also an entry the prefix index found: it holds more blocks than the prefix it stands for.
+  if (in.block_tokens != 0 &&
+      served.entry->info.layout.tokens > static_cast<std::uint64_t>(served.blocks) * in.block_tokens) {
+    KVRELAY_TRY(
+        served.entry,
+        kv_store::slice_entry(*served.entry, static_cast<std::uint64_t>(served.blocks) * in.block_tokens, in.arena));
   }
   if (in.needs_round_trip) {
     const auto encode_started = MaterializeClock::now();

@@ -72,7 +72,8 @@ struct ServeInputs {
   kv_store::ShmArena* arena = nullptr;
 };
 
-// The entry cut to at most `max_blocks` and, when asked, through the codec and back.
+// The entry cut to its first min(entry_blocks, max_blocks) blocks (an entry longer than the
+// prefix it stands for, too) and, when asked, through the codec and back.
 [[nodiscard]] Result<ServedEntry> entry_to_serve(ServeInputs in);
 
 }  // namespace kvrelay::broker

@@ -147,9 +147,14 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
   plan.route = pick_route(inputs.policy, inputs.context);
 
   // This node's store first: the longest exact chain prefix it holds (the engine prices only
-  // the rest); a longer lossy one only a lookup with the same lossy codec may use.
-  kv_store::PrefixQuery query{request.model_id, request.block_hashes, request.block_hashes.size(), request.block_tokens,
-                              kv_store::FidelityRule::exact_only()};
+  // the rest); a longer lossy one only a lookup with the same lossy codec may use. A prefix a
+  // longer entry holds counts (materialize serves its slice).
+  kv_store::PrefixQuery query{request.model_id,
+                              request.block_hashes,
+                              request.block_hashes.size(),
+                              request.block_tokens,
+                              kv_store::FidelityRule::exact_only(),
+                              true};
   plan.held = kv_store::longest_held_prefix(inputs.store, query);
   plan.choice =
       choose_medium(inputs.policy, plan.route, inputs.context, max_blocks * request.block_tokens,
@@ -180,7 +185,7 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
     // KV that already went through this codec (a push, say) is what this medium delivers.
     query.fidelity = kv_store::FidelityRule::exact_or_lossy(plan.codec);
     auto encoded = kv_store::longest_held_prefix(inputs.store, query);
-    if (encoded.blocks > plan.held.blocks && !encoded.entry->fidelity.is_exact()) {
+    if (encoded.blocks > plan.held.blocks && !encoded.fidelity(request.block_tokens).is_exact()) {
       plan.held = std::move(encoded);
       plan.held_already_encoded = true;
     }

@@ -129,6 +129,9 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   // or KV its own codec made, never another lossy codec's relabelled.
   const std::vector<std::uint64_t> chain(request.hashes.rbegin(), request.hashes.rend());  // first block first
   const bool lossless = spec.value().codec->lossless();
+  // Whole entries only (allow_longer off): a longer entry's prefix would need its encode cut to
+  // those tokens and its chain's prefix sent under the key asked for, or the asker's chain check
+  // refuses it. A peer holding only a longer entry answers a miss (issue #27, S7).
   const auto held = kv_store::longest_held_prefix(
       *shared->store, {request.model_id, chain, chain.size(), 0,
                        lossless ? kv_store::FidelityRule::exact_only()

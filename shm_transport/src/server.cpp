@@ -26,6 +26,7 @@
 
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/core/byte_io.h"
+#include "kvrelay/kv_store/entry_slice.h"
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/kv_store/prefix_scan.h"
 #include "kvrelay/shm_transport/fd_passing.h"
@@ -132,13 +133,19 @@ Result<std::shared_ptr<const kv_store::EntryChain>> commit_chain(const CommitReq
 
 Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const ResolveRequest& request) {
   // Served as kv_raw: only exact KV answers, and never the whole prompt (its last token is
-  // prefilled for the logits).
+  // prefilled for the logits). A longer entry that holds the prompt's first blocks answers too.
   const std::size_t max_blocks =
       request.prompt_tokens == 0 ? 0 : static_cast<std::size_t>((request.prompt_tokens - 1) / request.block_tokens);
   auto held = kv_store::longest_held_prefix(store, {request.model_id, request.block_hashes, max_blocks,
-                                                    request.block_tokens, kv_store::FidelityRule::exact_only()});
+                                                    request.block_tokens, kv_store::FidelityRule::exact_only(), true});
   if (!held) return fail(ErrorCode::kNotFound, "no stored prefix of this prompt");
-  return ResolvedEntry{std::move(held.entry), ResolvedMeta{static_cast<std::uint32_t>(held.blocks), "kv_raw", {}}};
+  std::shared_ptr<const kv_store::StoredEntry> entry = std::move(held.entry);
+  const std::uint64_t tokens = held.blocks * std::uint64_t{request.block_tokens};
+  // The reply's entry is exactly the blocks it names (kvrelay_claim derives the block size from it).
+  if (entry->info.layout.tokens > tokens) {
+    KVRELAY_TRY(entry, kv_store::slice_entry(*entry, tokens));
+  }
+  return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(held.blocks), "kv_raw", {}}};
 }
 
 struct ShmServer::Connection {

@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "kvrelay/codec_plugins/registry.h"
 
 #include "kv_media.h"
@@ -28,6 +30,24 @@ TEST_CASE("materialize: an entry longer than the servable blocks is sliced", "[b
   auto kept = entry_to_serve({codecs, whole, 2, 4, kBlockTokens, codec, false, 1 << 20});
   REQUIRE(kept);
   CHECK(kept.value().entry == whole);  // nothing to cut: the same entry
+}
+
+TEST_CASE("materialize: a longer entry the prefix index found is served as its first blocks",
+          "[broker][materialize][prefix_index]") {
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  const std::string codec = "raw";
+  // A 4-block entry standing for a 2-block prefix; lossy after its exact first 2 blocks.
+  const auto longer = tiny_entry(4 * kBlockTokens, Fidelity::lossy("int8", 2 * kBlockTokens));
+  auto served = entry_to_serve({codecs, longer, 2, 3, kBlockTokens, codec, false, 1 << 20});
+  REQUIRE(served);
+  CHECK(served.value().blocks == 2);
+  CHECK(served.value().entry->info.layout.tokens == 2 * kBlockTokens);
+  CHECK(served.value().entry->fidelity.is_exact());  // the served head is exact
+  const auto view = kv_store::view_entry(*served.value().entry);
+  REQUIRE(view);
+  const auto expected = tiny_kv(2 * kBlockTokens);
+  CHECK(std::equal(expected.begin(), expected.end(), reinterpret_cast<const float*>(view.value().bytes().data())));
+  CHECK(view.value().bytes().size() == expected.size() * sizeof(float));
 }
 
 TEST_CASE("materialize: a lossy medium's round trip delivers what the codec delivers", "[broker][materialize]") {

@@ -58,6 +58,31 @@ TEST_CASE("plan: the longest exact held prefix is served, and only the blocks th
   CHECK(bench.engine.commits == 1);
 }
 
+TEST_CASE("plan: a longer entry holding the prompt's first blocks is the held prefix", "[broker][plan][prefix_index]") {
+  PlanBench bench;
+  // A 4-block entry with its token ids, filed under its last block (chains hash as kChainModel's).
+  const auto chain = stage_chain(4);
+  const auto kv = tiny_kv(4 * kBlockTokens);
+  auto made = kv_store::make_stored_entry(tiny_layout(4 * kBlockTokens), std::as_bytes(std::span(kv)));
+  REQUIRE(made);
+  made.value()->chain = std::make_shared<const kv_store::EntryChain>(chain);
+  const std::shared_ptr<const kv_store::StoredEntry> longer = made.value();
+  REQUIRE(bench.store.put({kChainModel, chain_of(4)[3]}, longer));
+  // A prompt that shares its first 2 blocks, then asks something else.
+  auto branch = stage_chain(5);
+  for (std::size_t token = 2 * kBlockTokens; token < branch.tokens.size(); ++token)
+    branch.tokens[token] += 5000;
+  auto request = lookup_of(kChainModel, 5, 5 * kBlockTokens + 3, kToCoder);
+  request.block_hashes = kv_store::chain_keys(kChainModel, branch, kv_store::ChainScope::kUnscoped);
+  const auto plan = bench.plan(request);
+  REQUIRE_FALSE(plan.stop);
+  CHECK(plan.held.blocks == 2);
+  CHECK(plan.held.entry == longer);
+  CHECK(plan.choice.medium == "kv_raw");
+  CHECK(bench.engine.last_shape.receiver_cached == 2 * kBlockTokens);  // priced for what is held
+  CHECK(plan.ask_peers);                                               // blocks 3 to 5 may still come from the peer
+}
+
 TEST_CASE("plan: a treatment decides the medium, and span none is a tokens stop", "[broker][plan]") {
   PlanBench bench;
   const auto tokens =

@@ -98,6 +98,32 @@ TEST_CASE("fp8 KV crosses between sidecars as raw and lossless frames, byte for 
   }
 }
 
+TEST_CASE("a fetch is answered from whole entries only: a held entry's first blocks are not served to peers",
+          "[peer][prefix_index]") {
+  PeerDaemon daemon;
+  auto client = peer::PeerClient::connect(daemon.peer_address(), {});
+  REQUIRE(client.has_value());
+  auto frame = kv_frame(64U << 10, 31);
+  REQUIRE(frame.layout.tokens == 64);
+  frame.chain.block_tokens = 16;  // 4 blocks
+  const auto keys = kv_store::chain_keys(9, frame.chain, kv_store::ChainScope::kUnscoped);
+  const auto key = frame.key(9);
+  REQUIRE(client.value().push_encoded(31, key, frame.chain, frame.bytes()).has_value());
+  // The store indexes the entry's first blocks, but serve_fetch does not opt in (it would have to
+  // encode only them and send their chain under the key asked for): a miss.
+  auto prefix = client.value().fetch(peer::FetchRequest{31, 9, "raw", {keys[1], keys[0]}}, std::uint64_t{1} << 32);
+  REQUIRE(prefix.has_value());
+  CHECK_FALSE(prefix.value().has_value());
+  // The whole chain (hashes longest first) is served as before.
+  auto whole = client.value().fetch(peer::FetchRequest{32, 9, "raw", {keys[3], keys[2], keys[1], keys[0]}},
+                                    std::uint64_t{1} << 32);
+  REQUIRE(whole.has_value());
+  REQUIRE(whole.value().has_value());
+  CHECK(whole.value()->key == key);
+  CHECK(whole.value()->chain == frame.chain);
+  CHECK(same_bytes(decoded_kv(whole.value()->frame()), frame.kv));
+}
+
 TEST_CASE("a push that fits one chunk goes as two halves, kvrelay peer send splits unless told not to", "[peer]") {
   PeerDaemon daemon;
   std::uint64_t id = 300;

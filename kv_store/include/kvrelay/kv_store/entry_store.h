@@ -8,6 +8,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -21,6 +22,12 @@ struct EntryStoreStats {
   std::uint64_t bytes = 0;
   std::uint64_t evictions = 0;
   std::uint64_t refused_downgrades = 0;  // lossy puts refused because more exact KV was there
+};
+
+// An entry filed under a later block's key that holds the blocks of a shorter chain first.
+struct PrefixHit {
+  std::shared_ptr<const StoredEntry> entry;
+  std::size_t blocks = 0;  // the leading blocks of `entry` the key asked for names
 };
 
 class EntryStore {
@@ -53,9 +60,20 @@ class EntryStore {
   // none of its entries is left; returns whether it dropped any. (Blocks a reader still holds
   // under a lease come free only when it lets go.) Stores that cannot evict return false.
   virtual bool make_arena_room(const ShmArena& /*arena*/, std::uint64_t /*bytes*/) { return false; }
+  // The prefix index: an entry whose block `blocks - 1` (not its last) is filed under `key`, of
+  // those `accepts` takes (it runs under the store's lock). Only entries whose token ids hash to
+  // their key are indexed, in the scope they were filed in, so a hit never crosses a tenant. The
+  // most exact of that prefix wins, then the most recently filed; a hit counts as a use of the
+  // entry. Stores without an index return none.
+  using PrefixFilter = std::function<bool(const StoredEntry& entry, std::size_t blocks)>;
+  [[nodiscard]] virtual std::optional<PrefixHit> find_prefix(const EntryKey& /*key*/, const PrefixFilter& /*accepts*/) {
+    return std::nullopt;
+  }
 };
 
 // A byte-budgeted map; evicts least recently used entries when a put would exceed the budget.
+// Indexes the leading blocks of entries that carry a chain (find_prefix); erasing or evicting
+// an entry drops its index rows.
 class InMemoryEntryStore final : public EntryStore {
  public:
   explicit InMemoryEntryStore(std::uint64_t byte_budget) : budget_(byte_budget) {}
@@ -66,11 +84,17 @@ class InMemoryEntryStore final : public EntryStore {
   EntryStoreStats clear() override;
   [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit, const EntryFilter& shown) override;
   bool make_arena_room(const ShmArena& arena, std::uint64_t bytes) override;
+  [[nodiscard]] std::optional<PrefixHit> find_prefix(const EntryKey& key, const PrefixFilter& accepts) override;
 
  private:
   struct Slot {
     std::shared_ptr<const StoredEntry> entry;
     std::list<EntryKey>::iterator recency;
+    std::vector<EntryKey> prefix_keys;  // its index rows: block i's key is prefix_keys[i], all but the last block
+  };
+  struct PrefixRow {
+    EntryKey entry;  // where the entry is filed
+    std::size_t blocks = 0;
   };
   void erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found);
 
@@ -81,6 +105,7 @@ class InMemoryEntryStore final : public EntryStore {
   std::uint64_t refused_downgrades_ = 0;
   std::list<EntryKey> recency_;  // front: most recently used
   std::unordered_map<EntryKey, Slot, EntryKeyHash> entries_;
+  std::unordered_map<EntryKey, std::vector<PrefixRow>, EntryKeyHash> prefix_index_;  // rows oldest first
 };
 
 }  // namespace kvrelay::kv_store

@@ -47,16 +47,28 @@ struct PrefixQuery {
   // tokens. Zero (callers that do not know the block size): any entry with KV in it.
   std::uint64_t block_tokens = 0;
   FidelityRule fidelity = FidelityRule::exact_only();
+  // Also an entry of more blocks that holds these first (the store's prefix index: a branch of
+  // a conversation, one system prompt then another question). Needs block_tokens; the rule then
+  // judges the prefix's fidelity, not the whole entry's. Off by default: a consumer opts in when
+  // it serves only the prefix (slice_entry), never the longer entry as it is.
+  bool allow_longer = false;
 };
 
 struct HeldPrefix {
   std::shared_ptr<const StoredEntry> entry;  // null when the store holds no usable prefix
-  std::size_t blocks = 0;                    // chain[blocks - 1] is the entry's key
+  // chain[blocks - 1] is the entry's key; or, under allow_longer, the key of the entry's block
+  // `blocks - 1` (the entry holds more than blocks * block_tokens tokens).
+  std::size_t blocks = 0;
   [[nodiscard]] explicit operator bool() const { return entry != nullptr; }
+  // The fidelity of the prefix alone (the whole entry's when block_tokens is 0).
+  [[nodiscard]] Fidelity fidelity(std::uint64_t block_tokens) const {
+    return block_tokens == 0 ? entry->fidelity : entry->fidelity.prefix(blocks * block_tokens);
+  }
 };
 
 // The longest prefix of `query.chain` (at most max_blocks) that the store holds under the
-// fidelity rule, longest first; none when nothing usable is held.
+// fidelity rule, longest first; none when nothing usable is held. At one length an entry filed
+// under the key itself wins over a longer entry that holds the prefix.
 [[nodiscard]] HeldPrefix longest_held_prefix(EntryStore& store, const PrefixQuery& query);
 
 }  // namespace kvrelay::kv_store

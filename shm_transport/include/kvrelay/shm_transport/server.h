@@ -104,7 +104,8 @@ class DataPlaneHooks {
   }
 };
 
-// The store alone: the longest prefix whose key is present (no medium choice, no peers).
+// The store alone: the longest exact prefix it holds, under the prefix's own key or as the first
+// blocks of a longer entry (then served as a slice of exactly those blocks); no medium choice, no peers.
 [[nodiscard]] Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const ResolveRequest& request);
 
 // Answers one small ring message; the default echoes it (a ping).
