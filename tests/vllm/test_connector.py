@@ -100,6 +100,17 @@ class OneNode(unittest.TestCase):
         # The last block, its last token included, then one decode step for the second new token.
         self.assertEqual(again["computed_tokens"], 16 + 1)
 
+    def test_a_prompt_sharing_only_the_first_blocks_of_a_published_one_loads_those_blocks(self) -> None:
+        spec = {"socket": self.sidecar.socket}
+        a_prompt = prompt(23, 70)  # publishes 64 tokens: 4 blocks, filed under the last one's key
+        run_engine_process({**spec, "requests": [{"id": "a", "prompt": a_prompt}]})
+        # The same system prompt and context (40 tokens: 2 whole blocks), then another question.
+        branch = a_prompt[:40] + prompt(24, 30)[1:]
+        b = run_engine_process({**spec, "requests": [{"id": "b", "prompt": branch}]})["results"]["b"]
+        self.assertEqual(b["loaded_tokens"], 32)
+        self.assertEqual(b["load_error_blocks"], 0)
+        self.assertTrue(b["kv_ok"], b["mismatched_tokens"])
+
     def test_kv_transfer_params_pass_through_and_a_chain_root_separates_tenants(self) -> None:
         spec = {"socket": self.sidecar.socket}
         a_prompt = prompt(4, 70)

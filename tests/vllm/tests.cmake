@@ -7,6 +7,7 @@ foreach(case IN ITEMS
         OneNode.test_publish_then_load_is_bit_exact_between_two_engine_processes_in_every_layout
         OneNode.test_the_torch_copy_path_on_host_tensors_moves_the_same_kv
         OneNode.test_the_last_prompt_token_is_recomputed_and_loads_are_whole_blocks
+        OneNode.test_a_prompt_sharing_only_the_first_blocks_of_a_published_one_loads_those_blocks
         OneNode.test_kv_transfer_params_pass_through_and_a_chain_root_separates_tenants
         OneNode.test_a_load_that_fails_is_reported_and_recomputed_never_served_wrong
         OneNode.test_a_killed_sidecar_costs_vllm_nothing_but_the_hit_and_the_connector_reconnects
