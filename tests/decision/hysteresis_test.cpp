@@ -84,7 +84,7 @@ TEST_CASE("A real bandwidth step switches the medium within the estimator window
 
   constexpr int kStepAt = 100;
   const Run run = drive(f, route, 200, [even](int step) { return step < kStepAt ? even * 3.0 : even / 3.0; });
-  CHECK(run.chosen[kStepAt - 1] == raw);  // fast link: KV
+  CHECK(run.chosen[kStepAt - 1] == raw);      // fast link: KV
   CHECK(run.chosen.back() == kTokensMedium);  // slow link: tokens
   int switched_at = -1;
   for (int step = kStepAt; step < 200; ++step) {

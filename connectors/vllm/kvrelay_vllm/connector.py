@@ -158,19 +158,14 @@ class KvRelayConnector(KVConnectorBase_V1):
         state = self._state(request)
         if state.lookup is None:
             if self._lookups is None:
-                done: Future = Future()
-                try:
-                    done.set_result(self._resolve(state.prompt, state.params, state.root))
-                except Exception as error:  # noqa: BLE001 - judged by _lookup_result, like a thread's
-                    done.set_exception(error)
-                state.lookup = _Lookup(self._lookup_result(done), num_computed_tokens)
+                state.lookup = _Lookup(self._lookup(state.prompt, state.params, state.root), num_computed_tokens)
             else:
                 if state.lookup_future is None:
-                    state.lookup_future = self._lookups.submit(self._resolve, state.prompt, state.params, state.root)
+                    state.lookup_future = self._lookups.submit(self._lookup, state.prompt, state.params, state.root)
                 if not state.lookup_future.done():
                     return None, False  # vLLM asks again next step; the request waits, nothing else does
                 future, state.lookup_future = state.lookup_future, None
-                state.lookup = _Lookup(self._lookup_result(future), num_computed_tokens)
+                state.lookup = _Lookup(future.result(), num_computed_tokens)
         state.lookup.local_computed = num_computed_tokens
         hit = state.lookup.hit
         if hit is None:
@@ -201,14 +196,15 @@ class KvRelayConnector(KVConnectorBase_V1):
             future.add_done_callback(self._release_when_resolved)
 
     def _release_when_resolved(self, future: Future) -> None:
-        hit = self._lookup_result(future)
+        hit = future.result()  # _lookup never raises
         if hit is not None:
             self._release_reservations(hit.reservations)
 
-    def _lookup_result(self, future: Future) -> _Hit | None:
+    def _lookup(self, prompt: tuple[int, ...], params: Any, root: int) -> _Hit | None:
+        """_resolve, where any failure, a bug included, costs the hit and never vLLM's scheduler."""
         try:
-            return future.result()
-        except Exception as error:  # a bug must cost the hit, never vLLM's scheduler
+            return self._resolve(prompt, params, root)
+        except Exception as error:  # noqa: BLE001
             self.sidecar.counters.lookup_errors += 1
             logger.warning("kvrelay lookup raised (a miss for vLLM): %r", error)
             return None
