@@ -506,6 +506,9 @@ json tls_files(const std::string& node, const std::filesystem::path& dir) {
           {"ca_bundle", (certs / "ca.pem").string()}};
 }
 
+// scheduler.mode of the holder, whose fetch replies the link scheduler queues ("": its default).
+std::string holder_scheduler_mode;
+
 json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint64_t peer_buffer_bytes) {
   json limits{{"shm_arena_bytes", arena_bytes}, {"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
   if (peer_buffer_bytes > 0) limits["peer_buffer_bytes"] = peer_buffer_bytes;
@@ -517,6 +520,7 @@ json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint6
        {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
       {"limits", std::move(limits)},
       {"logging", {{"level", "warn"}}}};
+  if (!holder_scheduler_mode.empty()) policy["scheduler"] = {{"mode", holder_scheduler_mode}};
   if (run.tls) {
     policy["peer_tls"] = tls_files("kv-holder", run.dir);
     policy["peers"] = json::array({{{"id", "kv-fetcher"}, {"address", "127.0.0.1:1"}, {"identity", "kv-fetcher"}}});
@@ -674,6 +678,9 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-shm", skip_shm, "measure only the KV fetch and its raw baseline");
   bool skip_tls = false;
   app.add_flag("--skip-tls", skip_tls, "no TLS peer run (tls_fetch_vs_plaintext_paired)");
+  app.add_option("--scheduler-mode", holder_scheduler_mode,
+                 "scheduler.mode of the holding daemon: wrr, fifo or off (default: the policy default, wrr)")
+      ->check(CLI::IsMember({"wrr", "fifo", "off"}));
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::size_t> sizes;
@@ -686,6 +693,7 @@ int main(int argc, char** argv) {
   result["machine"] = machine();
   result["machine"]["load_average_start"] = load_average();
   result["repeats"] = kRepeats;
+  result["scheduler_mode"] = holder_scheduler_mode.empty() ? "default (wrr)" : holder_scheduler_mode;
 
   // Data plane (worker <-> its sidecar).
   result["memcpy_gbps"] = bench_memcpy(payload);

@@ -1,7 +1,10 @@
 #include "fetch_missing.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <random>
 
 #include "materialize.h"
@@ -18,6 +21,13 @@ double as_milliseconds(Duration duration) {
   return std::chrono::duration<double, std::milli>(duration).count();
 }
 
+// FetchRequest.deadline_ms: what is left of `deadline`, at least 1 ms; 0 (none) when unbounded.
+std::uint32_t deadline_ms_left(peer::Deadline deadline) {
+  if (deadline == peer::Deadline::max()) return 0;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - FetchClock::now()).count();
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>(left, 1, UINT32_MAX));
+}
+
 }  // namespace
 
 FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
@@ -27,6 +37,8 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
   fetch.request_id = std::random_device{}();
   fetch.model_id = request.model_id;
   fetch.codec = in.codec;
+  fetch.route = in.route;
+  fetch.min_fidelity_product = in.min_fidelity_product;
   // Only the blocks this sidecar lacks cross the link; the held prefix is joined back after.
   const std::uint64_t held_tokens = in.held ? in.held.entry->info.layout.tokens : 0;
   fetch.skip_tokens = held_tokens;
@@ -39,6 +51,7 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
       break;
     }
     const auto started = FetchClock::now();
+    fetch.deadline_ms = deadline_ms_left(in.deadline);
     auto fetched = fetcher.fetch(source, fetch, in.deadline, in.max_bytes);
     if (!fetched) {
       outcome.attempts.push_back({{"peer", source}, {"result", fetched.error().to_string()}});
@@ -61,6 +74,15 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
       outcome.attempts.push_back({{"peer", source}, {"result", "the reply names a key that was not asked for"}});
       continue;
     }
+    // A source must not send less than was asked for, nor lossy KV as a lossless medium.
+    if (frame.fidelity_product < in.min_fidelity_product || (in.lossless && frame.fidelity_product < 1.0)) {
+      outcome.attempts.push_back(
+          {{"peer", source},
+           {"transport", frame.transport},
+           {"result", fmt::format("refused: fidelity product {} below the {} asked for", frame.fidelity_product,
+                                  in.lossless ? 1.0 : in.min_fidelity_product)}});
+      continue;
+    }
     const auto blocks = static_cast<std::size_t>(position - request.block_hashes.begin()) + 1;
     // The source's token ids must hash to the chain asked for: KV of other tokens is refused.
     if (auto chained = kv_store::verify_chain_keys(request.model_id, frame.chain, in.scope,
@@ -73,7 +95,7 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
     }
     auto entry = entry_from_frame({in.codecs, frame.frame(), in.held.entry.get(), blocks * request.block_tokens,
                                    in.codec, in.lossless, in.max_bytes, fetcher.buffers(), in.arena,
-                                   std::make_shared<const kv_store::EntryChain>(frame.chain)});
+                                   std::make_shared<const kv_store::EntryChain>(frame.chain), frame.fidelity_product});
     if (!entry) {
       outcome.attempts.push_back({{"peer", source}, {"result", entry.error().message}});
       continue;
@@ -96,6 +118,7 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
                  {"fetched_tokens", blocks * request.block_tokens - held_tokens},
                  {"frame_bytes", frame.frame_bytes},
                  {"raw_bytes", entry.value().raw_bytes},
+                 {"fidelity_product", frame.fidelity_product},
                  {"seconds", seconds},
                  {"steps", steps}};
     if (!frame.transport_note.empty()) attempt["transport_note"] = frame.transport_note;

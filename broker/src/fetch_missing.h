@@ -23,7 +23,8 @@
 namespace kvrelay::broker {
 
 struct FetchedKv {
-  std::shared_ptr<const kv_store::StoredEntry> entry;  // held prefix + fetched delta
+  // Held prefix + fetched delta; lossy KV carries the product its source stamped (fidelity.product).
+  std::shared_ptr<const kv_store::StoredEntry> entry;
   std::size_t blocks = 0;
   std::string source;
   std::string transport;  // "tcp" or "shm"
@@ -51,6 +52,11 @@ struct FetchInputs {
   // How this node files chains: a fetched prefix's token ids must hash to the asked keys.
   kv_store::ChainScope scope = kv_store::ChainScope::kUnscoped;
   std::function<void(const std::string& source)> on_chain_mismatch;  // counted as a refusal
+  // Issue #27, sent in every FetchRequest: the route looked up for ("" none), and the least
+  // fidelity product the KV may carry (0: any); sources answer "not found" below it, and a reply
+  // stamped below it is refused here too. `deadline` goes along as deadline_ms (the time left).
+  std::string route{};
+  double min_fidelity_product = 0.0;
 };
 
 // Everything, from connecting to decoding, by in.deadline; past it, nothing fetched.

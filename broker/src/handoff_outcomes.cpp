@@ -25,4 +25,26 @@ std::optional<HandoffOutcomes::Outcome> HandoffOutcomes::reported(const std::str
   return outcome;
 }
 
+void HandoffOutcomes::served_product(const std::string& request_id, double product) {
+  if (request_id.empty()) return;
+  const std::lock_guard lock(mutex_);
+  const auto found =
+      std::find_if(products_.begin(), products_.end(), [&](const auto& entry) { return entry.first == request_id; });
+  if (found != products_.end()) {
+    found->second = product;
+    return;
+  }
+  if (products_.size() >= kMaxPending) products_.pop_front();
+  products_.emplace_back(request_id, product);
+}
+
+std::optional<double> HandoffOutcomes::served_product_of(const std::string& request_id) {
+  if (request_id.empty()) return std::nullopt;
+  const std::lock_guard lock(mutex_);
+  const auto found =
+      std::find_if(products_.begin(), products_.end(), [&](const auto& entry) { return entry.first == request_id; });
+  if (found == products_.end()) return std::nullopt;
+  return found->second;
+}
+
 }  // namespace kvrelay::broker

@@ -21,6 +21,7 @@
 #include "materialize.h"
 #include "peer_links_fetcher.h"
 #include "plan.h"
+#include "precision.h"
 #include "record.h"
 #include "trusted_context.h"
 
@@ -50,6 +51,23 @@ const shm::ResolveRequest& scoped_lookup(const Policy& policy, const shm::Resolv
 
 kv_store::ChainScope chain_scope(const Policy& policy) {
   return policy.tenants.empty() ? kv_store::ChainScope::kUnscoped : kv_store::ChainScope::kTenant;
+}
+
+// The fidelity product a peer stamped on KV it sent (its entry's product times its codec's
+// factor: the hop included). The decoded entry carries it once the wire does (issue #27, S7); a
+// peer that stamps none leaves 1, which effective_product reads as the codec's factor.
+double fetched_product(const FetchedKv& fetched) {
+  return fetched.entry->fidelity.product;
+}
+
+// The product the KV a lookup serves carries (precision.h): 1 when exact; for KV from a peer,
+// its stamp; for this node's source, the source's product times the medium's factor.
+double served_product(const Policy& policy, const codec::CodecRegistry& codecs, const LookupPlan& plan,
+                      const Fidelity& served, std::optional<double> from_peer, std::uint32_t block_tokens) {
+  if (served.is_exact()) return 1.0;
+  if (from_peer) return effective_product(Fidelity::lossy(served.lossy_codec, 0, *from_peer), policy, codecs);
+  const double source = plan.held ? effective_product(plan.held.fidelity(block_tokens), policy, codecs) : 1.0;
+  return source * codec_factor(policy, codecs, plan.codec);
 }
 
 }  // namespace
@@ -190,6 +208,11 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
     return plan.stop->error;
   }
   const MediumChoice& choice = plan.choice;
+  if (plan.held) {  // the local source: an entry of its own or, by the prefix index, a longer one
+    record["held"] = {{"blocks", plan.held.blocks},
+                      {"entry_tokens", plan.held.entry->info.layout.tokens},
+                      {"entry_fidelity", fidelity_json(plan.held.entry->fidelity)}};
+  }
 
   // 2. Fetch what peers add after the held prefix, by the lookup's deadline. A prefix a longer
   // entry holds is cut first: the peer's delta joins those blocks, not the whole entry.
@@ -203,6 +226,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   std::size_t entry_blocks = plan.held.blocks;
   bool already_encoded = plan.held_already_encoded;
   std::string from = entry ? "local" : "";
+  std::optional<double> peer_product;  // set when a peer's KV is served
   if (plan.ask_peers) {
     FetchOutcome fetched =
         fetch_missing(*fetcher_, {request, plan.held, plan.codec, plan.lossless,
@@ -226,6 +250,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
         }
       }
       from = (entry ? "local+peer:" : "peer:") + kv.source;  // local+: held prefix + delta
+      peer_product = fetched_product(kv);
       entry = std::move(kv.entry);
       entry_blocks = kv.blocks;
       already_encoded = true;
@@ -261,7 +286,11 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   }
   if (route != nullptr) {
     outcomes_.served(context.request_id, {route->id, choice.medium, static_cast<double>(entry->info.bytes), started});
+    if (entry_blocks > 0) store_->note_use({request.model_id, request.block_hashes[entry_blocks - 1]}, route->priority);
   }
+  // What the worker's next publish of this request inherits (published() stamps it).
+  const double product = served_product(*policy, *codecs_, plan, entry->fidelity, peer_product, request.block_tokens);
+  outcomes_.served_product(context.request_id, product);
   // Whatever the medium, a lookup that chose a lossless one gets exact KV, or none.
   if (plan.lossless && !entry->fidelity.is_exact()) {
     record["error"] = "internal: lossy KV on a lossless lookup";
@@ -270,6 +299,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   }
   const std::size_t served_blocks = served.value().blocks;
   record["fidelity"] = fidelity_json(entry->fidelity);
+  if (!entry->fidelity.is_exact()) record["fidelity_product"] = product;
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   Fidelity fidelity = entry->fidelity;
   return shm::ResolvedEntry{
@@ -286,10 +316,13 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
   if (parsed && !parsed.value().ignored.empty())
     metrics_.ignored_params.with({"publish", parsed.value().ignored}).inc();
   const std::string tenant = parsed ? parsed.value().context.tenant : std::string();
-  const auto [key, filed] = refile_in_tenant_scope(*policy, worker_key, published_entry, tenant);
+  auto [key, filed] = refile_in_tenant_scope(*policy, worker_key, published_entry, tenant);
+  if (filed && parsed) filed = stamp_served_product(key, filed, parsed.value().context.request_id);
   if (!filed || !parsed || parsed.value().context.agent.empty()) return;
   const kv_store::StoredEntry* entry = filed.get();
   const RequestContext& published_context = parsed.value().context;
+  for (const auto& route : policy->routes)  // the store values KV by the routes that will read it
+    if (route.from_agent == published_context.agent && route.enabled) store_->note_use(key, route.priority);
   for (const auto& route : policy->routes) {
     if (route.from_agent != published_context.agent || !route.push || !route.enabled) continue;
     const auto* to = policy->find_agent(route.to_agent);
@@ -298,8 +331,11 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
     RequestContext context = published_context;
     context.treatment.reset();
     context.max_tokens.reset();  // A's answer budget; B's is not known before B asks
-    // What the receiving node holds is not known here: the whole entry is priced.
-    const MediumChoice choice = choose_medium(*policy, &route, context, entry->info.layout.tokens, 0, *codecs_, *this);
+    // What the receiving node holds is not known here: the whole entry is priced. A lossy
+    // medium that would take the entry's product below the floor is refreshed (and a lossy
+    // entry then not pushed: the destination asks for exact KV itself).
+    const MediumChoice choice = choose_medium(*policy, &route, context, entry->info.layout.tokens, 0, *codecs_, *this,
+                                              effective_product(entry->fidelity, *policy, *codecs_));
     json record{{"kind", "push"},
                 {"time_unix_ms", unix_millis()},
                 {"request_id", context.request_id},
@@ -311,6 +347,7 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
                 {"to_node", to->node},
                 {"tokens", entry->info.layout.tokens}};
     if (!choice.cost.is_null()) record["cost"] = choice.cost;
+    if (choice.refresh) record["precision_refresh"] = precision_refresh_json(*choice.refresh);
     // Lossy KV under a lossless medium would be filed as exact at the destination.
     const auto push_codec = codec_for_medium(choice.medium);
     const bool lossy_as_exact =
@@ -365,7 +402,12 @@ void KvPath::run_pusher() {
       observe_codec(job.codec, job.entry->info.layout.dtype, job.entry->info.bytes, frame.value().size(),
                     std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
     }
-    Status pushed = frame ? peers_->push(job.peer, job.route, std::random_device{}(), job.key, *job.entry->chain,
+    // The push carries the entry's fidelity product times its codec's factor (issue #27).
+    peer::PushOptions push_options;
+    push_options.route = job.route;
+    push_options.source = job.entry->fidelity;
+    push_options.codec = job.codec;
+    Status pushed = frame ? peers_->push(job.peer, push_options, std::random_device{}(), job.key, *job.entry->chain,
                                          frame.value(), policy->limits.read_timeout)
                           : Status(frame.error());
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
@@ -411,6 +453,27 @@ KvPath::Filed KvPath::refile_in_tenant_scope(const Policy& policy, const kv_stor
   }
   (void)store_->erase(worker_key);
   return {scoped, filed};
+}
+
+std::shared_ptr<const kv_store::StoredEntry> KvPath::stamp_served_product(
+    const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
+    const std::string& request_id) {
+  if (entry->fidelity.is_exact()) return entry;
+  const auto served = outcomes_.served_product_of(request_id);
+  if (!served || !(*served < entry->fidelity.product)) return entry;
+  auto shared = kv_store::share_entry(*entry);
+  if (!shared) {
+    spdlog::warn("KV path: published entry keeps fidelity product 1: {}", shared.error().to_string());
+    return entry;
+  }
+  shared.value()->fidelity.product = *served;
+  std::shared_ptr<const kv_store::StoredEntry> stamped = std::move(shared).value();
+  // The same bytes and fidelity but a smaller product: the store replaces the worker's filing.
+  if (auto put = store_->put(key, stamped); !put) {
+    spdlog::warn("KV path: published entry keeps fidelity product 1: {}", put.error().to_string());
+    return entry;
+  }
+  return stamped;
 }
 
 Status KvPath::authorize_peer_lookup(std::string_view peer_id, const kv_store::EntryKey& key,

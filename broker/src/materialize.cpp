@@ -30,7 +30,8 @@ Result<FrameEntry> entry_from_frame(const FrameToEntry& in) {
   if (decoded.value().header.layout.tokens + held_tokens != in.expected_tokens) {
     return fail(ErrorCode::kLayoutMismatch, "entry does not cover its blocks");
   }
-  const Fidelity fidelity = codec::fidelity_of(codec::frame_codec(in.codecs, decoded.value().header));
+  Fidelity fidelity = codec::fidelity_of(codec::frame_codec(in.codecs, decoded.value().header));
+  if (!fidelity.is_exact()) fidelity.product = in.fidelity_product;
   if (!fidelity.is_exact() && in.lossless_requested) {
     return fail(ErrorCode::kUnknownCodec,
                 fmt::format("wrong codec: asked for {}, got a {} frame", in.asked_codec, fidelity.lossy_codec));

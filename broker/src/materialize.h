@@ -40,6 +40,7 @@ struct FrameToEntry {
   WarmBufferPool& buffers;
   kv_store::ShmArena* arena = nullptr;
   std::shared_ptr<const kv_store::EntryChain> chain;  // the whole prefix's token ids, verified
+  double fidelity_product = 1.0;                      // what the source stamped: lossy KV carries it
 };
 
 // Errors carry the text a fetch attempt records ("entry does not cover its blocks", ...).

@@ -85,6 +85,8 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     options.frame_buffers = buffers_;
     options.tls = tls_;
     options.identity = peer_identity(*peer_policy);
+    options.codec_factor = codec_factor_;
+    options.gate = gate_;
     auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options), deadline);
     if (!connected) {
       note_result(peer_id, &connected.error());
@@ -186,9 +188,17 @@ Result<std::optional<peer::PeerClient::FetchedFrame>> PeerLinks::fetch_same_host
 Status PeerLinks::push(const std::string& peer_id, std::string_view route, std::uint64_t transfer_id,
                        const kv_store::EntryKey& key, const kv_store::EntryChain& chain,
                        std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
+  peer::PushOptions options;
+  options.route = std::string(route);
+  return push(peer_id, options, transfer_id, key, chain, frame, timeout);
+}
+
+Status PeerLinks::push(const std::string& peer_id, const peer::PushOptions& options, std::uint64_t transfer_id,
+                       const kv_store::EntryKey& key, const kv_store::EntryChain& chain,
+                       std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout) {
   auto pushed =
       with_client(peer_id, kPush, timeout, peer::Deadline::max(), [&](peer::PeerClient& client) -> Result<bool> {
-        KVRELAY_TRY(client.push_encoded(transfer_id, key, chain, frame, route));
+        KVRELAY_TRY(client.push_encoded(transfer_id, key, chain, frame, options));
         return true;
       });
   if (!pushed) return pushed.error();
@@ -207,13 +217,14 @@ void PeerLinks::probe_all() {
     const double seconds = std::chrono::duration<double>(rtt.value()).count();
     if (on_rtt_) on_rtt_(id, seconds);
     if (const auto link = estimate(id)) rtt_.with({id}).set(std::chrono::duration<double>(link->rtt).count());
-    auto keys = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
-                            [](peer::PeerClient& client) { return client.summary(); });
-    if (!keys) continue;
+    auto summary = with_client(id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                               [](peer::PeerClient& client) { return client.summary_reply(); });
+    if (!summary) continue;
+    const auto& keys = summary.value().keys;
     std::lock_guard lock(mutex_);
     auto& state = *peers_[id];
-    state.held =
-        std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash>(keys.value().begin(), keys.value().end());
+    state.held = std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash>(keys.begin(), keys.end());
+    state.node_state = summary.value().node;
     state.summary_time = std::chrono::steady_clock::now();
   }
 }
@@ -250,6 +261,12 @@ std::optional<peer::LinkEstimate> PeerLinks::estimate(const std::string& peer_id
   return estimator_->estimate(node);
 }
 
+std::optional<peer::NodeState> PeerLinks::node_state(const std::string& peer_id) const {
+  std::lock_guard lock(mutex_);
+  const auto found = peers_.find(peer_id);
+  return found != peers_.end() ? found->second->node_state : std::nullopt;
+}
+
 nlohmann::json PeerLinks::describe() const {
   const auto policy = policy_->current();
   nlohmann::json peers = nlohmann::json::array();
@@ -269,6 +286,12 @@ nlohmann::json PeerLinks::describe() const {
         if (!state.last_error.empty()) view["last_error"] = state.last_error;
         if (!state.remote_node.empty()) node = state.remote_node;
         view["summary_keys"] = state.held.size();
+        if (const auto& reported = state.node_state) {
+          view["node_state"] = {
+              {"store_budget", reported->store_budget},         {"store_used", reported->store_used},
+              {"arena_capacity", reported->arena_capacity},     {"arena_in_use", reported->arena_in_use},
+              {"queued_transfers", reported->queued_transfers}, {"spill_accept_left", reported->spill_accept_left}};
+        }
         if (state.summary_time != std::chrono::steady_clock::time_point{}) {
           view["summary_age_s"] = std::chrono::duration<double>(now - state.summary_time).count();
         }

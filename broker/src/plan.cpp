@@ -4,7 +4,10 @@
 
 #include <algorithm>
 
+#include "kvrelay/decision/media.h"
+
 #include "kv_media.h"
+#include "precision.h"
 
 namespace kvrelay::broker {
 
@@ -37,6 +40,44 @@ std::optional<DType> route_dtype(const Policy& policy, const RoutePolicy& route)
   return from == nullptr ? std::nullopt : std::optional<DType>(from->model.dtype);
 }
 
+bool route_allows(const RoutePolicy& route, std::string_view medium) {
+  const auto& allowed = route.allowed_media;
+  return allowed.empty() || std::find(allowed.begin(), allowed.end(), medium) != allowed.end();
+}
+
+// The route's first lossless KV medium in the catalogue's order (kv_raw, then kv_lossless) whose
+// codec is loaded; nullopt when the route allows none.
+std::optional<std::string> lossless_medium_for(const RoutePolicy& route, const codec::CodecRegistry& codecs) {
+  for (const decision::BuiltinMedium& medium : decision::builtin_media()) {
+    if (medium.kind != decision::MediumKind::kKvLossless || medium.prefix_codec.empty()) continue;
+    if (!route_allows(route, medium.name) || !codec::resolve_codec(codecs, medium.prefix_codec)) continue;
+    return std::string(medium.name);
+  }
+  return std::nullopt;
+}
+
+// The floor as a safety rule: whoever chose a lossy medium (treatment, forced route, engine), a
+// hop that would take the chain's product below the route's quality_floor is refreshed.
+void apply_quality_floor(const Policy& policy, const RoutePolicy& route, const codec::CodecRegistry& codecs,
+                         double chain_product, MediumChoice& choice) {
+  const double factor = medium_factor(policy, codecs, choice.medium);
+  const auto hop = needs_refresh(route, chain_product, factor);
+  if (!hop) return;
+  const auto lossless = lossless_medium_for(route, codecs);
+  PrecisionRefresh refresh{*hop, choice.medium, lossless ? RefreshForced::kLossless : RefreshForced::kTokens, false};
+  const std::string instead = lossless ? fmt::format("{} from an exact source instead", *lossless)
+                                       : std::string("tokens instead (the route allows no lossless KV medium)");
+  choice.reason = fmt::format(
+      "precision refresh: chain fidelity {:.4g} x {} factor {:.4g} = {:.4g} is below route {}'s quality_floor {:.4g}; "
+      "{} ({} chose {}: {})",
+      hop->chain_product, choice.medium, hop->factor, hop->after(), route.id, hop->floor, instead, choice.source,
+      choice.medium, choice.reason);
+  choice.medium = lossless.value_or("tokens");
+  choice.source = "refresh";
+  choice.serve_held_prefix = false;
+  choice.refresh = std::move(refresh);
+}
+
 PlanStop stop_with(std::string outcome, ErrorCode code, std::string message) {
   return PlanStop{std::move(outcome), Error{code, std::move(message)}};
 }
@@ -57,7 +98,7 @@ const RoutePolicy* pick_route(const Policy& policy, const RequestContext& contex
 
 MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
                            std::uint64_t context_tokens, std::uint64_t held_tokens, const codec::CodecRegistry& codecs,
-                           EngineAdvisor& engine) {
+                           EngineAdvisor& engine, double chain_product) {
   MediumChoice choice;
   if (route == nullptr) {
     // A worker used without the front proxy (or a route-less agent): plain prefix reuse.
@@ -72,6 +113,7 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
   decision::TransferShape shape;
   shape.tokens = context_tokens;
   shape.receiver_cached = held_tokens;
+  shape.chain_fidelity = chain_product;
   if (context.max_tokens) shape.expected_output_tokens = *context.max_tokens;
   shape.dtype = route_dtype(policy, *route);
   const bool bytes_only = shape.dtype && dtype_moves_as_bytes(*shape.dtype);
@@ -120,6 +162,7 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
       choice.medium = "kv_raw";
     }
   }
+  apply_quality_floor(policy, *route, codecs, chain_product, choice);
   return choice;
 }
 
@@ -156,10 +199,19 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
                               kv_store::FidelityRule::exact_only(),
                               true};
   plan.held = kv_store::longest_held_prefix(inputs.store, query);
-  plan.choice =
-      choose_medium(inputs.policy, plan.route, inputs.context, max_blocks * request.block_tokens,
-                    std::min(plan.held.blocks, max_blocks) * request.block_tokens, inputs.codecs, inputs.engine);
-  const MediumChoice& choice = plan.choice;
+  if (plan.route != nullptr && plan.route->quality_floor > 0.0) {
+    // The best source of any fidelity is what a lossy hop would extend (an exact prefix of a
+    // lossy entry is exact). Only a floor reads it: without one no product can cross it.
+    kv_store::PrefixQuery any = query;
+    any.fidelity = kv_store::FidelityRule::any();
+    const auto best = kv_store::longest_held_prefix(inputs.store, any);
+    if (best) plan.chain_product = effective_product(best.fidelity(request.block_tokens), inputs.policy, inputs.codecs);
+  }
+  plan.choice = choose_medium(inputs.policy, plan.route, inputs.context, max_blocks * request.block_tokens,
+                              std::min(plan.held.blocks, max_blocks) * request.block_tokens, inputs.codecs,
+                              inputs.engine, plan.chain_product);
+  MediumChoice& choice = plan.choice;
+  if (choice.refresh) choice.refresh->exact_source = static_cast<bool>(plan.held);
   if (choice.medium == "tokens" && !choice.serve_held_prefix) {
     plan.stop = stop_with("tokens", ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));
     return plan;
@@ -182,10 +234,17 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
     return plan;
   }
   if (!plan.lossless) {
-    // KV that already went through this codec (a push, say) is what this medium delivers.
+    const double factor = codec_factor(inputs.policy, inputs.codecs, plan.codec);
+    if (plan.route != nullptr) plan.min_fidelity_product = min_source_product(*plan.route, factor);
+    // KV that already went through this codec (a push, say) is what this medium delivers, while
+    // its own product keeps the hop above the floor (the best source may be another entry).
     query.fidelity = kv_store::FidelityRule::exact_or_lossy(plan.codec);
     auto encoded = kv_store::longest_held_prefix(inputs.store, query);
-    if (encoded.blocks > plan.held.blocks && !encoded.fidelity(request.block_tokens).is_exact()) {
+    const auto encoded_fidelity = encoded ? encoded.fidelity(request.block_tokens) : Fidelity::exact();
+    const bool above_floor =
+        plan.route == nullptr ||
+        !needs_refresh(*plan.route, effective_product(encoded_fidelity, inputs.policy, inputs.codecs), factor);
+    if (encoded.blocks > plan.held.blocks && !encoded_fidelity.is_exact() && above_floor) {
       plan.held = std::move(encoded);
       plan.held_already_encoded = true;
     }
@@ -196,6 +255,14 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
   plan.ask_peers = held_blocks < max_blocks && plan.route != nullptr && peer_gain_worth_it &&
                    !choice.serve_held_prefix && !inputs.policy.peers.empty() &&
                    request.block_hashes.size() > plan.held.blocks;
+  if (choice.refresh && !plan.held && !plan.ask_peers) {
+    // A refresh with no exact source anywhere it could look: the receiver prefills.
+    choice.refresh->forced = RefreshForced::kTokens;
+    choice.medium = "tokens";
+    choice.reason += "; no exact source holds this prefix: tokens";
+    plan.stop = stop_with("tokens", ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));
+    return plan;
+  }
   if (!plan.held && !plan.ask_peers) {
     plan.stop =
         stop_with("miss", ErrorCode::kNotFound, "neither this sidecar nor its peers hold a prefix of this prompt");

@@ -21,27 +21,37 @@
 #include "kvrelay/kv_store/prefix_scan.h"
 #include "kvrelay/shm_transport/control_protocol.h"
 
+#include "precision.h"
+
 namespace kvrelay::broker {
 
 // Which medium carries a handoff, and why.
 struct MediumChoice {
   std::string medium;
-  std::string source;  // treatment, forced, engine, default
+  std::string source;  // treatment, forced, engine, default, refresh
   std::string reason;
   nlohmann::json cost;  // the engine's breakdown (chosen vs alternatives), null without a route
   // The engine chose tokens for what the receiver lacks: the prefix this node already holds is
   // still served (the engine priced tokens as a prefill of the missing part only).
   bool serve_held_prefix = false;
+  // Set when the chain's fidelity product would cross the route's quality_floor through the
+  // lossy medium the choice would have been (source "refresh"; precision.h).
+  std::optional<PrecisionRefresh> refresh;
 };
 
 // The route the request belongs to: the one it names, else the first of its candidates the
 // policy has, else the first into its agent; null when none.
 [[nodiscard]] const RoutePolicy* pick_route(const Policy& policy, const RequestContext& context);
 
-// `held_tokens`: the leading part of the context the receiver already holds.
+// `held_tokens`: the leading part of the context the receiver already holds. `chain_product`:
+// the fidelity product of the KV the hop would start from (effective_product of the best
+// source). After the treatment, the forced medium and the engine, a lossy medium that would take
+// it below the route's quality_floor becomes the route's first lossless medium (kv_raw, else
+// kv_lossless), or tokens when it allows none: the floor is a safety rule.
 [[nodiscard]] MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const RequestContext& context,
                                          std::uint64_t context_tokens, std::uint64_t held_tokens,
-                                         const codec::CodecRegistry& codecs, EngineAdvisor& engine);
+                                         const codec::CodecRegistry& codecs, EngineAdvisor& engine,
+                                         double chain_product = 1.0);
 
 // Why a lookup serves nothing: its outcome ("tokens", "miss") and the worker's error.
 struct PlanStop {
@@ -59,7 +69,13 @@ struct LookupPlan {
   kv_store::HeldPrefix held;
   bool held_already_encoded = false;  // lossy KV of the plan's codec: what the medium delivers
   bool ask_peers = false;             // peers may add blocks after `held`
-  std::optional<PlanStop> stop;       // set when nothing is served
+  // The effective fidelity product of the best source this node holds, of any fidelity (1 when
+  // it is exact, or nothing is held): the chain the engine and the refresh rule start from.
+  double chain_product = 1.0;
+  // The least product a peer's lossy answer may carry for the floor to hold (0: any); a fetch
+  // passes it on (FetchInputs.min_fidelity_product once peers filter by it).
+  double min_fidelity_product = 0.0;
+  std::optional<PlanStop> stop;  // set when nothing is served
 };
 
 struct PlanInputs {

@@ -33,7 +33,12 @@ KvPathMetrics::KvPathMetrics(metrics::Registry& registry)
       ignored_params(registry.counter("kvrelay_kv_ignored_params_total",
                                       "Workers' messages whose kv_transfer_params.kvrelay fields were unsigned or "
                                       "forged and were treated as absent, by message and reason",
-                                      {"message", "reason"})) {}
+                                      {"message", "reason"})),
+      precision_refreshes(registry.counter("kvrelay_kv_precision_refreshes_total",
+                                           "Lookups whose lossy medium would have taken the KV's fidelity product "
+                                           "below the route's quality_floor, by route and what was served instead "
+                                           "(lossless, tokens)",
+                                           {"route", "forced"})) {}
 
 void feed_codec(decision::DecisionEngine& engine, const CodecSample& sample) {
   const auto medium_name = medium_for_codec(sample.codec);
@@ -57,7 +62,18 @@ std::int64_t unix_millis() {
 
 json fidelity_json(const Fidelity& fidelity) {
   if (fidelity.is_exact()) return "exact";
-  return {{"lossy_codec", fidelity.lossy_codec}, {"exact_tokens", fidelity.exact_tokens}};
+  json out{{"lossy_codec", fidelity.lossy_codec}, {"exact_tokens", fidelity.exact_tokens}};
+  if (fidelity.product < 1.0) out["product"] = fidelity.product;  // 1: nobody stamped one
+  return out;
+}
+
+json precision_refresh_json(const PrecisionRefresh& refresh) {
+  return {{"chain_product", refresh.hop.chain_product},
+          {"factor", refresh.hop.factor},
+          {"floor", refresh.hop.floor},
+          {"replaced", refresh.replaced_medium},
+          {"forced", refresh_forced_name(refresh.forced)},
+          {"exact_source", refresh.exact_source}};
 }
 
 void record_plan(json& record, const LookupPlan& plan, double decision_seconds, KvPathMetrics& metrics) {
@@ -70,6 +86,12 @@ void record_plan(json& record, const LookupPlan& plan, double decision_seconds, 
   record["decision_us"] = decision_seconds * 1e6;
   if (choice.serve_held_prefix) record["held_prefix_served"] = true;
   if (!choice.cost.is_null()) record["cost"] = choice.cost;
+  if (plan.route != nullptr && plan.route->quality_floor > 0.0) record["chain_product"] = plan.chain_product;
+  if (choice.refresh) {
+    record["precision_refresh"] = precision_refresh_json(*choice.refresh);
+    const std::string route = plan.route != nullptr ? plan.route->id : std::string();
+    metrics.precision_refreshes.with({route, std::string(refresh_forced_name(choice.refresh->forced))}).inc();
+  }
 }
 
 void record_fetched(KvPathMetrics& metrics, const FetchedKv& fetched, const std::string& medium,

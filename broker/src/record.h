@@ -17,6 +17,7 @@
 
 #include "fetch_missing.h"
 #include "plan.h"
+#include "precision.h"
 
 namespace kvrelay::broker {
 
@@ -36,6 +37,8 @@ void feed_link(decision::DecisionEngine& engine, const std::string& peer, double
 
 [[nodiscard]] std::int64_t unix_millis();
 [[nodiscard]] nlohmann::json fidelity_json(const Fidelity& fidelity);
+// {"chain_product", "factor", "floor", "replaced", "forced": "lossless"|"tokens", "exact_source"}
+[[nodiscard]] nlohmann::json precision_refresh_json(const PrecisionRefresh& refresh);
 
 // The plan's choice into the record (medium, source, reason, cost) and the decision metrics.
 void record_plan(nlohmann::json& record, const LookupPlan& plan, double decision_seconds, KvPathMetrics& metrics);

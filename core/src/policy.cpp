@@ -388,6 +388,8 @@ void read_route(const json& value, const std::string& pointer, RoutePolicy& out,
   reader.read_double("hysteresis", out.hysteresis_threshold, 0.0, 10.0);
   reader.read_double("quality_floor", out.quality_floor, 0.0, 1.0);
   reader.read_bool("push", out.push);
+  reader.read_bool("critical", out.critical);
+  reader.read_double("reserved_share", out.reserved_share, 0.0, 0.9);
   reader.reject_unknown_keys();
 }
 
@@ -419,6 +421,74 @@ void read_limits(const json& value, const std::string& pointer, LimitsPolicy& ou
   reader.read_millis("kv_reservation_ms", out.kv_reservation, 1, 3'600'000);
   reader.read_millis("peer_summary_interval_ms", out.peer_summary_interval, 0, 3'600'000);
   reader.reject_unknown_keys();
+}
+
+void read_kv_store(const json& value, const std::string& pointer, StorePolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  if (const auto* eviction = reader.field("eviction", false)) {
+    if (eviction->is_string() && *eviction == "utility") {
+      out.eviction = EvictionKind::kUtility;
+    } else if (eviction->is_string() && *eviction == "lru") {
+      out.eviction = EvictionKind::kLru;
+    } else {
+      diag.expected(reader.pointer_of("eviction"), "\"utility\" or \"lru\"", eviction);
+    }
+  }
+  reader.read_double("recency_tau_s", out.recency_tau_s, 0.001, 1e9);
+  reader.reject_unknown_keys();
+}
+
+void read_scheduler(const json& value, const std::string& pointer, SchedulerPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  if (const auto* mode = reader.field("mode", false)) {
+    if (mode->is_string() && *mode == "wrr") {
+      out.mode = SchedulerMode::kWrr;
+    } else if (mode->is_string() && *mode == "fifo") {
+      out.mode = SchedulerMode::kFifo;
+    } else if (mode->is_string() && *mode == "off") {
+      out.mode = SchedulerMode::kOff;
+    } else {
+      diag.expected(reader.pointer_of("mode"), "\"wrr\", \"fifo\" or \"off\"", mode);
+    }
+  }
+  reader.read_millis("time_slice_ms", out.time_slice, 5, 20);
+  reader.read_u32("chunk_bytes", out.chunk_bytes, 4096, 64U << 20);
+  reader.read_u32("window_chunks", out.window_chunks, 2, 1024);
+  reader.read_double("base", out.base, 0.0, 1e6);
+  reader.read_double("alpha", out.alpha, 0.0, 1e6);
+  reader.read_double("beta", out.beta, 0.0, 1e4);
+  reader.read_double("preempt_factor", out.preempt_factor, 1.0, 1e6);
+  reader.read_double("preempt_max_done", out.preempt_max_done, 0.0, 1.0);
+  reader.read_double("max_reserved_share", out.max_reserved_share, 0.0, 0.9);
+  reader.read_double("link_bytes_per_s", out.link_bytes_per_s, 0.0, 1e13);
+  reader.read_millis("max_stall_ms", out.max_stall, 0, 3'600'000);
+  reader.reject_unknown_keys();
+}
+
+// Reserved shares belong to critical routes, and together stay within the scheduler's cap.
+void check_reservations(const Policy& policy, Diagnostics& diag) {
+  double total = 0.0;
+  for (std::size_t index = 0; index < policy.routes.size(); ++index) {
+    const auto& route = policy.routes[index];
+    const std::string at = pointer_append("/routes", index);
+    if (route.critical && route.reserved_share <= 0.0) {
+      diag.problem(pointer_append(at, "reserved_share"), "a critical route needs a reserved_share above 0");
+    } else if (!route.critical && route.reserved_share > 0.0) {
+      diag.problem(pointer_append(at, "reserved_share"), "only a critical route (critical: true) reserves a share");
+    }
+    if (!route.critical) continue;
+    total += route.reserved_share;
+    if (total > policy.scheduler.max_reserved_share + 1e-9) {
+      diag.problem(
+          pointer_append(at, "reserved_share"),
+          fmt::format("critical routes reserve {:.3g} of a link in all, more than scheduler.max_reserved_share "
+                      "{:.3g}",
+                      total, policy.scheduler.max_reserved_share));
+      return;
+    }
+  }
 }
 
 void read_codecs(const json& value, const std::string& pointer, CodecPolicy& out, Diagnostics& diag) {
@@ -850,6 +920,10 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     read_array(root, "routes", policy.routes, diag,
                [&](const json& v, const std::string& p, RoutePolicy& out) { read_route(v, p, out, diag); });
     if (const auto* limits = root.field("limits", false)) read_limits(*limits, "/limits", policy.limits, diag);
+    if (const auto* store = root.field("kv_store", false)) read_kv_store(*store, "/kv_store", policy.kv_store, diag);
+    if (const auto* scheduler = root.field("scheduler", false)) {
+      read_scheduler(*scheduler, "/scheduler", policy.scheduler, diag);
+    }
     if (const auto* codecs = root.field("codecs", false)) read_codecs(*codecs, "/codecs", policy.codecs, diag);
     if (const auto* logging = root.field("logging", false)) read_logging(*logging, "/logging", policy.logging, diag);
     if (const auto* cost_model = root.field("cost_model", false)) {
@@ -865,6 +939,7 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     if (diag.empty()) check_same_host_peer_uids(policy, diag);
     if (diag.empty()) check_tenancy(policy, diag);
     if (diag.empty()) check_plaintext_peers(policy, diag);
+    if (diag.empty()) check_reservations(policy, diag);
   }
   if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());
   return policy;

@@ -35,6 +35,9 @@ std::vector<EntryKey> indexed_prefix_keys(const EntryKey& key, const StoredEntry
 
 }  // namespace
 
+InMemoryEntryStore::InMemoryEntryStore(std::uint64_t byte_budget, std::unique_ptr<EvictionPolicy> eviction)
+    : budget_(byte_budget), eviction_(eviction ? std::move(eviction) : std::make_unique<LruEviction>()) {}
+
 Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) {
   if (!entry) return fail(ErrorCode::kInvalidArgument, "null entry");
   const std::uint64_t size = entry->info.bytes;
@@ -51,25 +54,43 @@ Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const Stored
                   fmt::format("more exact KV is already filed under this key; a {} copy does not replace it",
                               entry->fidelity.lossy_codec));
     }
-    erase_locked(found);
+    erase_locked(found, false);  // the policy keeps the key's history: on_put below refiles it
   }
-  while (bytes_ + size > budget_ && !recency_.empty()) {
-    erase_locked(entries_.find(recency_.back()));
-    ++evictions_;
+  const auto filed = [this](const EntryKey& candidate) { return entries_.contains(candidate); };
+  while (bytes_ + size > budget_) {
+    const auto victims = eviction_->victims(bytes_ + size - budget_, filed);
+    if (victims.empty()) break;
+    for (const EntryKey& victim : victims) {
+      const auto found = entries_.find(victim);
+      if (found == entries_.end()) continue;
+      erase_locked(found);
+      ++budget_evictions_;
+    }
+  }
+  if (bytes_ + size > budget_) {  // only a policy that lost track of entries gets here
+    eviction_->on_erase(key);
+    return fail(ErrorCode::kResourceExhausted, "the store's eviction policy found nothing to drop");
   }
   for (std::size_t block = 0; block < prefix_keys.size(); ++block)
     prefix_index_[prefix_keys[block]].push_back({key, block + 1});
   recency_.push_front(key);
-  entries_.emplace(key, Slot{std::move(entry), recency_.begin(), std::move(prefix_keys)});
+  entries_.emplace(key, Slot{std::move(entry), recency_.begin(), std::move(prefix_keys), 0});
   bytes_ += size;
+  eviction_->on_put(key, size);
   return ok();
+}
+
+void InMemoryEntryStore::hit_locked(Entries::iterator found) {
+  recency_.splice(recency_.begin(), recency_, found->second.recency);
+  ++found->second.hits;
+  eviction_->on_hit(found->first);
 }
 
 std::shared_ptr<const StoredEntry> InMemoryEntryStore::get(const EntryKey& key) {
   std::lock_guard lock(mutex_);
   const auto found = entries_.find(key);
   if (found == entries_.end()) return nullptr;
-  recency_.splice(recency_.begin(), recency_, found->second.recency);
+  hit_locked(found);
   return found->second.entry;
 }
 
@@ -83,17 +104,29 @@ bool InMemoryEntryStore::erase(const EntryKey& key) {
 
 EntryStoreStats InMemoryEntryStore::clear() {
   std::lock_guard lock(mutex_);
-  const EntryStoreStats dropped{entries_.size(), bytes_, 0};
+  EntryStoreStats dropped;
+  dropped.entries = entries_.size();
+  dropped.bytes = bytes_;
   entries_.clear();
   recency_.clear();
   prefix_index_.clear();
+  eviction_->on_clear();
   bytes_ = 0;
   return dropped;
 }
 
 EntryStoreStats InMemoryEntryStore::stats() {
   std::lock_guard lock(mutex_);
-  return {entries_.size(), bytes_, evictions_, refused_downgrades_};
+  EntryStoreStats stats;
+  stats.entries = entries_.size();
+  stats.bytes = bytes_;
+  stats.evictions = budget_evictions_ + arena_evictions_;
+  stats.refused_downgrades = refused_downgrades_;
+  stats.budget = budget_;
+  stats.budget_evictions = budget_evictions_;
+  stats.arena_evictions = arena_evictions_;
+  stats.eviction_policy = eviction_->name();
+  return stats;
 }
 
 std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit, const EntryFilter& shown) {
@@ -111,27 +144,33 @@ std::vector<EntryKey> InMemoryEntryStore::recent_keys(std::size_t limit, const E
 bool InMemoryEntryStore::make_arena_room(const ShmArena& arena, std::uint64_t bytes) {
   // Only entries nobody else holds (no lease, no reader in this process) free their block when
   // dropped; if even all of them and the free space together are too few bytes, drop nothing.
-  const auto evictable = [&](const Slot& slot) {
+  const auto evictable_slot = [&](const Slot& slot) {
     const auto& block = slot.entry->block;
     return block && &block->arena() == &arena && slot.entry.use_count() == 1;
+  };
+  const auto evictable = [&](const EntryKey& key) {
+    const auto found = entries_.find(key);
+    return found != entries_.end() && evictable_slot(found->second);
   };
   std::lock_guard lock(mutex_);
   const auto arena_stats = arena.stats();
   std::uint64_t could_free = arena_stats.capacity - arena_stats.in_use;
   for (const auto& [key, slot] : entries_) {
-    if (evictable(slot)) could_free += slot.entry->block->reserved();
+    if (evictable_slot(slot)) could_free += slot.entry->block->reserved();
   }
   if (could_free < bytes) return false;
   bool dropped = false;
-  auto candidate = recency_.end();
-  while (!arena.fits(bytes) && candidate != recency_.begin()) {
-    --candidate;  // from the least recently used end
-    const auto found = entries_.find(*candidate);
-    if (!evictable(found->second)) continue;
-    candidate = std::next(candidate);  // erasing invalidates the element, not its neighbour
-    erase_locked(found);
-    ++evictions_;
-    dropped = true;
+  // Free space is fragmented, so the bytes asked for are a first guess: ask again while it does not fit.
+  while (!arena.fits(bytes)) {
+    const auto free_now = arena.stats().capacity - arena.stats().in_use;
+    const auto victims = eviction_->victims(bytes > free_now ? bytes - free_now : 1, evictable);
+    if (victims.empty()) break;
+    for (const EntryKey& victim : victims) {
+      if (arena.fits(bytes)) break;
+      erase_locked(entries_.find(victim));
+      ++arena_evictions_;
+      dropped = true;
+    }
   }
   return dropped;
 }
@@ -158,11 +197,43 @@ std::optional<PrefixHit> InMemoryEntryStore::find_prefix(const EntryKey& key, co
     }
   }
   if (best == entries_.end()) return std::nullopt;
-  recency_.splice(recency_.begin(), recency_, best->second.recency);
+  hit_locked(best);  // a prefix hit is a hit on the long entry
   return PrefixHit{best->second.entry, best_blocks};
 }
 
-void InMemoryEntryStore::erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found) {
+void InMemoryEntryStore::note_use(const EntryKey& key, int route_priority) {
+  std::lock_guard lock(mutex_);
+  if (entries_.contains(key)) {
+    eviction_->on_use(key, route_priority);
+    return;
+  }
+  // A prefix of longer entries: the route reads them.
+  if (const auto rows = prefix_index_.find(key); rows != prefix_index_.end()) {
+    for (const PrefixRow& row : rows->second)
+      eviction_->on_use(row.entry, route_priority);
+  }
+}
+
+std::vector<EntryListing> InMemoryEntryStore::top(std::size_t limit) {
+  std::lock_guard lock(mutex_);
+  std::vector<EntryListing> out;
+  for (const RankedKey& ranked : eviction_->top(limit)) {
+    const auto found = entries_.find(ranked.key);
+    if (found == entries_.end()) continue;
+    const StoredEntry& entry = *found->second.entry;
+    EntryListing listing;
+    listing.key = ranked.key;
+    listing.bytes = entry.info.bytes;
+    listing.tokens = entry.info.layout.tokens;
+    listing.hits = found->second.hits;
+    listing.utility = ranked.utility;
+    listing.fidelity = entry.fidelity;
+    out.push_back(std::move(listing));
+  }
+  return out;
+}
+
+void InMemoryEntryStore::erase_locked(Entries::iterator found, bool forget) {
   for (const EntryKey& prefix_key : found->second.prefix_keys) {
     const auto rows = prefix_index_.find(prefix_key);
     if (rows == prefix_index_.end()) continue;
@@ -171,6 +242,7 @@ void InMemoryEntryStore::erase_locked(std::unordered_map<EntryKey, Slot, EntryKe
   }
   bytes_ -= found->second.entry->info.bytes;
   recency_.erase(found->second.recency);
+  if (forget) eviction_->on_erase(found->first);
   entries_.erase(found);
 }
 

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -297,6 +298,7 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   PeerClient::FetchedFrame fetched;
   fetched.key = found.key;
   fetched.chain = std::move(found.chain);
+  fetched.fidelity_product = found.fidelity_product;
   const auto started = std::chrono::steady_clock::now();
   fetched.reply_wait = std::chrono::duration_cast<std::chrono::microseconds>(started - requested_at);
   fetched.frame_bytes = static_cast<std::size_t>(found.frame_bytes);
@@ -315,15 +317,40 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   co_return std::optional<PeerClient::FetchedFrame>(std::move(fetched));
 }
 
+TransferPurpose transfer_purpose(PushPurpose purpose) {
+  switch (purpose) {
+    case PushPurpose::kPrefetch:
+      return TransferPurpose::kPrefetch;
+    case PushPurpose::kSpill:
+      return TransferPurpose::kSpill;
+    case PushPurpose::kPush:
+      break;
+  }
+  return TransferPurpose::kPush;
+}
+
 asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, EncodedEntryHeader header,
                                                 std::span<const std::uint8_t> frame) {
   auto& connection = *state->connection;
   const auto& options = state->options;
+  // Issue #27: the push joins the queue of the link to the peer; its ticket holds the link's
+  // share until the peer has committed (the last chunk is acknowledged by Committed).
+  GateTicket ticket(options.gate.get(),
+                    TransferTag{state->remote.node_id, header.route, transfer_purpose(header.purpose),
+                                header.frame_bytes, std::nullopt});
+  if (ticket.gated()) {
+    header.chunk_bytes = std::min(options.gate->chunk_bytes(), state->remote.max_chunk_bytes);
+    if (options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
+    header.window_chunks = kGatedWindowChunks;
+  }
   const auto announce = encode_push_encoded(header);
   ChunkStreamOptions stream;
   stream.staging = options.stage_chunks ? &state->staging : nullptr;
   stream.rate_limit_bytes_per_s = options.rate_limit_bytes_per_s;
   stream.on_progress = options.on_progress;
+  std::chrono::nanoseconds grant_wait{};
+  stream.grant_wait = &grant_wait;
+  ticket.apply(stream);
   const auto started = std::chrono::steady_clock::now();
   if (auto sent = co_await send_chunk_stream(connection, announce, header, frame, stream, options.read_timeout);
       !sent) {
@@ -335,15 +362,17 @@ asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, Encode
   if (!id) co_return outcome::failure(id.error());
   if (id.value() != header.id) co_return fail(ErrorCode::kProtocol, fmt::format("committed for push {}", id.value()));
   arm_idle(connection);
+  ticket.complete();
   if (options.link_estimator) {
+    // Busy time only: waiting behind other transfers on the link says nothing of its speed.
     options.link_estimator->add_transfer(
         state->remote.node_id, header.frame_bytes,
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started));
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started - grant_wait));
   }
   co_return true;
 }
 
-asio::awaitable<Result<std::vector<kv_store::EntryKey>>> summary_once(PeerClient::State* state) {
+asio::awaitable<Result<SummaryReply>> summary_once(PeerClient::State* state) {
   auto& connection = *state->connection;
   const auto frame = encode_peer_frame(PeerMessage::kSummary, {});
   if (auto sent =
@@ -412,6 +441,15 @@ Result<PeerServerStats> PeerClient::stats() {
 Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchRequest& request,
                                                                   std::uint64_t max_frame_bytes, Deadline deadline) {
   // Nothing sent yet: the stream stays in step and the connection usable.
+  if (request.route.size() > kMaxRouteBytes) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("fetch request: route of {} bytes, more than {}", request.route.size(), kMaxRouteBytes));
+  }
+  if (!(request.min_fidelity_product >= 0.0 && request.min_fidelity_product <= 1.0) ||
+      std::signbit(request.min_fidelity_product)) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("fetch request: min_fidelity_product {} outside [0, 1]", request.min_fidelity_product));
+  }
   if (deadline <= std::chrono::steady_clock::now()) {
     return fail(ErrorCode::kTimeout, "fetch request: deadline exceeded before it was sent");
   }
@@ -421,7 +459,19 @@ Result<std::optional<PeerClient::FetchedFrame>> PeerClient::fetch(const FetchReq
 Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
                                 const kv_store::EntryChain& chain, std::span<const std::uint8_t> frame,
                                 std::string_view route) {
+  PushOptions push;
+  push.route = std::string(route);
+  return push_encoded(transfer_id, key, chain, frame, push);
+}
+
+Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
+                                const kv_store::EntryChain& chain, std::span<const std::uint8_t> frame,
+                                const PushOptions& push) {
   if (frame.empty()) return fail(ErrorCode::kInvalidArgument, "push of an empty frame");
+  if (push.route.size() > kMaxRouteBytes) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("push: route of {} bytes, more than {}", push.route.size(), kMaxRouteBytes));
+  }
   EncodedEntryHeader header;
   header.id = transfer_id;
   header.key = key;
@@ -430,12 +480,21 @@ Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::Entry
   header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
   if (state_->options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
   header.window_chunks = state_->options.window_chunks;
-  header.route = std::string(route);
+  header.route = push.route;
+  header.purpose = push.purpose;
+  header.skip_tokens = push.skip_tokens;
+  // The codec_factor contract gives lossless codecs 1, so the codec's kind need not be known here.
+  header.fidelity_product = stamped_product(push.source, push.codec, false, state_->options.codec_factor);
   KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
   return ok();
 }
 
 Result<std::vector<kv_store::EntryKey>> PeerClient::summary() {
+  KVRELAY_TRY(auto reply, summary_reply());
+  return std::move(reply.keys);
+}
+
+Result<SummaryReply> PeerClient::summary_reply() {
   return state_->run(summary_once(state_.get()));
 }
 

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -226,6 +228,77 @@ asio::awaitable<Result<std::uint64_t>> read_ack(PeerConnection& connection, cons
   co_return std::uint64_t{ack.value().index} + 1;
 }
 
+// Bytes of the stream's first `chunks` chunks.
+std::uint64_t bytes_through(const EncodedEntryHeader& header, std::uint64_t chunks) {
+  return std::min<std::uint64_t>(chunks * header.chunk_bytes, header.frame_bytes);
+}
+
+// Whether a frame from the other side is waiting: readable bytes on the socket, or (TLS) bytes
+// the TLS stream has already decrypted.
+bool input_pending(PeerConnection& connection) {
+  if (connection.tls && SSL_pending(connection.tls->native_handle()) > 0) return true;
+  boost::system::error_code ec;
+  return connection.socket.available(ec) > 0 && !ec;
+}
+
+// The state one grant wait shares with the gate's callback, which may run on any thread: it sets
+// the flag and posts the timer's cancel to the connection's executor (a strand on the server).
+struct GrantWait {
+  explicit GrantWait(const tcp::socket::executor_type& executor) : timer(executor) {}
+  asio::steady_timer timer;
+  std::atomic<bool> granted{false};
+};
+
+// A lost wake-up (the cancel ran before the wait was armed) costs at most this.
+constexpr auto kGrantRecheck = std::chrono::milliseconds(2);
+
+// Reads the next acknowledgement and reports it to the gate and the progress callback.
+asio::awaitable<Status> take_ack(PeerConnection& connection, const EncodedEntryHeader& header,
+                                 const ChunkStreamOptions& options, ChunkAckProgress& progress,
+                                 std::chrono::milliseconds timeout) {
+  auto ack = co_await read_ack(connection, header, progress.acked, progress.sent, timeout);
+  if (!ack) co_return outcome::failure(ack.error());
+  const std::uint64_t before = bytes_through(header, progress.acked);
+  progress.acked = ack.value();
+  const std::uint64_t through = bytes_through(header, progress.acked);
+  if (options.gate != nullptr && options.ticket != 0) options.gate->acknowledged(options.ticket, through - before);
+  if (options.on_progress) options.on_progress(through, header.frame_bytes);
+  co_return ok();
+}
+
+// Waits until the gate grants the next `bytes`. While it waits it reads the acknowledgements that
+// arrive, so a paused stream with chunks in flight still gives the link's window back (two paused
+// streams could otherwise hold it for ever). Bounded by `timeout` and the exchange's limit: the
+// gate's stall guard grants a waiting stream well before a receiver would time it out.
+asio::awaitable<Status> await_grant(PeerConnection& connection, const EncodedEntryHeader& header,
+                                    const ChunkStreamOptions& options, std::uint64_t bytes, ChunkAckProgress& progress,
+                                    std::chrono::milliseconds timeout) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto give_up = std::min(connection.limit, started + timeout);
+  auto wait = std::make_shared<GrantWait>(connection.socket.get_executor());
+  options.gate->request(options.ticket, bytes, [wait] {
+    wait->granted.store(true, std::memory_order_release);
+    asio::post(wait->timer.get_executor(), [wait] { wait->timer.cancel(); });
+  });
+  while (!wait->granted.load(std::memory_order_acquire)) {
+    if (progress.acked < progress.sent && input_pending(connection)) {
+      auto took = co_await take_ack(connection, header, options, progress, timeout);
+      if (!took) co_return took;
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= give_up || connection.closed) {
+      co_return fail(ErrorCode::kTimeout,
+                     fmt::format("stream {}: the link scheduler granted no chunk within {} ms", header.id,
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count()));
+    }
+    wait->timer.expires_at(std::min(give_up, now + kGrantRecheck));
+    [[maybe_unused]] auto [ec] = co_await wait->timer.async_wait(kNoThrow);
+  }
+  if (options.grant_wait != nullptr) *options.grant_wait += std::chrono::steady_clock::now() - started;
+  co_return ok();
+}
+
 }  // namespace
 
 asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<const std::byte> announce,
@@ -249,12 +322,18 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
   asio::steady_timer pacing(connection.socket.get_executor());
   std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
   bool announced = false;
-  std::uint64_t next = 0;
-  std::uint64_t acked = 0;
+  const bool gated = options.gate != nullptr && options.ticket != 0;
+  ChunkAckProgress progress;
+  std::uint64_t& next = progress.sent;
+  const std::uint64_t& acked = progress.acked;
   while (acked < chunks) {
     while (next < chunks && next - acked < header.window_chunks) {
       const std::uint64_t offset = next * header.chunk_bytes;
       const auto length = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size() - offset));
+      if (gated) {
+        auto granted = co_await await_grant(connection, header, options, length, progress, timeout);
+        if (!granted) co_return granted;
+      }
       const auto chunk = std::as_bytes(frame.subspan(static_cast<std::size_t>(offset), length));
       const std::uint64_t checksum = running_checksum(running, chunk, staging);
       encode_chunk_prefix(prefix, header.id, next, length, checksum);
@@ -278,12 +357,8 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
         [[maybe_unused]] auto [ec] = co_await pacing.async_wait(kNoThrow);
       }
     }
-    auto ack = co_await read_ack(connection, header, acked, next, timeout);
-    if (!ack) co_return outcome::failure(ack.error());
-    acked = ack.value();
-    if (options.on_progress) {
-      options.on_progress(std::min<std::uint64_t>(acked * header.chunk_bytes, frame.size()), frame.size());
-    }
+    auto took = co_await take_ack(connection, header, options, progress, timeout);
+    if (!took) co_return took;
   }
   co_return ok();
 }

@@ -22,6 +22,7 @@
 
 #include "kvrelay/core/bulk_hash.h"
 #include "kvrelay/core/result.h"
+#include "kvrelay/peer/link_gate.h"
 #include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/peer/peer_tls.h"
 
@@ -130,6 +131,51 @@ struct ChunkStreamOptions {
   std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited
   // After each acknowledgement: (bytes acknowledged, total bytes).
   std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+  // Issue #27: with a gate and its ticket, every chunk waits for the gate's grant and every
+  // acknowledgement is reported to it. The caller opens and closes the ticket.
+  LinkGate* gate = nullptr;
+  std::uint64_t ticket = 0;
+  // Gated streams only: time spent waiting for grants, so that a link estimate can be fed busy
+  // time (wall time minus waits) rather than time spent queued behind other transfers.
+  std::chrono::nanoseconds* grant_wait = nullptr;
+};
+
+// The window a gated stream announces: the receiver then acknowledges every chunk, so the link's
+// window of granted, unacknowledged chunks drains chunk by chunk (plan §5, window deadlock).
+inline constexpr std::uint32_t kGatedWindowChunks = 2;
+
+// One stream's ticket with a link gate, closed when the sender is done with it, however its
+// coroutine ends: a stream that failed half way gives its share of the link back.
+class GateTicket {
+ public:
+  GateTicket() = default;
+  GateTicket(LinkGate* gate, const TransferTag& tag) : gate_(gate), id_(gate != nullptr ? gate->open(tag) : 0) {}
+  ~GateTicket() {
+    if (id_ != 0) gate_->close(id_, completed_);
+  }
+  GateTicket(const GateTicket&) = delete;
+  GateTicket& operator=(const GateTicket&) = delete;
+  [[nodiscard]] bool gated() const noexcept { return id_ != 0; }
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+  // The stream and everything after it went through (a push: committed).
+  void complete() noexcept { completed_ = true; }
+  // Gated streams use the gate's chunk and window sizes (kGatedWindowChunks).
+  void apply(ChunkStreamOptions& stream) const noexcept {
+    stream.gate = id_ != 0 ? gate_ : nullptr;
+    stream.ticket = id_;
+  }
+
+ private:
+  LinkGate* gate_ = nullptr;
+  std::uint64_t id_ = 0;
+  bool completed_ = false;
+};
+
+// Where a chunk stream's sender stands. Not in an anonymous namespace: send_chunk_stream's
+// coroutine frame holds one (GCC's -Wsubobject-linkage in unity builds).
+struct ChunkAckProgress {
+  std::uint64_t acked = 0;  // chunks acknowledged
+  std::uint64_t sent = 0;   // chunks written
 };
 
 // Writes `announce` (the FetchReply or PushEncoded that describes the stream; it goes out with

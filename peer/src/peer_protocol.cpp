@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "kvrelay/core/byte_io.h"
@@ -243,14 +245,59 @@ Error decode_peer_error(std::span<const std::byte> payload) {
   return Error{static_cast<ErrorCode>(*code), std::move(*text)};
 }
 
+namespace {
+
+// Doubles go as their IEEE 754 bits, little-endian like every other field.
+void put_f64(ByteWriter& writer, double value) {
+  writer.put(std::bit_cast<std::uint64_t>(value));
+}
+
+std::optional<double> get_f64(ByteReader& reader) {
+  const auto bits = reader.get<std::uint64_t>();
+  if (!bits) return std::nullopt;
+  return std::bit_cast<double>(*bits);
+}
+
+// A product in [0, 1] (`zero_allowed`) or (0, 1]; NaN and -0 are refused, so every accepted
+// value encodes back to the same bits.
+Status check_product(double value, bool zero_allowed, std::string_view what) {
+  const bool in_range = zero_allowed ? value >= 0.0 && value <= 1.0 : value > 0.0 && value <= 1.0;
+  if (!in_range || std::signbit(value)) {
+    return fail(ErrorCode::kProtocol, fmt::format("{} {} outside {}", what, value, zero_allowed ? "[0, 1]" : "(0, 1]"));
+  }
+  return ok();
+}
+
+Status check_route(const std::string& route, std::string_view what) {
+  if (route.size() > kMaxRouteBytes) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("{} names a route of {} bytes, more than {}", what, route.size(), kMaxRouteBytes));
+  }
+  return ok();
+}
+
+}  // namespace
+
+std::string_view push_purpose_name(PushPurpose purpose) noexcept {
+  switch (purpose) {
+    case PushPurpose::kPush:
+      return "push";
+    case PushPurpose::kPrefetch:
+      return "prefetch";
+    case PushPurpose::kSpill:
+      return "spill";
+  }
+  return "unknown";
+}
+
 std::vector<std::byte> encode_fetch(const FetchRequest& request) {
   ByteWriter writer;
   writer.put(request.request_id).put(request.model_id).put_string(request.codec);
   writer.put(static_cast<std::uint32_t>(request.hashes.size()));
   for (const std::uint64_t hash : request.hashes)
     writer.put(hash);
-  // Optional trailing field: a full fetch stays byte-identical to what older peers send.
-  if (request.skip_tokens != 0) writer.put(request.skip_tokens);
+  writer.put(request.skip_tokens).put_string(request.route).put(request.deadline_ms);
+  put_f64(writer, request.min_fidelity_product);
   return encode_peer_frame(PeerMessage::kFetch, writer.bytes());
 }
 
@@ -262,8 +309,10 @@ Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
   auto codec = reader.get_string();
   const auto count = reader.get<std::uint32_t>();
   if (!id || !model || !codec || !count) return fail(ErrorCode::kTruncated, "fetch request truncated");
+  // skip_tokens, the route's length, deadline_ms and min_fidelity_product follow the hashes.
+  constexpr std::uint64_t kTrailerBytes = 8 + 2 + 4 + 8;
   const std::uint64_t hash_bytes = std::uint64_t{*count} * 8;
-  if (hash_bytes != reader.remaining() && hash_bytes + 8 != reader.remaining()) {
+  if (hash_bytes + kTrailerBytes > reader.remaining()) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("fetch request announces {} hashes but carries {} bytes", *count, reader.remaining()));
   }
@@ -274,7 +323,20 @@ Result<FetchRequest> decode_fetch(std::span<const std::byte> payload) {
   request.hashes.reserve(*count);
   for (std::uint32_t index = 0; index < *count; ++index)
     request.hashes.push_back(*reader.get<std::uint64_t>());
-  if (reader.remaining() != 0) request.skip_tokens = *reader.get<std::uint64_t>();
+  const auto skip = reader.get<std::uint64_t>();
+  auto route = reader.get_string();
+  const auto deadline = reader.get<std::uint32_t>();
+  const auto min_product = get_f64(reader);
+  if (!skip || !route || !deadline || !min_product) return fail(ErrorCode::kTruncated, "fetch request truncated");
+  if (reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, fmt::format("{} trailing bytes in a fetch request", reader.remaining()));
+  }
+  KVRELAY_TRY(check_route(*route, "fetch request"));
+  KVRELAY_TRY(check_product(*min_product, true, "fetch request: min_fidelity_product"));
+  request.skip_tokens = *skip;
+  request.route = std::move(*route);
+  request.deadline_ms = *deadline;
+  request.min_fidelity_product = *min_product;
   return request;
 }
 
@@ -286,7 +348,10 @@ void put_encoded_fields(ByteWriter& writer, const EncodedEntryHeader& header) {
   kv_store::encode_chain(writer, header.chain);
 }
 
-Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id, bool names_route = false) {
+// What follows the chain: a fetch reply's product, or a push's route, purpose, delta and product.
+enum class EntryHeaderKind { kFetchReply, kPush };
+
+Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t id, EntryHeaderKind kind) {
   EncodedEntryHeader header;
   header.id = id;
   const auto key = kv_store::decode_key(reader);
@@ -298,11 +363,34 @@ Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t 
   auto chain = kv_store::decode_chain(reader);
   if (!chain) return fail(chain.error().code, "encoded entry header: " + chain.error().message);
   header.chain = std::move(chain).value();
+  const bool push = kind == EntryHeaderKind::kPush;
   std::optional<std::string> route;  // a push's: "" names none
-  if (names_route) route = reader.get_string();
-  if ((names_route && !route) || reader.remaining() != 0)
-    return fail(ErrorCode::kProtocol, "malformed encoded entry header");
-  if (route) header.route = std::move(*route);
+  std::optional<std::uint8_t> purpose;
+  std::optional<std::uint64_t> skip;
+  if (push) {
+    route = reader.get_string();
+    purpose = reader.get<std::uint8_t>();
+    skip = reader.get<std::uint64_t>();
+  }
+  const auto product = get_f64(reader);
+  if (!product || (push && (!route || !purpose || !skip))) {
+    return fail(ErrorCode::kTruncated, "encoded entry header truncated after its chain");
+  }
+  if (reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, fmt::format("{} trailing bytes in an encoded entry header", reader.remaining()));
+  }
+  if (push) {
+    KVRELAY_TRY(check_route(*route, "push header"));
+    if (*purpose > static_cast<std::uint8_t>(PushPurpose::kSpill)) {
+      return fail(ErrorCode::kProtocol,
+                  fmt::format("push purpose {} unknown (0 push, 1 prefetch, 2 spill)", int{*purpose}));
+    }
+    header.route = std::move(*route);
+    header.purpose = static_cast<PushPurpose>(*purpose);
+    header.skip_tokens = *skip;
+  }
+  KVRELAY_TRY(check_product(*product, false, "encoded entry header: fidelity_product"));
+  header.fidelity_product = *product;
   if (*window_chunks == 0 || *window_chunks > kMaxWindowChunks) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("window of {} chunks outside 1..{}", *window_chunks, kMaxWindowChunks));
@@ -324,7 +412,10 @@ Result<EncodedEntryHeader> get_encoded_fields(ByteReader& reader, std::uint64_t 
 std::vector<std::byte> encode_fetch_reply(std::uint64_t request_id, const EncodedEntryHeader* found) {
   ByteWriter writer;
   writer.put(request_id).put(static_cast<std::uint8_t>(found != nullptr ? 1 : 0));
-  if (found != nullptr) put_encoded_fields(writer, *found);
+  if (found != nullptr) {
+    put_encoded_fields(writer, *found);
+    put_f64(writer, found->fidelity_product);
+  }
   return encode_peer_frame(PeerMessage::kFetchReply, writer.bytes());
 }
 
@@ -340,7 +431,7 @@ Result<std::optional<EncodedEntryHeader>> decode_fetch_reply(std::span<const std
     return std::optional<EncodedEntryHeader>{};
   }
   if (*found != 1) return fail(ErrorCode::kProtocol, "bad fetch reply flag");
-  KVRELAY_TRY(auto header, get_encoded_fields(reader, *id));
+  KVRELAY_TRY(auto header, get_encoded_fields(reader, *id, EntryHeaderKind::kFetchReply));
   return std::optional<EncodedEntryHeader>(header);
 }
 
@@ -348,7 +439,8 @@ std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header) {
   ByteWriter writer;
   writer.put(header.id);
   put_encoded_fields(writer, header);
-  writer.put_string(header.route);
+  writer.put_string(header.route).put(static_cast<std::uint8_t>(header.purpose)).put(header.skip_tokens);
+  put_f64(writer, header.fidelity_product);
   return encode_peer_frame(PeerMessage::kPushEncoded, writer.bytes());
 }
 
@@ -356,11 +448,13 @@ Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payloa
   ByteReader reader(payload);
   const auto id = reader.get<std::uint64_t>();
   if (!id) return fail(ErrorCode::kTruncated, "push header truncated");
-  return get_encoded_fields(reader, *id, true);
+  return get_encoded_fields(reader, *id, EntryHeaderKind::kPush);
 }
 
-std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys) {
+std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node) {
   ByteWriter writer;
+  writer.put(node.store_budget).put(node.store_used).put(node.arena_capacity).put(node.arena_in_use);
+  writer.put(node.queued_transfers).put(node.spill_accept_left);
   const auto count = std::min(keys.size(), kMaxSummaryKeys);
   writer.put(static_cast<std::uint32_t>(count));
   for (std::size_t index = 0; index < count; ++index)
@@ -368,19 +462,29 @@ std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys) 
   return encode_peer_frame(PeerMessage::kSummaryReply, writer.bytes());
 }
 
-Result<std::vector<kv_store::EntryKey>> decode_summary(std::span<const std::byte> payload) {
+Result<SummaryReply> decode_summary(std::span<const std::byte> payload) {
   ByteReader reader(payload);
+  SummaryReply summary;
+  NodeState& node = summary.node;
+  for (std::uint64_t* field : {&node.store_budget, &node.store_used, &node.arena_capacity, &node.arena_in_use,
+                               &node.queued_transfers, &node.spill_accept_left}) {
+    const auto value = reader.get<std::uint64_t>();
+    if (!value) return fail(ErrorCode::kTruncated, "summary truncated in its node state");
+    *field = *value;
+  }
   const auto count = reader.get<std::uint32_t>();
-  if (!count) return fail(ErrorCode::kTruncated, "summary truncated");
+  if (!count) return fail(ErrorCode::kTruncated, "summary truncated before its key count");
+  if (*count > kMaxSummaryKeys) {
+    return fail(ErrorCode::kProtocol, fmt::format("summary announces {} keys, more than {}", *count, kMaxSummaryKeys));
+  }
   if (std::uint64_t{*count} * kv_store::kEncodedKeyBytes != reader.remaining()) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("summary announces {} keys but carries {} bytes", *count, reader.remaining()));
   }
-  std::vector<kv_store::EntryKey> keys;
-  keys.reserve(*count);
+  summary.keys.reserve(*count);
   for (std::uint32_t index = 0; index < *count; ++index)
-    keys.push_back(*kv_store::decode_key(reader));
-  return keys;
+    summary.keys.push_back(*kv_store::decode_key(reader));
+  return summary;
 }
 
 }  // namespace kvrelay::peer

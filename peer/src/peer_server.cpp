@@ -49,6 +49,7 @@ struct PeerServer::Shared {
 
   mutable std::mutex mutex;
   PeerServerStats counters;
+  std::uint64_t active_fetches = 0;  // fetch replies being sent (summaries' queued_transfers)
   std::set<std::weak_ptr<PeerConnection>, std::owner_less<>> sessions;
   bool stopped = false;
 };
@@ -64,6 +65,24 @@ struct Session {
   std::string peer_id;
   bool tls = false;
   std::vector<std::byte> staging;  // options.stage_chunks: one chunk, kept warm across replies
+};
+
+// Counts one fetch reply as in progress while it is sent.
+class ActiveFetch {
+ public:
+  explicit ActiveFetch(SharedPtr shared) : shared_(std::move(shared)) {
+    const std::lock_guard lock(shared_->mutex);
+    ++shared_->active_fetches;
+  }
+  ~ActiveFetch() {
+    const std::lock_guard lock(shared_->mutex);
+    --shared_->active_fetches;
+  }
+  ActiveFetch(const ActiveFetch&) = delete;
+  ActiveFetch& operator=(const ActiveFetch&) = delete;
+
+ private:
+  SharedPtr shared_;
 };
 
 // Counts one push as active while it runs, and as failed unless it was filed.
@@ -121,6 +140,7 @@ kv_store::ChainScope chain_scope(const Policy* policy) {
 // requested codec, or "not found".
 asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& connection, Session& session,
                                     const FetchRequest& request) {
+  const auto received_at = std::chrono::steady_clock::now();
   const auto& options = shared->options;
   if (!options.codecs) co_return fail(ErrorCode::kUnsupported, "this sidecar has no codecs for fetches");
   auto spec = codec::resolve_codec(*options.codecs, request.codec);
@@ -150,10 +170,20 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
     spdlog::warn("peer {}: fetch of model {:016x} refused: none of its agents uses that model and tenant",
                  session.peer_id, request.model_id);
   }
-  if (refused || !entry || !entry->chain || entry->info.layout.tokens <= request.skip_tokens) {
+  // What the reply would be worth (issue #27): below the asker's least product it is a miss, as
+  // lossy KV is for a lossless ask.
+  const std::string reply_codec = codec::spec_name(spec.value());
+  const double product = entry ? stamped_product(entry->fidelity, reply_codec, lossless, options.codec_factor) : 1.0;
+  const bool below_floor = entry && product < request.min_fidelity_product;
+  if (below_floor) {
+    spdlog::debug("peer {}: fetch of model {:016x} as {}: product {} is below the {} asked for", session.peer_id,
+                  request.model_id, reply_codec, product, request.min_fidelity_product);
+  }
+  if (refused || below_floor || !entry || !entry->chain || entry->info.layout.tokens <= request.skip_tokens) {
     const auto miss = encode_fetch_reply(request.request_id, nullptr);
     co_return co_await send_frame(connection, miss, options.read_timeout);
   }
+  const ActiveFetch active(shared);
   // Read through the kernel into a warm buffer and encoded into another: mapping the entry, or
   // encoding into a fresh buffer, paid a first touch per 4 KiB page on every fetch, several
   // times the cost of the copies on hosts with lazily built page tables.
@@ -164,20 +194,28 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   if (!encoded) co_return outcome::failure(encoded.error());
   stored = {};  // back to the pool before the send: a concurrent fetch may use it meanwhile
   const auto frame = encoded.value().frame();
+  // Issue #27: the reply joins the queue of the link to the asker, weighed by the route it names
+  // and due by the asker's deadline.
+  TransferTag tag{session.peer_id, request.route, TransferPurpose::kFetchReply, frame.size(), std::nullopt};
+  if (request.deadline_ms > 0) tag.deadline = received_at + std::chrono::milliseconds(request.deadline_ms);
+  GateTicket ticket(options.gate.get(), tag);
   EncodedEntryHeader header;
   header.id = request.request_id;
   header.key = key;
   header.frame_bytes = frame.size();
-  header.chunk_bytes =
-      transfer_chunk_bytes(std::min(options.chunk_bytes, session.remote.max_chunk_bytes), frame.size());
-  header.window_chunks = options.window_chunks;
+  const std::uint32_t chunk_bytes = ticket.gated() ? options.gate->chunk_bytes() : options.chunk_bytes;
+  header.chunk_bytes = transfer_chunk_bytes(std::min(chunk_bytes, session.remote.max_chunk_bytes), frame.size());
+  header.window_chunks = ticket.gated() ? kGatedWindowChunks : options.window_chunks;
   header.chain = *entry->chain;
+  header.fidelity_product = product;
   const auto reply = encode_fetch_reply(request.request_id, &header);
   ChunkStreamOptions stream;
   stream.staging = options.stage_chunks ? &session.staging : nullptr;
+  ticket.apply(stream);
   if (auto sent = co_await send_chunk_stream(connection, reply, header, frame, stream, options.read_timeout); !sent) {
     co_return sent;
   }
+  ticket.complete();
   {
     const std::lock_guard lock(shared->mutex);
     ++shared->counters.fetches_served;
@@ -226,6 +264,15 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
     co_return fail(chained.error().code,
                    fmt::format("push from peer {} refused: {}", session.peer_id, chained.error().message));
   }
+  // Exact KV is worth 1: a lossless frame stamped lower carries lossy KV, which must not be filed
+  // as exact.
+  if (header.fidelity_product < 1.0 &&
+      codec::fidelity_of(codec::frame_codec(*options.codecs, decoded.value().header)).is_exact()) {
+    co_return fail(ErrorCode::kInvalidArgument,
+                   fmt::format("push from peer {} refused: a lossless frame stamped with fidelity product {} "
+                               "carries lossy KV",
+                               session.peer_id, header.fidelity_product));
+  }
   const double decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count();
   auto entry = kv_store::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv),
@@ -236,6 +283,8 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
   entry.value()->fidelity =
       sender_records_fidelity ? codec::fidelity_of(pushed_codec) : Fidelity::lossy(std::string(kUnverifiedFidelity));
+  // Lossy KV carries the product its sender stamped (issue #27); exact KV stays at 1.
+  if (!entry.value()->fidelity.is_exact()) entry.value()->fidelity.product = header.fidelity_product;
   entry.value()->chain = std::make_shared<const kv_store::EntryChain>(header.chain);
   auto put = shared->store->put(header.key, std::move(entry).value());
   if (!put && put.error().code != ErrorCode::kAlreadyExists) co_return put;
@@ -258,6 +307,41 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   const auto last_ack = encode_chunk_ack(header.id, static_cast<std::uint32_t>(header.chunk_count() - 1));
   const auto committed = encode_committed(header.id);
   co_return co_await write_all(connection, asio::buffer(last_ack), asio::buffer(committed), options.read_timeout);
+}
+
+// What this sidecar takes of a push before reading its chunks: whole entries, pushed or
+// prefetched along a route. Deltas (skip_tokens > 0) and spills are refused until this node
+// can join a delta onto its held prefix and keep a spill quota (issue #27).
+Status acceptable_push(const EncodedEntryHeader& header) {
+  if (header.skip_tokens > 0) {
+    return fail(ErrorCode::kUnsupported,
+                fmt::format("push {} leaves out its first {} tokens: this sidecar joins no deltas; push the "
+                            "whole entry",
+                            header.id, header.skip_tokens));
+  }
+  if (header.purpose == PushPurpose::kSpill) {
+    return fail(ErrorCode::kUnsupported, fmt::format("push {} is a spill: this sidecar accepts no spills", header.id));
+  }
+  return ok();
+}
+
+// The NodeState a summary carries: what this server can read, then what the daemon adds.
+NodeState node_state(const SharedPtr& shared, const Session& session) {
+  const auto& options = shared->options;
+  NodeState state;
+  state.store_budget = options.store_budget_bytes;
+  state.store_used = shared->store->stats().bytes;
+  if (options.arena) {
+    const auto arena = options.arena->stats();
+    state.arena_capacity = arena.capacity;
+    state.arena_in_use = arena.in_use;
+  }
+  {
+    const std::lock_guard lock(shared->mutex);
+    state.queued_transfers = shared->counters.active_transfers + shared->active_fetches;
+  }
+  if (options.node_state) options.node_state(session.peer_id, state);
+  return state;
 }
 
 // Serves one connection until it closes; any error ends the session. (Temporaries are never
@@ -334,6 +418,8 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
       case PeerMessage::kPushEncoded: {
         auto header = decode_push_encoded(payload);
         if (!header) co_return outcome::failure(header.error());
+        // The session ends with this error: nothing is read or filed.
+        if (auto acceptable = acceptable_push(header.value()); !acceptable) co_return acceptable;
         std::shared_ptr<const Policy> policy;
         if (const auto grant = session_grant(shared, session, policy)) {
           auto allowed = authorize_push(*policy, *grant, header.value().route);
@@ -355,7 +441,8 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
         const auto keys = shared->store->recent_keys(kMaxSummaryKeys, [&](const kv_store::StoredEntry& entry) {
           return entry.chain != nullptr && (!grant || authorize_fetch(*policy, *grant, entry));
         });
-        answer = encode_summary(keys);
+        const auto node = node_state(shared, session);
+        answer = encode_summary(keys, node);
         break;
       }
       default:

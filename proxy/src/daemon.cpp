@@ -16,12 +16,15 @@
 #include <vector>
 
 #include "kvrelay/broker/kv_path.h"
+#include "kvrelay/broker/link_queues.h"
 #include "kvrelay/broker/peer_links.h"
+#include "kvrelay/broker/utility_eviction.h"
 #include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/core/file_io.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/decision/media.h"
 #include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/peer/peer_server.h"
 #include "kvrelay/peer/peer_tls.h"
@@ -36,6 +39,7 @@
 #include "kvrelay/shm_transport/server.h"
 
 #include "kv_admin.h"
+#include "kv_store_metrics.h"
 #include "shm_metrics.h"
 
 namespace kvrelay::proxy {
@@ -158,7 +162,15 @@ int run_daemon(const DaemonOptions& options) {
   }
   // Worker data plane (Unix socket + shared memory) and peer plane share one store: an entry
   // received from a peer is what a local worker's lookup finds.
-  auto entry_store = std::make_shared<kv_store::InMemoryEntryStore>(policy->limits.kv_store_bytes);
+  // It drops the lowest-utility entries first (kv_store.eviction), with the live policy's tau.
+  std::unique_ptr<kv_store::EvictionPolicy> eviction;
+  if (policy->kv_store.eviction == EvictionKind::kUtility) {
+    eviction = std::make_unique<broker::UtilityEviction>(
+        [runtime_policy] { return runtime_policy->current()->kv_store.recency_tau_s; });
+  } else {
+    eviction = std::make_unique<kv_store::LruEviction>();
+  }
+  auto entry_store = std::make_shared<kv_store::InMemoryEntryStore>(policy->limits.kv_store_bytes, std::move(eviction));
   auto peer_links = std::make_shared<broker::PeerLinks>(runtime_policy, *registry);
   std::shared_ptr<peer::PeerTls> peer_tls;  // issue #25: the peer plane's TLS, when the policy has peer_tls
   if (policy->peer_tls.enabled()) {
@@ -171,6 +183,35 @@ int run_daemon(const DaemonOptions& options) {
     peer_links->set_tls(peer_tls);
   }
   auto kv_path = std::make_shared<broker::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
+  // Issue #27: a codec's fidelity factor, which peer transfers stamp into their fidelity product:
+  // 1 for lossless codecs, else the live policy's cost_model.media[].fidelity for its medium, else
+  // the media catalogue's default (decision/media.h).
+  const peer::CodecFactor codec_factor = [runtime_policy, codecs](std::string_view spec) {
+    const auto resolved = codec::resolve_codec(*codecs, spec);
+    if (resolved && resolved.value().codec->lossless()) return 1.0;
+    const std::string medium = decision::medium_for_codec_spec(resolved ? resolved.value().codec->name() : spec);
+    const auto current = runtime_policy->current();
+    for (const auto& [name, model] : current->cost_model.media) {
+      if (name == medium && model.fidelity) return *model.fidelity;
+    }
+    return decision::builtin_medium(medium).profile.fidelity;
+  };
+  peer_links->set_codec_factor(codec_factor);
+  // Issue #27: every fetch reply and push this node sends waits in its link's queue for each
+  // chunk (scheduler.mode "off": none, chunks go as their window allows).
+  std::shared_ptr<broker::LinkQueues> link_queues;
+  if (policy->scheduler.mode != SchedulerMode::kOff) {
+    broker::LinkQueuesOptions queue_options;
+    queue_options.decision_log = &kv_path->decision_log();
+    auto created = broker::LinkQueues::create(runtime_policy, broker::scheduler_config(policy->scheduler), *registry,
+                                              std::move(queue_options));
+    if (!created) {
+      spdlog::critical("{}: {}", policy->source, created.error().message);
+      return 2;
+    }
+    link_queues = std::move(created).value();
+    peer_links->set_gate(link_queues);
+  }
   peer_links->set_rtt_observer(
       [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
   auto upstream_prober = std::make_shared<UpstreamProber>(
@@ -187,9 +228,13 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.codec_load_failures = std::move(codec_load_failures);
   admin_context.upstream_prober = upstream_prober;
   admin_context.audit = online_audit;
-  admin_context.extra_endpoints = kv_admin_endpoints(kv_path);
+  admin_context.extra_endpoints = kv_admin_endpoints(kv_path, entry_store, link_queues);
   auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);
-  admin_context.before_metrics = [shm_metrics] { shm_metrics->refresh(); };
+  auto store_metrics = std::make_shared<KvStoreMetrics>(*registry, entry_store);
+  admin_context.before_metrics = [shm_metrics, store_metrics] {
+    shm_metrics->refresh();
+    store_metrics->refresh();
+  };
   auto admin_router = std::make_shared<AdminRouter>(build_admin_endpoints(admin_context),
                                                     [runtime_policy] { return runtime_policy->current(); });
   const Dispatcher admin_dispatcher = [admin_router](HttpRequest&& request) -> Reply {
@@ -256,6 +301,9 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.tls = peer_tls;
     peer_options.policy = [runtime_policy] { return runtime_policy->current(); };
     peer_options.on_refused = [links = peer_links.get()](std::string_view reason) { links->note_refused(reason); };
+    peer_options.codec_factor = codec_factor;
+    peer_options.store_budget_bytes = policy->limits.kv_store_bytes;
+    peer_options.gate = link_queues;
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());

@@ -4,15 +4,17 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <chrono>
 
 namespace kvrelay::proxy {
 
 namespace {
 
 // limit=N from the query string; N in 1..capacity.
-Result<std::size_t> parse_limit(std::string_view target, std::size_t capacity) {
+Result<std::size_t> parse_limit(std::string_view target, std::size_t capacity,
+                                std::size_t default_limit = kDefaultDecisionLimit) {
   const auto query_start = target.find('?');
-  if (query_start == std::string_view::npos) return std::min(kDefaultDecisionLimit, capacity);
+  if (query_start == std::string_view::npos) return std::min(default_limit, capacity);
   std::string_view query = target.substr(query_start + 1);
   while (!query.empty()) {
     const auto amp = query.find('&');
@@ -30,12 +32,42 @@ Result<std::size_t> parse_limit(std::string_view target, std::size_t capacity) {
     }
     return limit;
   }
-  return std::min(kDefaultDecisionLimit, capacity);
+  return std::min(default_limit, capacity);
+}
+
+nlohmann::json listing_fidelity(const Fidelity& fidelity) {
+  if (fidelity.is_exact()) return "exact";
+  return {
+      {"lossy_codec", fidelity.lossy_codec}, {"exact_tokens", fidelity.exact_tokens}, {"product", fidelity.product}};
 }
 
 }  // namespace
 
-std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path) {
+nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit) {
+  const auto stats = store.stats();
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& entry : store.top(limit)) {
+    top.push_back({{"model_id", fmt::format("{:016x}", entry.key.model_id)},
+                   {"key", fmt::format("{:016x}", entry.key.context_hash)},
+                   {"bytes", entry.bytes},
+                   {"tokens", entry.tokens},
+                   {"hits", entry.hits},
+                   {"utility", entry.utility ? nlohmann::json(*entry.utility) : nlohmann::json()},
+                   {"fidelity", listing_fidelity(entry.fidelity)}});
+  }
+  return {
+      {"eviction", std::string(stats.eviction_policy)},
+      {"budget_bytes", stats.budget},
+      {"used_bytes", stats.bytes},
+      {"entries", stats.entries},
+      {"evictions", {{"total", stats.evictions}, {"budget", stats.budget_evictions}, {"arena", stats.arena_evictions}}},
+      {"refused_downgrades", stats.refused_downgrades},
+      {"top", std::move(top)}};
+}
+
+std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path,
+                                              std::shared_ptr<kv_store::EntryStore> store,
+                                              std::shared_ptr<broker::LinkQueues> queues) {
   return {
       {http::verb::get, Access::kRead, "/admin/decisions",
        "Recent KV-path decisions, newest first (?limit=N): route, request, medium, source, cost breakdown, outcome",
@@ -49,12 +81,46 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
          return make_json_response(http::status::ok,
                                    body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), request);
        }},
+      {http::verb::get, Access::kRead, "/admin/kv",
+       "The KV store (?limit=N, default 20): budget, bytes used, entries, evictions, and the N entries it values "
+       "most (key, bytes, utility, hits, fidelity)",
+       [store](const HttpRequest& request) {
+         const auto limit = parse_limit(request.target(), kMaxKvListLimit, kDefaultKvListLimit);
+         if (!limit) {
+           return make_json_error(http::status::bad_request, "invalid_argument", limit.error().message,
+                                  request.version(), request.keep_alive());
+         }
+         return make_json_response(http::status::ok, kv_store_json(*store, limit.value()).dump(), request);
+       }},
       {http::verb::delete_, Access::kMutate, "/admin/kv",
        "Drop every KV entry this sidecar holds (benchmarks, incident response); returns what was dropped",
        [path](const HttpRequest& request) {
          const auto dropped = path->clear_store();
          const nlohmann::json body{{"dropped_entries", dropped.entries}, {"dropped_bytes", dropped.bytes}};
          return make_json_response(http::status::ok, body.dump(), request);
+       }},
+      {http::verb::get, Access::kRead, "/admin/state",
+       "The node's state S(t) as one document (?limit=N: the last N link events, default 64): the store's memory, "
+       "each link's scheduler (queue depth, waits, preemptions, resumes, reserved share, bytes by class), peers",
+       [path, store, queues](const HttpRequest& request) {
+         const auto limit = parse_limit(request.target(), kMaxStateEvents, kDefaultStateEvents);
+         if (!limit) {
+           return make_json_error(http::status::bad_request, "invalid_argument", limit.error().message,
+                                  request.version(), request.keep_alive());
+         }
+         nlohmann::json memory = kv_store_json(*store, 0);
+         memory.erase("top");
+         nlohmann::json links = queues ? queues->state_json(limit.value()) : nlohmann::json::object();
+         nlohmann::json body{
+             {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+             {"memory", std::move(memory)},
+             {"scheduler", queues ? std::move(links["scheduler"]) : nlohmann::json{{"mode", "off"}}},
+             {"links", queues ? std::move(links["links"]) : nlohmann::json::object()},
+             {"link_events", queues ? std::move(links["events"]) : nlohmann::json::array()},
+             {"link_events_dropped", queues ? std::move(links["events_dropped"]) : nlohmann::json(0)},
+             {"peers", path->peers().describe()}};
+         return make_json_response(http::status::ok,
+                                   body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), request);
        }},
       {http::verb::get, Access::kRead, "/admin/peers",
        "Peers: connection state, link RTT and throughput estimates, summaries",

@@ -1,17 +1,34 @@
 #pragma once
 
-// Admin rows of the KV path: GET /admin/decisions?limit=N and GET /admin/peers.
+// Admin rows of the KV path: GET /admin/decisions?limit=N, GET /admin/peers, the store's
+// GET /admin/kv?limit=N (budget, use, evictions, the entries it values most) and DELETE /admin/kv,
+// and GET /admin/state?limit=N (the node's state as one document: memory, links, peers).
+
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <vector>
 
 #include "kvrelay/broker/kv_path.h"
+#include "kvrelay/broker/link_queues.h"
 #include "kvrelay/proxy/admin_router.h"
 
 namespace kvrelay::proxy {
 
 inline constexpr std::size_t kDefaultDecisionLimit = 50;
+inline constexpr std::size_t kDefaultKvListLimit = 20;
+inline constexpr std::size_t kMaxKvListLimit = 1000;
 
-[[nodiscard]] std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path);
+inline constexpr std::size_t kDefaultStateEvents = 64;
+inline constexpr std::size_t kMaxStateEvents = 1024;  // the link queues' event ring
+
+// `store`: the store the KV path serves from (the daemon's one); `queues`: the link scheduler
+// (null with scheduler.mode "off").
+[[nodiscard]] std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path,
+                                                            std::shared_ptr<kv_store::EntryStore> store,
+                                                            std::shared_ptr<broker::LinkQueues> queues);
+
+// GET /admin/kv's body: the store's figures and its `limit` most valued entries.
+[[nodiscard]] nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit);
 
 }  // namespace kvrelay::proxy

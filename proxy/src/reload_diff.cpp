@@ -109,6 +109,9 @@ void diff_route(Diff& diff, const std::string& at, const RoutePolicy& before, co
   diff.field(kLive, at + "/hysteresis", before.hysteresis_threshold, after.hysteresis_threshold);
   diff.field(kLive, at + "/quality_floor", before.quality_floor, after.quality_floor);
   diff.field(kLive, at + "/push", before.push, after.push);
+  // The link queues read a transfer's route when it opens.
+  diff.field(kLive, at + "/critical", before.critical, after.critical);
+  diff.field(kLive, at + "/reserved_share", before.reserved_share, after.reserved_share);
 }
 
 void diff_peer(Diff& diff, const std::string& at, const PeerPolicy& before, const PeerPolicy& after) {
@@ -206,6 +209,24 @@ PolicyChanges diff_policies(const Policy& before, const Policy& after) {
   visit_limits([&](Applies applies, const char* pointer, auto member) {
     diff.field(applies, pointer, before.limits.*member, after.limits.*member);
   });
+  // The store is built with its eviction policy at start; that policy reads the tau live.
+  diff.field(kRestart, "/kv_store/eviction", before.kv_store.eviction, after.kv_store.eviction);
+  diff.field(Applies::kLive, "/kv_store/recency_tau_s", before.kv_store.recency_tau_s, after.kv_store.recency_tau_s);
+  // The link queues are built from the scheduler section at start.
+  const auto& old_sched = before.scheduler;
+  const auto& new_sched = after.scheduler;
+  diff.field(kRestart, "/scheduler/mode", old_sched.mode, new_sched.mode);
+  diff.field(kRestart, "/scheduler/time_slice_ms", old_sched.time_slice, new_sched.time_slice);
+  diff.field(kRestart, "/scheduler/chunk_bytes", old_sched.chunk_bytes, new_sched.chunk_bytes);
+  diff.field(kRestart, "/scheduler/window_chunks", old_sched.window_chunks, new_sched.window_chunks);
+  diff.field(kRestart, "/scheduler/base", old_sched.base, new_sched.base);
+  diff.field(kRestart, "/scheduler/alpha", old_sched.alpha, new_sched.alpha);
+  diff.field(kRestart, "/scheduler/beta", old_sched.beta, new_sched.beta);
+  diff.field(kRestart, "/scheduler/preempt_factor", old_sched.preempt_factor, new_sched.preempt_factor);
+  diff.field(kRestart, "/scheduler/preempt_max_done", old_sched.preempt_max_done, new_sched.preempt_max_done);
+  diff.field(kRestart, "/scheduler/max_reserved_share", old_sched.max_reserved_share, new_sched.max_reserved_share);
+  diff.field(kRestart, "/scheduler/link_bytes_per_s", old_sched.link_bytes_per_s, new_sched.link_bytes_per_s);
+  diff.field(kRestart, "/scheduler/max_stall_ms", old_sched.max_stall, new_sched.max_stall);
   diff.field(kRestart, "/codecs/plugin_dirs", before.codecs.plugin_dirs, after.codecs.plugin_dirs);
   diff.field(kRestart, "/codecs/device", before.codecs.device, after.codecs.device);
   diff.field(kRestart, "/logging/level", before.logging.level, after.logging.level);
@@ -230,6 +251,8 @@ void keep_restart_fields(const Policy& running, Policy& next) {
   next.listen.metrics_on_http = metrics_on_http;
   next.codecs = running.codecs;
   next.logging = running.logging;
+  next.kv_store.eviction = running.kv_store.eviction;
+  next.scheduler = running.scheduler;
   visit_limits([&](Applies applies, const char*, auto member) {
     if (applies == Applies::kOnRestart) next.limits.*member = running.limits.*member;
   });

@@ -138,8 +138,13 @@ TEST_CASE("a same-host peer's KV arrives over shared memory, counted apart from 
     CHECK(fetch.value("transport", "") == "tcp");
     CHECK(fetch.value("transport_note", "").find("no shared-memory socket") != std::string::npos);
     CHECK(node_b.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"fetched\""}) == kServedTokens * kBytesPerToken);
-    CHECK(node_a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"served\""}) - served_before ==
-          kServedTokens * kBytesPerToken);
+    // A counts what it served once the reply's last acknowledgement is in, which can be after B
+    // has answered: wait for it (bounded), then check the count.
+    const auto served = [&] {
+      return node_a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"served\""}) - served_before;
+    };
+    wait_until([&] { return served() > 0; }, std::chrono::seconds(10));
+    CHECK(served() == kServedTokens * kBytesPerToken);
     CHECK(no_offer.connections() >= 1);
   }
 }

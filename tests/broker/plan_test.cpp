@@ -4,10 +4,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <memory>
 
 #include "kvrelay/codec_plugins/registry.h"
 
+#include "precision.h"
 #include "stage_fixture.h"
 
 using namespace kvrelay;
@@ -214,4 +216,211 @@ TEST_CASE("plan: fp8 KV is never served through a lossy medium, forced or drawn"
   // The same forced route with fp32 KV keeps its lossy medium.
   PlanBench floats(R"(, "forced_medium": "kv_int4")");
   CHECK(floats.plan(lookup_of(floats.model_id(), 3, 60, kToCoder)).choice.medium == "kv_int4");
+}
+
+// Precision refresh (issue #27): int8's factor calibrated to 0.9, a floor of 0.75 on the route.
+namespace {
+
+constexpr const char* kFloorRoute = R"(, "quality_floor": 0.75)";
+constexpr const char* kForcedInt8 = R"(, "quality_floor": 0.75, "forced_medium": "kv_int8")";
+
+void calibrate_int8(Policy& policy, double fidelity = 0.9) {
+  policy.cost_model.media.emplace_back("kv_int8", MediumCostModel{fidelity, std::nullopt});
+}
+
+// The chain of the three-hop scenario in one store: the first agent's exact 2 blocks, the second
+// agent's int8-fed 4 blocks (product 0.9), the third's 6 (0.81).
+struct Chain {
+  std::shared_ptr<const kv_store::StoredEntry> exact = tiny_entry(2 * kBlockTokens);
+  std::shared_ptr<const kv_store::StoredEntry> hop1 = tiny_entry(4 * kBlockTokens, Fidelity::lossy("int8", 0, 0.9));
+  std::shared_ptr<const kv_store::StoredEntry> hop2 = tiny_entry(6 * kBlockTokens, Fidelity::lossy("int8", 0, 0.81));
+  void file(PlanBench& bench, bool with_exact = true, bool with_hop2 = true) const {
+    if (with_exact) REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[1]}, exact));
+    REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[3]}, hop1));
+    if (with_hop2) REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[5]}, hop2));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("precision: factors, effective products and the crossing", "[broker][plan][precision]") {
+  Policy policy = parsed_policy(kFloorRoute);
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  // The catalogue's defaults until the policy calibrates a medium; lossless media are exact.
+  CHECK(codec_factor(policy, codecs, "int8") == Approx(0.99));
+  CHECK(medium_factor(policy, codecs, "kv_int4") == Approx(0.95));
+  CHECK(medium_factor(policy, codecs, "kv_raw") == 1.0);
+  CHECK(medium_factor(policy, codecs, "kv_lossless") == 1.0);
+  CHECK(medium_factor(policy, codecs, "tokens") == 1.0);
+  CHECK(codec_factor(policy, codecs, "lossless") == 1.0);
+  calibrate_int8(policy);
+  CHECK(codec_factor(policy, codecs, "int8") == 0.9);
+  CHECK(codec_factor(policy, codecs, "int8+zstd") == 0.9);  // the zstd stage loses nothing
+  CHECK(medium_factor(policy, codecs, "kv_int8") == 0.9);
+
+  // Exact is 1; an unstamped lossy entry is worth its codec's factor; a stamp below it counts.
+  CHECK(effective_product(Fidelity::exact(), policy, codecs) == 1.0);
+  CHECK(effective_product(Fidelity::lossy("int8"), policy, codecs) == 0.9);
+  CHECK(effective_product(Fidelity::lossy("int8", 0, 0.81), policy, codecs) == 0.81);
+  CHECK(effective_product(Fidelity::lossy("int8", 0, 0.95), policy, codecs) == 0.9);
+  CHECK(effective_product(Fidelity::lossy("int8", 0, std::nan("")), policy, codecs) == 0.9);
+
+  // Floor 0.75, factor 0.9: 1 -> 0.9 and 0.9 -> 0.81 pass, 0.81 -> 0.729 refreshes.
+  const RoutePolicy& route = policy.routes[0];
+  CHECK_FALSE(needs_refresh(route, 1.0, 0.9));
+  CHECK_FALSE(needs_refresh(route, 0.9, 0.9));
+  const auto crossing = needs_refresh(route, 0.81, 0.9);
+  REQUIRE(crossing);
+  CHECK(crossing->chain_product == 0.81);
+  CHECK(crossing->factor == 0.9);
+  CHECK(crossing->floor == 0.75);
+  CHECK(crossing->after() == Approx(0.729));
+  CHECK_FALSE(needs_refresh(route, 0.5, 1.0));  // a lossless hop never refreshes
+  // Exactly at the floor (up to the rounding of the products) passes.
+  RoutePolicy at_floor = route;
+  at_floor.quality_floor = 0.81;
+  CHECK_FALSE(needs_refresh(at_floor, 0.9, 0.9));
+  // No floor, no refresh.
+  RoutePolicy no_floor = route;
+  no_floor.quality_floor = 0.0;
+  CHECK_FALSE(needs_refresh(no_floor, 0.01, 0.5));
+  CHECK(min_source_product(route, 0.9) == Approx(0.75 / 0.9));
+  CHECK(min_source_product(no_floor, 0.9) == 0.0);
+}
+
+TEST_CASE("precision: a forced lossy medium is served while the product stays above the floor, then refreshed",
+          "[broker][plan][precision]") {
+  PlanBench bench(kForcedInt8);
+  calibrate_int8(bench.policy);
+  const Chain chain;
+  chain.file(bench, true, false);
+  // Hop 2: the best source is the 4-block int8 entry (0.9); 0.9 x 0.9 = 0.81 stays above 0.75.
+  const auto second = bench.plan(lookup_of(bench.model_id(), 6, 6 * kBlockTokens, kToCoder));
+  REQUIRE_FALSE(second.stop);
+  CHECK(second.chain_product == 0.9);
+  CHECK(bench.engine.last_shape.chain_fidelity == 0.9);  // the engine is told the chain too
+  CHECK(second.choice.medium == "kv_int8");
+  CHECK(second.choice.source == "forced");
+  CHECK_FALSE(second.choice.refresh);
+  CHECK(second.held.entry == chain.hop1);
+  CHECK(second.held_already_encoded);
+  CHECK(second.min_fidelity_product == Approx(0.75 / 0.9));
+
+  // Hop 3: the best source is the 6-block entry (0.81); 0.81 x 0.9 = 0.729 crosses the floor.
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[5]}, chain.hop2));
+  const auto third = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  REQUIRE_FALSE(third.stop);
+  CHECK(third.chain_product == 0.81);
+  CHECK(third.choice.medium == "kv_raw");
+  CHECK(third.choice.source == "refresh");
+  CHECK_THAT(third.choice.reason, Catch::Contains("0.81") && Catch::Contains("0.9") && Catch::Contains("0.75") &&
+                                      Catch::Contains("forces kv_int8"));
+  REQUIRE(third.choice.refresh);
+  CHECK(third.choice.refresh->hop.chain_product == 0.81);
+  CHECK(third.choice.refresh->hop.factor == 0.9);
+  CHECK(third.choice.refresh->hop.floor == 0.75);
+  CHECK(third.choice.refresh->replaced_medium == "kv_int8");
+  CHECK(third.choice.refresh->forced == RefreshForced::kLossless);
+  CHECK(third.choice.refresh->exact_source);
+  // The lossless plan serves exact KV only: the first agent's 2 blocks.
+  CHECK(third.lossless);
+  CHECK(third.codec == "raw");
+  CHECK(third.held.entry == chain.exact);
+  CHECK(third.held.blocks == 2);
+  CHECK_FALSE(third.held_already_encoded);
+}
+
+TEST_CASE("precision: a treatment's and the engine's lossy media are refreshed too", "[broker][plan][precision]") {
+  PlanBench treated(kFloorRoute);
+  calibrate_int8(treated.policy);
+  Chain().file(treated);
+  const auto drawn =
+      treated.plan(lookup_of(treated.model_id(), 7, 7 * kBlockTokens + 1,
+                             R"({"agent": "coder", "treatment": {"name": "T3", "medium": "kv_int8", "span": "all"}})"));
+  CHECK(drawn.choice.medium == "kv_raw");
+  CHECK(drawn.choice.source == "refresh");
+  CHECK_THAT(drawn.choice.reason, Catch::Contains("treatment chose kv_int8"));
+
+  PlanBench engine(kFloorRoute, "kv_int8");
+  calibrate_int8(engine.policy);
+  Chain().file(engine);
+  const auto decided = engine.plan(lookup_of(engine.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  CHECK(engine.engine.last_shape.chain_fidelity == 0.81);
+  CHECK(decided.choice.medium == "kv_raw");
+  CHECK(decided.choice.source == "refresh");
+
+  // A route that allows no kv_raw refreshes to kv_lossless.
+  PlanBench lossless(R"(, "quality_floor": 0.75, "allowed_media": ["kv_int8", "kv_lossless", "tokens"],
+                       "forced_medium": "kv_int8")");
+  calibrate_int8(lossless.policy);
+  Chain().file(lossless);
+  const auto zstd = lossless.plan(lookup_of(lossless.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  CHECK(zstd.choice.medium == "kv_lossless");
+  CHECK(zstd.codec == "lossless");
+  CHECK(zstd.held.entry != nullptr);
+}
+
+TEST_CASE("precision: with no exact source a refresh is tokens", "[broker][plan][precision]") {
+  PlanBench bench(kForcedInt8);
+  calibrate_int8(bench.policy);
+  bench.policy.peers.clear();  // nobody else to ask for exact KV
+  Chain().file(bench, false);
+  const auto plan = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  REQUIRE(plan.stop);
+  CHECK(plan.stop->outcome == "tokens");
+  CHECK(plan.choice.medium == "tokens");
+  CHECK(plan.choice.source == "refresh");
+  REQUIRE(plan.choice.refresh);
+  CHECK(plan.choice.refresh->forced == RefreshForced::kTokens);
+  CHECK_FALSE(plan.choice.refresh->exact_source);
+
+  // A peer may still hold exact KV: it is asked, losslessly.
+  PlanBench peered(kForcedInt8);
+  calibrate_int8(peered.policy);
+  Chain().file(peered, false);
+  const auto asked = peered.plan(lookup_of(peered.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  REQUIRE_FALSE(asked.stop);
+  CHECK(asked.ask_peers);
+  CHECK(asked.lossless);
+  CHECK(asked.choice.refresh->forced == RefreshForced::kLossless);
+  CHECK_FALSE(asked.choice.refresh->exact_source);
+
+  // A route that allows only lossy media: tokens.
+  PlanBench lossy_only(
+      R"(, "quality_floor": 0.75, "allowed_media": ["kv_int8", "tokens"], "forced_medium": "kv_int8")");
+  calibrate_int8(lossy_only.policy);
+  Chain().file(lossy_only);
+  const auto none = lossy_only.plan(lookup_of(lossy_only.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  REQUIRE(none.stop);
+  CHECK(none.choice.medium == "tokens");
+  CHECK(none.choice.refresh->forced == RefreshForced::kTokens);
+}
+
+TEST_CASE("precision: a held entry of the medium's codec is not served when its own product would cross the floor",
+          "[broker][plan][precision]") {
+  PlanBench bench(kForcedInt8);
+  calibrate_int8(bench.policy);
+  const auto exact = tiny_entry(2 * kBlockTokens);
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[1]}, exact));
+  // An int8 entry at 0.81 (4 blocks), and a longer int4 one nobody stamped (int4: 0.95): the best
+  // source is the int4 one, whose chain passes; the int8 copy alone would not.
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[3]},
+                          tiny_entry(4 * kBlockTokens, Fidelity::lossy("int8", 0, 0.81))));
+  REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[5]}, tiny_entry(6 * kBlockTokens, Fidelity::lossy("int4"))));
+  const auto plan = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  REQUIRE_FALSE(plan.stop);
+  CHECK(plan.chain_product == Approx(0.95));
+  CHECK(plan.choice.medium == "kv_int8");
+  CHECK(plan.held.entry == exact);  // encoded from the exact prefix instead
+  CHECK_FALSE(plan.held_already_encoded);
+}
+
+TEST_CASE("precision: without a floor the best source is not scanned for", "[broker][plan][precision]") {
+  PlanBench bench(R"(, "forced_medium": "kv_int8")");
+  calibrate_int8(bench.policy);
+  Chain().file(bench);
+  const auto plan = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  CHECK(plan.chain_product == 1.0);
+  CHECK(plan.choice.medium == "kv_int8");
+  CHECK_FALSE(plan.choice.refresh);
 }

@@ -17,7 +17,7 @@ TEST_CASE("record: a plan and its outcome reach the decision log and the metrics
   KvPathMetrics metrics(registry);
   DecisionLog log(4);
   LookupPlan plan;
-  plan.choice = {"kv_int8", "engine", "cheapest", nlohmann::json{{"chosen", "kv_int8"}}, false};
+  plan.choice = {"kv_int8", "engine", "cheapest", nlohmann::json{{"chosen", "kv_int8"}}, false, std::nullopt};
   nlohmann::json record{{"kind", "lookup"}};
   record_plan(record, plan, 2e-6, metrics);
   finish_lookup(std::move(record), "hit_local", 32, 1.5, metrics, log);
@@ -29,6 +29,8 @@ TEST_CASE("record: a plan and its outcome reach the decision log and the metrics
   CHECK(recent[0]["served_tokens"] == 32);
   CHECK(recent[0]["cost"]["chosen"] == "kv_int8");
   CHECK_FALSE(recent[0].contains("held_prefix_served"));
+  CHECK_FALSE(recent[0].contains("precision_refresh"));
+  CHECK_FALSE(recent[0].contains("chain_product"));  // no route, no floor
   CHECK(metrics.lookups.with({"hit_local"}).value() == 1.0);
   CHECK(metrics.decisions.with({"kv_int8", "engine"}).value() == 1.0);
   CHECK(metrics.decision_seconds.get().count() == 1);
@@ -65,4 +67,48 @@ TEST_CASE("record: fetches feed the engine's link estimate", "[broker][record]")
   feed_codec(engine.value(), {"int8", DType::kFloat32, 1000, 260, 0.001, std::nullopt});
   CHECK(fidelity_json(Fidelity::exact()) == "exact");
   CHECK(fidelity_json(Fidelity::lossy("int4", 16))["exact_tokens"] == 16);
+}
+
+TEST_CASE("record: a precision refresh is logged with its product, factor and floor, and counted",
+          "[broker][record][precision]") {
+  metrics::Registry registry;
+  KvPathMetrics metrics(registry);
+  DecisionLog log(4);
+  const Policy policy = parsed_policy(R"(, "quality_floor": 0.75)");
+  LookupPlan plan;
+  plan.route = &policy.routes[0];
+  plan.chain_product = 0.81;
+  plan.choice.medium = "kv_raw";
+  plan.choice.source = "refresh";
+  plan.choice.refresh = PrecisionRefresh{ChainHop{0.81, 0.9, 0.75}, "kv_int8", RefreshForced::kLossless, true};
+  nlohmann::json record{{"kind", "lookup"}};
+  record_plan(record, plan, 1e-6, metrics);
+  finish_lookup(std::move(record), "hit_local", 32, 1.0, metrics, log);
+  const auto logged = log.recent(1).at(0);
+  CHECK(logged["source"] == "refresh");
+  CHECK(logged["chain_product"] == 0.81);
+  const auto& refresh = logged["precision_refresh"];
+  CHECK(refresh["chain_product"] == 0.81);
+  CHECK(refresh["factor"] == 0.9);
+  CHECK(refresh["floor"] == 0.75);
+  CHECK(refresh["replaced"] == "kv_int8");
+  CHECK(refresh["forced"] == "lossless");
+  CHECK(refresh["exact_source"] == true);
+  CHECK(metrics.precision_refreshes.with({"plan-code", "lossless"}).value() == 1.0);
+
+  // Without an exact source: tokens, counted apart.
+  plan.choice.medium = "tokens";
+  plan.choice.refresh->forced = RefreshForced::kTokens;
+  plan.choice.refresh->exact_source = false;
+  nlohmann::json second{{"kind", "lookup"}};
+  record_plan(second, plan, 1e-6, metrics);
+  CHECK(second["precision_refresh"]["forced"] == "tokens");
+  CHECK(second["precision_refresh"]["exact_source"] == false);
+  CHECK(metrics.precision_refreshes.with({"plan-code", "tokens"}).value() == 1.0);
+  CHECK(metrics.precision_refreshes.with({"plan-code", "lossless"}).value() == 1.0);
+}
+
+TEST_CASE("record: a stamped product reaches the fidelity record", "[broker][record][precision]") {
+  CHECK_FALSE(fidelity_json(Fidelity::lossy("int8")).contains("product"));  // unstamped: 1
+  CHECK(fidelity_json(Fidelity::lossy("int8", 0, 0.81))["product"] == 0.81);
 }

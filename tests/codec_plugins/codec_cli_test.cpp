@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -116,6 +117,39 @@ TEST_CASE("kvrelay codec eval prints per-layer quality as JSON", "[codec][cli]")
                                      (dir / "kv.bin").string()});
   CHECK(bad.exit_status == 2);
   CHECK(bad.err.find("layout_mismatch") != std::string::npos);
+}
+
+TEST_CASE("kvrelay codec eval prints each codec's fidelity factor, and a policy snippet of them", "[codec][cli]") {
+  TempDir dir;
+  const KvLayout layout{2, 2, 32, DType::kFloat16, 300};
+  write_file(dir / "kv.bin", as_string(codec::synthetic_kv(layout, 5).value()));
+  const std::vector<std::string> eval{"codec",    "eval",        "--codec",  "lossless,int8,int8+zstd,int4",
+                                      "--layout", "2,2,32,fp16", "--tokens", "300"};
+  auto args = eval;
+  args.push_back((dir / "kv.bin").string());
+  const auto result = kvrelay_cli(dir, args);
+  INFO(result.err);
+  REQUIRE(result.exit_status == 0);
+  const auto json = nlohmann::json::parse(result.out);
+  REQUIRE(json.size() == 4);
+  CHECK(json[0]["fidelity_factor"] == 1.0);  // lossless
+  for (std::size_t index = 1; index < 4; ++index) {
+    CHECK(json[index]["fidelity_factor"].get<double>() ==
+          Approx(std::clamp(1.0 - json[index]["attn_rel_err"].get<double>(), 0.0, 1.0)));
+  }
+  CHECK(json[1]["medium"] == "kv_int8");
+  CHECK(json[2]["medium"] == "kv_int8");  // the zstd stage is the same medium
+
+  args.insert(args.end() - 1, "--policy-snippet");
+  const auto snippet = kvrelay_cli(dir, args);
+  INFO(snippet.err);
+  REQUIRE(snippet.exit_status == 0);
+  const auto media = nlohmann::json::parse(snippet.out)["cost_model"]["media"];
+  CHECK(media.size() == 2);  // kv_int8 and kv_int4; lossless media are exact
+  CHECK(media["kv_int8"]["fidelity"].get<double>() ==
+        Approx(std::min(json[1]["fidelity_factor"].get<double>(), json[2]["fidelity_factor"].get<double>())));
+  CHECK(media["kv_int4"]["fidelity"].get<double>() == Approx(json[3]["fidelity_factor"].get<double>()));
+  CHECK(media["kv_int4"]["fidelity"].get<double>() < media["kv_int8"]["fidelity"].get<double>());
 }
 
 TEST_CASE("kvrelay codec --device cuda writes the CPU's frame, or refuses naming why", "[codec][cli][cuda]") {

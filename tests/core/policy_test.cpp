@@ -362,3 +362,98 @@ TEST_CASE("cost_model section: calibrated prefill and decode and codec quality",
   document["cost_model"] = json::parse(R"({"agents": {"nobody": {"decode_s_per_token": 0.01}}})");
   CHECK_THAT(rejection(document), Contains("/cost_model/agents/nobody: expected an agent id from /agents as key"));
 }
+
+TEST_CASE("the KV store evicts by utility with a 60 s recency tau unless kv_store says otherwise", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  CHECK(defaults.value().kv_store.eviction == kvrelay::EvictionKind::kUtility);
+  CHECK(defaults.value().kv_store.recency_tau_s == 60.0);
+  document["kv_store"] = {{"eviction", "lru"}, {"recency_tau_s", 2.5}};
+  const auto lru = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(lru);
+  CHECK(lru.value().kv_store.eviction == kvrelay::EvictionKind::kLru);
+  CHECK(lru.value().kv_store.recency_tau_s == 2.5);
+  document["kv_store"] = {{"eviction", "lfu"}, {"recency_tau_s", 0}, {"spill", true}};
+  const auto message = rejection(document);
+  CHECK_THAT(message, Catch::Contains(R"(config/x.json: /kv_store/eviction: expected "utility" or "lru", got "lfu")"));
+  CHECK_THAT(message, Catch::Contains("config/x.json: /kv_store/recency_tau_s: expected number 0.001..1000000000"));
+  CHECK_THAT(message, Catch::Contains("/kv_store/spill"));
+  document["kv_store"] = {{"recency_tau_s", "soon"}};
+  CHECK_THAT(rejection(document), Catch::Contains("/kv_store/recency_tau_s: expected number"));
+}
+
+TEST_CASE("the scheduler section: wrr with a 10 ms slice by default, every key in range, read", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  const auto& scheduler = defaults.value().scheduler;
+  CHECK(scheduler.mode == kvrelay::SchedulerMode::kWrr);
+  CHECK(scheduler.time_slice == std::chrono::milliseconds(10));
+  CHECK(scheduler.chunk_bytes == 256U * 1024U);
+  CHECK(scheduler.window_chunks == 4);
+  CHECK(scheduler.preempt_max_done == 0.4);
+  CHECK(scheduler.link_bytes_per_s == 0.0);
+  document["scheduler"] = {{"mode", "fifo"},
+                           {"time_slice_ms", 5},
+                           {"chunk_bytes", 65536},
+                           {"window_chunks", 8},
+                           {"base", 2},
+                           {"alpha", 0.5},
+                           {"beta", 3},
+                           {"preempt_factor", 4},
+                           {"preempt_max_done", 0.25},
+                           {"max_reserved_share", 0.7},
+                           {"link_bytes_per_s", 1e8},
+                           {"max_stall_ms", 250}};
+  const auto set = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(set);
+  const auto& read = set.value().scheduler;
+  CHECK(read.mode == kvrelay::SchedulerMode::kFifo);
+  CHECK(read.time_slice == std::chrono::milliseconds(5));
+  CHECK(read.chunk_bytes == 65536);
+  CHECK(read.window_chunks == 8);
+  CHECK(read.base == 2.0);
+  CHECK(read.alpha == 0.5);
+  CHECK(read.beta == 3.0);
+  CHECK(read.preempt_factor == 4.0);
+  CHECK(read.preempt_max_done == 0.25);
+  CHECK(read.max_reserved_share == 0.7);
+  CHECK(read.link_bytes_per_s == 1e8);
+  CHECK(read.max_stall == std::chrono::milliseconds(250));
+  document["scheduler"] = {{"mode", "lottery"}, {"time_slice_ms", 25}, {"window_chunks", 1}, {"quantum", 3}};
+  const auto message = rejection(document);
+  CHECK_THAT(message, Catch::Contains(R"(/scheduler/mode: expected "wrr", "fifo" or "off", got "lottery")"));
+  CHECK_THAT(message, Catch::Contains("/scheduler/time_slice_ms"));
+  CHECK_THAT(message, Catch::Contains("/scheduler/window_chunks"));
+  CHECK_THAT(message, Catch::Contains("/scheduler/quantum"));
+}
+
+TEST_CASE("critical routes reserve shares within scheduler.max_reserved_share, errors naming the route",
+          "[core][policy]") {
+  auto document = minimal_policy();
+  document["routes"][0]["critical"] = true;
+  document["routes"][0]["reserved_share"] = 0.3;
+  document["routes"][1]["critical"] = true;
+  document["routes"][1]["reserved_share"] = 0.2;
+  const auto parsed = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(parsed);
+  CHECK(parsed.value().routes[0].critical);
+  CHECK(parsed.value().routes[0].reserved_share == 0.3);
+  CHECK_FALSE(parsed.value().routes[2].critical);
+  // Together past the cap (0.5 by default): the route whose share crosses it is named.
+  document["routes"][2]["critical"] = true;
+  document["routes"][2]["reserved_share"] = 0.1;
+  CHECK_THAT(rejection(document), Catch::Contains("/routes/2/reserved_share: critical routes reserve 0.6 of a link"));
+  document["scheduler"] = {{"max_reserved_share", 0.6}};
+  CHECK(parse_policy(document.dump(), "config/x.json"));
+  // A share without critical, and critical without a share.
+  auto lone = minimal_policy();
+  lone["routes"][1]["reserved_share"] = 0.2;
+  CHECK_THAT(rejection(lone), Catch::Contains("/routes/1/reserved_share: only a critical route"));
+  lone["routes"][1].erase("reserved_share");
+  lone["routes"][1]["critical"] = true;
+  CHECK_THAT(rejection(lone), Catch::Contains("/routes/1/reserved_share: a critical route needs a reserved_share"));
+  lone["routes"][1]["reserved_share"] = 0.95;
+  CHECK_THAT(rejection(lone), Catch::Contains("/routes/1/reserved_share"));
+}

@@ -1,9 +1,11 @@
 // Peer-plane KV path messages (Fetch, FetchReply, PushEncoded, Summary): round trips, and every
 // truncated or lying payload refused.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <array>
 #include <cstring>
+#include <limits>
 
 #include "kvrelay/core/byte_io.h"
 #include "kvrelay/peer/peer_protocol.h"
@@ -36,15 +38,62 @@ TEST_CASE("fetch requests round-trip, truncated or lying ones are refused", "[pr
 TEST_CASE("a delta fetch carries the tokens the asker already holds", "[proxy][peer][unit]") {
   const FetchRequest request{43, 7, "raw", {9, 8}, 96};
   const auto payload = payload_of(encode_fetch(request));
-  const auto full = payload_of(encode_fetch({43, 7, "raw", {9, 8}}));
-  CHECK(payload.size() == full.size() + 8);  // a full fetch is what peers without deltas send
   const auto decoded = decode_fetch(payload);
   REQUIRE(decoded);
   CHECK(decoded.value().skip_tokens == 96);
   CHECK(decoded.value().hashes == std::vector<std::uint64_t>{9, 8});
-  for (std::size_t length = full.size() + 1; length < payload.size(); ++length) {
-    CHECK_FALSE(decode_fetch(std::span(payload.data(), length)));  // a torn skip field
+}
+
+TEST_CASE("wire v4 fetches carry a route, a deadline and the least fidelity product", "[proxy][peer][unit]") {
+  const FetchRequest request{44, 7, "int8", {9, 8}, 32, "planner-to-coder", 1500, 0.81};
+  const auto payload = payload_of(encode_fetch(request));
+  const auto decoded = decode_fetch(payload);
+  REQUIRE(decoded);
+  CHECK(decoded.value().route == "planner-to-coder");
+  CHECK(decoded.value().deadline_ms == 1500);
+  CHECK(decoded.value().min_fidelity_product == 0.81);
+  CHECK(decoded.value().skip_tokens == 32);
+  // Defaults: no route, no deadline, any product.
+  const auto plain = decode_fetch(payload_of(encode_fetch({1, 7, "raw", {1}})));
+  REQUIRE(plain);
+  CHECK(plain.value().route.empty());
+  CHECK(plain.value().deadline_ms == 0);
+  CHECK(plain.value().min_fidelity_product == 0.0);
+  // Every cut is refused, and so is a trailing byte.
+  for (std::size_t length = 0; length < payload.size(); ++length) {
+    CHECK_FALSE(decode_fetch(std::span(payload.data(), length)));
   }
+  auto longer = payload;
+  longer.push_back(std::byte{0});
+  CHECK(decode_fetch(longer).error().code == ErrorCode::kProtocol);
+  // A product that is NaN, negative (-0 too) or above 1 is refused by name.
+  for (const double bad :
+       {std::numeric_limits<double>::quiet_NaN(), -0.0, -0.5, 1.0000001, std::numeric_limits<double>::infinity()}) {
+    auto lying = request;
+    lying.min_fidelity_product = bad;
+    const auto refused = decode_fetch(payload_of(encode_fetch(lying)));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == ErrorCode::kProtocol);
+    CHECK_THAT(refused.error().message, Catch::Contains("min_fidelity_product"));
+  }
+  for (const double edge : {0.0, 1.0}) {
+    auto fine = request;
+    fine.min_fidelity_product = edge;
+    CHECK(decode_fetch(payload_of(encode_fetch(fine))));
+  }
+  // A route is bounded.
+  auto long_route = request;
+  long_route.route.assign(kMaxRouteBytes, 'r');
+  CHECK(decode_fetch(payload_of(encode_fetch(long_route))));
+  long_route.route.push_back('r');
+  const auto too_long = decode_fetch(payload_of(encode_fetch(long_route)));
+  REQUIRE_FALSE(too_long);
+  CHECK_THAT(too_long.error().message, Catch::Contains("route of 257 bytes"));
+  // A hash count past what follows is refused before anything is reserved for it.
+  auto huge = payload;
+  const std::uint32_t count = 1U << 30;
+  std::memcpy(huge.data() + 8 + 8 + 2 + 4, &count, sizeof(count));
+  CHECK(decode_fetch(huge).error().code == ErrorCode::kProtocol);
 }
 
 TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[proxy][peer][unit]") {
@@ -106,19 +155,91 @@ TEST_CASE("fetch replies and pushes check their ids, sizes and chunking", "[prox
   CHECK_FALSE(decode_push_encoded(payload_of(encode_push_encoded(header))));
 }
 
-TEST_CASE("summaries carry at most one frame of keys and must match their count", "[proxy][peer][unit]") {
+TEST_CASE("wire v4 pushes carry a purpose, a delta and a fidelity product, replies a product", "[proxy][peer][unit]") {
+  EncodedEntryHeader header;
+  header.id = 5;
+  header.key = {1, 2};
+  header.frame_bytes = 1000;
+  header.chunk_bytes = 512;
+  header.window_chunks = 4;
+  header.chain.block_tokens = 2;
+  header.chain.tokens = {7, 8};
+  header.route = "a-to-b";
+  header.purpose = PushPurpose::kPrefetch;
+  header.skip_tokens = 2;
+  header.fidelity_product = 0.9;
+  const auto payload = payload_of(encode_push_encoded(header));
+  const auto pushed = decode_push_encoded(payload);
+  REQUIRE(pushed);
+  CHECK(pushed.value().purpose == PushPurpose::kPrefetch);
+  CHECK(pushed.value().skip_tokens == 2);
+  CHECK(pushed.value().fidelity_product == 0.9);
+  CHECK(pushed.value().route == "a-to-b");
+  for (std::size_t length = 0; length < payload.size(); ++length) {
+    CHECK_FALSE(decode_push_encoded(std::span(payload.data(), length)));
+  }
+  auto longer = payload;
+  longer.push_back(std::byte{0});
+  CHECK(decode_push_encoded(longer).error().code == ErrorCode::kProtocol);
+  // The purpose byte sits before skip_tokens and the product: 3 names nothing.
+  auto bad_purpose = payload;
+  bad_purpose[bad_purpose.size() - 17] = std::byte{3};
+  const auto unknown = decode_push_encoded(bad_purpose);
+  REQUIRE_FALSE(unknown);
+  CHECK_THAT(unknown.error().message, Catch::Contains("push purpose 3 unknown"));
+  CHECK(push_purpose_name(PushPurpose::kSpill) == "spill");
+  // A product is in (0, 1]: 0, NaN, -0 and above 1 are refused, in pushes and in fetch replies.
+  for (const double bad : {0.0, -0.0, std::numeric_limits<double>::quiet_NaN(), 1.5}) {
+    auto lying = header;
+    lying.fidelity_product = bad;
+    const auto refused = decode_push_encoded(payload_of(encode_push_encoded(lying)));
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error().message, Catch::Contains("fidelity_product"));
+    const auto reply = decode_fetch_reply(payload_of(encode_fetch_reply(5, &lying)), 5);
+    REQUIRE_FALSE(reply);
+    CHECK_THAT(reply.error().message, Catch::Contains("fidelity_product"));
+  }
+  // A fetch reply carries the product but no purpose or delta (they are a push's).
+  const auto reply = decode_fetch_reply(payload_of(encode_fetch_reply(5, &header)), 5);
+  REQUIRE(reply);
+  REQUIRE(reply.value());
+  CHECK(reply.value()->fidelity_product == 0.9);
+  CHECK(reply.value()->purpose == PushPurpose::kPush);
+  CHECK(reply.value()->skip_tokens == 0);
+  CHECK(reply.value()->route.empty());
+  // A push's route is bounded like a fetch's.
+  auto long_route = header;
+  long_route.route.assign(kMaxRouteBytes + 1, 'r');
+  CHECK_THAT(decode_push_encoded(payload_of(encode_push_encoded(long_route))).error().message,
+             Catch::Contains("route of 257 bytes"));
+}
+
+TEST_CASE("summaries carry the node state and at most one frame of keys, and must match their count",
+          "[proxy][peer][unit]") {
   std::vector<kvrelay::kv_store::EntryKey> keys;
   for (std::uint64_t index = 0; index < kMaxSummaryKeys + 10; ++index)
     keys.push_back({1, index});
-  const auto frame = encode_summary(keys);
+  const NodeState node{1ULL << 30, 1ULL << 20, 256ULL << 20, 64ULL << 20, 3, 5};
+  const auto frame = encode_summary(keys, node);
   CHECK(frame.size() - kPeerHeaderBytes <= kMaxControlPayload);
   const auto decoded = decode_summary(payload_of(frame));
   REQUIRE(decoded);
-  CHECK(decoded.value().size() == kMaxSummaryKeys);
-  auto lying = payload_of(encode_summary(std::span(keys.data(), 2)));
+  CHECK(decoded.value().keys.size() == kMaxSummaryKeys);
+  CHECK(decoded.value().node == node);
+  CHECK(decoded.value().node.queued_transfers == 3);
+  CHECK(decoded.value().node.spill_accept_left == 5);
+  auto lying = payload_of(encode_summary(std::span(keys.data(), 2), node));
   const std::uint32_t count = 3;
-  std::memcpy(lying.data(), &count, sizeof(count));
-  CHECK_FALSE(decode_summary(lying));
+  std::memcpy(lying.data() + kNodeStateBytes, &count, sizeof(count));
+  CHECK(decode_summary(lying).error().code == ErrorCode::kProtocol);
+  const auto empty = payload_of(encode_summary({}, node));
+  REQUIRE(empty.size() == kNodeStateBytes + 4);
+  for (std::size_t length = 0; length < empty.size(); ++length) {
+    const auto cut = decode_summary(std::span(empty.data(), length));
+    REQUIRE_FALSE(cut);
+    CHECK(cut.error().code == ErrorCode::kTruncated);
+  }
+  CHECK(decode_summary(empty).value().keys.empty());
 }
 
 TEST_CASE("a field that runs past the end fails every field after it (found by fuzz_peer_frames)",
@@ -236,9 +357,20 @@ TEST_CASE("wire versions: only hello, hello reply and error are read across vers
   CHECK(header.value().type == PeerMessage::kError);
   const auto error = decode_peer_error(payload_of(refusal));
   CHECK(error.code == ErrorCode::kBadVersion);
-  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 3"));
-  // A hello that claims another version in its payload is refused by name too.
-  Hello old;
-  old.protocol_version = 1;
-  CHECK(decode_hello(payload_of(encode_hello(PeerMessage::kHello, old))).error().code == ErrorCode::kBadVersion);
+  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 4"));
+  // A hello that claims another version in its payload is refused by name too: version 3 had
+  // the same hello layout as 4.
+  CHECK(kPeerVersion == 4);
+  for (const std::uint32_t version : {1U, 3U}) {
+    Hello old;
+    old.protocol_version = version;
+    const auto refused = decode_hello(payload_of(encode_hello(PeerMessage::kHello, old)));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == ErrorCode::kBadVersion);
+    CHECK_THAT(refused.error().message, Catch::Contains(fmt::format("wire version {}", version)));
+  }
+  // A version 3 peer's first frame is read at the hello (to be refused in its own version) and
+  // nowhere else.
+  CHECK(decode_hello_header(header_of(3, 1, 10)).value().version == 3);
+  CHECK(decode_peer_header(header_of(3, 13, 10)).error().code == ErrorCode::kBadVersion);
 }

@@ -81,6 +81,8 @@ TEST_CASE("each policy field a reload changes is named live or restart-required 
       {"/limits/kv_store_bytes", false, [](json& p) { p["limits"]["kv_store_bytes"] = 1 << 20; }},
       {"/limits/shm_arena_bytes", false, [](json& p) { p["limits"]["shm_arena_bytes"] = 1 << 20; }},
       {"/limits/peer_staging", false, [](json& p) { p["limits"]["peer_staging"] = false; }},
+      {"/kv_store/eviction", false, [](json& p) { p["kv_store"]["eviction"] = "lru"; }},
+      {"/kv_store/recency_tau_s", true, [](json& p) { p["kv_store"]["recency_tau_s"] = 5; }},
       {"/limits/upstream_timeout_ms", true, [](json& p) { p["limits"]["upstream_timeout_ms"] = 1000; }},
       {"/limits/kv_lookup_timeout_ms", true, [](json& p) { p["limits"]["kv_lookup_timeout_ms"] = 100; }},
       {"/limits/probe_interval_ms", true, [](json& p) { p["limits"]["probe_interval_ms"] = 100; }},

@@ -92,7 +92,9 @@ TEST_CASE("Alloc, commit and resolve to a sidecar stopped after connect time out
   shm::ShmServerOptions server_options;
   server_options.arena_bytes = arena_bytes;
   ServerProcess server(server_options);
-  const auto options = timeout_options(200);
+  // Long enough that a sidecar slowed by a loaded machine still answers the calls made while it
+  // runs (200 ms failed the setup's connects under a parallel ctest), short enough to wait out.
+  const auto options = timeout_options(1000);
   kvrelay_client* allocating = nullptr;
   kvrelay_client* committing = nullptr;
   kvrelay_client* resolving = nullptr;

@@ -17,6 +17,7 @@
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/codec_plugins/tensor_file.h"
+#include "kvrelay/decision/media.h"
 
 #include "commands.h"
 #include "plugin_warnings.h"
@@ -41,7 +42,8 @@ struct CodecOptions {
   std::uint32_t sampled_queries = 16;
   std::uint64_t max_bytes = kDefaultMaxBytes;
   std::uint64_t seed = 1;
-  std::string device = "cpu";  // encode/decode: "cuda" runs the codec's CUDA kernels
+  std::string device = "cpu";   // encode/decode: "cuda" runs the codec's CUDA kernels
+  bool policy_snippet = false;  // eval: print the policy's cost_model.media with the measured factors
 };
 
 int report(const Error& error) {
@@ -135,6 +137,27 @@ nlohmann::json error_json(const codec::TensorError& error) {
           {"max_abs", error.max_abs}};
 }
 
+// The fidelity factor a hop through a codec costs on a chain (precision refresh, issue #27): what
+// fraction of the attention output survives, measured on this sample; 1 for lossless codecs.
+double fidelity_factor(double attn_rel_err) {
+  if (!std::isfinite(attn_rel_err)) return 0.0;
+  return std::clamp(1.0 - attn_rel_err, 0.0, 1.0);
+}
+
+// cost_model.media for the lossy codecs measured: one entry per medium, the smallest factor of
+// the specs that carry it (int8 and int8+zstd are both kv_int8).
+nlohmann::json policy_snippet(const nlohmann::json& measured) {
+  nlohmann::json media = nlohmann::json::object();
+  for (const auto& codec : measured) {
+    if (codec["lossless"].get<bool>()) continue;  // lossless media are exact: factor 1 always
+    const std::string medium = codec["medium"].get<std::string>();
+    const double factor = codec["fidelity_factor"].get<double>();
+    if (!media.contains(medium) || media[medium]["fidelity"].get<double>() > factor)
+      media[medium] = {{"fidelity", factor}};
+  }
+  return {{"cost_model", {{"media", std::move(media)}}}};
+}
+
 int run_eval(const CodecOptions& options) {
   const auto registry = make_registry(options);
   auto layout = codec::parse_layout_spec(options.layout, options.tokens);
@@ -182,7 +205,10 @@ int run_eval(const CodecOptions& options) {
       layers.push_back(
           {{"k", error_json(layer.keys)}, {"v", error_json(layer.values)}, {"attn_rel_err", layer.attn_rel_err}});
     }
+    const bool lossless = codec::fidelity_of(spec.value()).is_exact();
     out.push_back({{"codec", q.codec},
+                   {"medium", decision::medium_for_codec_spec(spec.value().codec->name())},
+                   {"lossless", lossless},
                    {"layout", q.layout.describe()},
                    {"raw_bytes", q.raw_bytes},
                    {"encoded_bytes", q.encoded_bytes},
@@ -190,11 +216,12 @@ int run_eval(const CodecOptions& options) {
                    {"k", error_json(q.keys)},
                    {"v", error_json(q.values)},
                    {"attn_rel_err", q.attn_rel_err},
+                   {"fidelity_factor", lossless ? 1.0 : fidelity_factor(q.attn_rel_err)},
                    {"queries", queries.count},
                    {"query_heads", queries.query_heads},
                    {"layers", layers}});
   }
-  std::printf("%s\n", out.dump(2).c_str());
+  std::printf("%s\n", (options.policy_snippet ? policy_snippet(out) : out).dump(2).c_str());
   return 0;
 }
 
@@ -238,6 +265,8 @@ void add_codec_command(CLI::App& app, int& exit_code) {
   eval->add_option("--query-heads", options->query_heads, "Query heads (GQA: a multiple of kv heads)");
   eval->add_option("--sample-queries", options->sampled_queries, "Queries sampled per layer when none are given");
   eval->add_option("--seed", options->seed, "Seed for synthetic KV and sampled queries");
+  eval->add_flag("--policy-snippet", options->policy_snippet,
+                 "Print the policy's cost_model.media with each lossy codec's fidelity_factor instead");
   add_codec_params(eval, *options);
   eval->add_option("input", options->input, "Raw KV file (omitted: synthetic KV with outlier key channels)");
   eval->callback([options, &exit_code] { exit_code = run_eval(*options); });

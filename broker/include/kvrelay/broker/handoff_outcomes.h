@@ -36,9 +36,19 @@ class HandoffOutcomes {
   [[nodiscard]] std::optional<Outcome> reported(const std::string& request_id, double prefill_seconds,
                                                 Clock::time_point now = Clock::now());
 
+  // The fidelity product (issue #27, precision refresh) of the KV `request_id`'s lookup was
+  // served: 1 for exact KV. The request's publish inherits it, since its worker's KV attended
+  // over what it was served. A later lookup of the same request replaces it; the oldest of
+  // kMaxPending age out.
+  void served_product(const std::string& request_id, double product);
+  // What the request's lookup was served; nullopt when no lookup of it is known. Kept for every
+  // publish of the request (a worker may publish more than once).
+  [[nodiscard]] std::optional<double> served_product_of(const std::string& request_id);
+
  private:
   std::mutex mutex_;
   std::deque<std::pair<std::string, Served>> pending_;
+  std::deque<std::pair<std::string, double>> products_;
 };
 
 }  // namespace kvrelay::broker

@@ -73,6 +73,8 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   kv_store::EntryStoreStats clear_store() { return store_->clear(); }
 
   [[nodiscard]] const DecisionLog& decisions() const { return log_; }
+  // Where the link queues log their preemptions and deadline raises ({"kind":"schedule"}).
+  [[nodiscard]] DecisionLog& decision_log() { return log_; }
   [[nodiscard]] PeerLinks& peers() { return *peers_; }
   // Entries this path makes (fetched, joined, sliced, converted) go here when it has room.
   // Set before the data plane starts serving.
@@ -113,6 +115,12 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   };
   Filed refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,
                                const std::shared_ptr<const kv_store::StoredEntry>& entry, const std::string& tenant);
+  // A lossy publish of a request whose lookup was served lossy KV carries that KV's fidelity
+  // product (its worker attended over it): refiled under `key` with it. Otherwise, or when the
+  // refiling fails, `entry` as it is (product 1: unknown, read as its codec's factor).
+  std::shared_ptr<const kv_store::StoredEntry> stamp_served_product(
+      const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
+      const std::string& request_id);
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<kv_store::EntryStore> store_;

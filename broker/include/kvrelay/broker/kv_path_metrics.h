@@ -18,6 +18,8 @@ struct KvPathMetrics {
   metrics::Family<metrics::Counter>& prefill_reports;
   // message: lookup, publish, prefill_report; reason: unsigned, forged (broker/src/trusted_context.h)
   metrics::Family<metrics::Counter>& ignored_params;
+  // route; forced: lossless, tokens (a lossy hop refused by the route's quality_floor)
+  metrics::Family<metrics::Counter>& precision_refreshes;
 };
 
 }  // namespace kvrelay::broker

@@ -44,6 +44,10 @@ class PeerLinks {
   void set_rtt_observer(std::function<void(const std::string&, double)> observer) { on_rtt_ = std::move(observer); }
   // TLS for every peer connection (issue #25; the policy's peer_tls); set before start().
   void set_tls(std::shared_ptr<peer::PeerTls> tls) { tls_ = std::move(tls); }
+  // The codec fidelity factors pushes are stamped with (issue #27); set before start().
+  void set_codec_factor(peer::CodecFactor factor) { codec_factor_ = std::move(factor); }
+  // The link scheduler pushes ask before each chunk (issue #27); set before start().
+  void set_gate(std::shared_ptr<peer::LinkGate> gate) { gate_ = std::move(gate); }
   // Counts a connection or request the peer server refused (PeerServerOptions::on_refused).
   void note_refused(std::string_view reason) { refused_.with({std::string(reason)}).inc(); }
   // Starts the prober (every limits.peer_summary_interval_ms; 0: no background probing).
@@ -66,10 +70,17 @@ class PeerLinks {
   [[nodiscard]] Status push(const std::string& peer_id, std::string_view route, std::uint64_t transfer_id,
                             const kv_store::EntryKey& key, const kv_store::EntryChain& chain,
                             std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
+  // The same with a purpose, a delta and the pushed entry's fidelity and codec, from which the
+  // push's fidelity product is stamped (peer::PushOptions).
+  [[nodiscard]] Status push(const std::string& peer_id, const peer::PushOptions& options, std::uint64_t transfer_id,
+                            const kv_store::EntryKey& key, const kv_store::EntryChain& chain,
+                            std::span<const std::uint8_t> frame, std::chrono::milliseconds timeout);
   // Asks every peer now (what the prober does each interval).
   void probe_all();
 
   [[nodiscard]] std::optional<peer::LinkEstimate> estimate(const std::string& peer_id) const;
+  // What the peer said of its resources in its last summary (summary v2); nullopt before one.
+  [[nodiscard]] std::optional<peer::NodeState> node_state(const std::string& peer_id) const;
   // Where fetched frames land, and what the KV path decodes and joins them in: kept warm between
   // fetches (at most kWarmBuffers buffers, limits.peer_buffer_bytes bytes as of construction).
   static constexpr std::size_t kWarmBuffers = 4;
@@ -94,6 +105,7 @@ class PeerLinks {
     std::string remote_node;
     std::chrono::system_clock::time_point certificate_not_after{};  // TLS: the peer's, as last seen
     std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash> held;
+    std::optional<peer::NodeState> node_state;  // from the same summary as `held`
     std::chrono::steady_clock::time_point summary_time{};
     std::uint64_t fetches = 0;
     std::uint64_t pushes = 0;
@@ -130,6 +142,8 @@ class PeerLinks {
   metrics::Family<metrics::Gauge>& certificate_expiry_;
   metrics::Family<metrics::Counter>& refused_;
   std::shared_ptr<peer::PeerTls> tls_;
+  peer::CodecFactor codec_factor_;
+  std::shared_ptr<peer::LinkGate> gate_;
   std::mutex stop_mutex_;
   std::condition_variable stop_wake_;
   bool stopping_ = false;

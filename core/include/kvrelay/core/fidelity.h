@@ -16,11 +16,15 @@ struct Fidelity {
   std::uint64_t exact_tokens = 0;
   // The lossy codec's spec ("int4", "int8+zstd"); empty when every token is exact.
   std::string lossy_codec;
+  // The product of the fidelity factors of the lossy hops this KV went through (issue #27,
+  // precision refresh); 1 when exact. A writer that does not know it leaves 1: readers take the
+  // smaller of it and the factor of `lossy_codec`, so an unknown product is never optimistic.
+  double product = 1.0;
 
   [[nodiscard]] static Fidelity exact() { return {}; }
   // KV whose tokens from `exact_tokens` on came through (or from) `codec`.
-  [[nodiscard]] static Fidelity lossy(std::string codec, std::uint64_t exact_tokens = 0) {
-    return {exact_tokens, std::move(codec)};
+  [[nodiscard]] static Fidelity lossy(std::string codec, std::uint64_t exact_tokens = 0, double product = 1.0) {
+    return {exact_tokens, std::move(codec), product};
   }
   [[nodiscard]] bool is_exact() const { return lossy_codec.empty(); }
   // Whether the first `tokens` tokens are all exact.
@@ -32,7 +36,7 @@ struct Fidelity {
   [[nodiscard]] Fidelity then(const Fidelity& tail, std::uint64_t offset) const {
     if (!is_exact()) return *this;
     if (tail.is_exact()) return exact();
-    return lossy(tail.lossy_codec, offset + std::min(tail.exact_tokens, UINT64_MAX - offset));
+    return lossy(tail.lossy_codec, offset + std::min(tail.exact_tokens, UINT64_MAX - offset), tail.product);
   }
   // Never less faithful than `other`: at least as many exact leading tokens.
   [[nodiscard]] bool at_least_as_exact_as(const Fidelity& other) const {

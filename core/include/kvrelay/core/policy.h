@@ -104,6 +104,11 @@ struct RoutePolicy {
   double hysteresis_threshold = 0.15;  // relative predicted gain needed to switch medium
   double quality_floor = 0.0;          // 0..1, minimum fidelity product along a lossy chain
   bool push = false;                   // publish pushes KV ahead to the destination's sidecar
+  // Issue #27: a critical route (periodic syncs, heartbeats) gets `reserved_share` of each link
+  // its transfers cross whenever it has work; the shares of all critical routes add up to at
+  // most scheduler.max_reserved_share.
+  bool critical = false;
+  double reserved_share = 0.0;  // 0..0.9; > 0 only on a critical route
 };
 
 struct LimitsPolicy {
@@ -133,6 +138,40 @@ struct LimitsPolicy {
   std::chrono::milliseconds kv_reservation{30'000};
   // How often the sidecar asks each peer which KV chains it holds (0: only on demand).
   std::chrono::milliseconds peer_summary_interval{1'000};
+};
+
+// How the KV store chooses what to drop when it needs room (docs/configuration.md, kv_store.*).
+enum class EvictionKind : std::uint8_t {
+  kUtility,  // lowest (1 + log2(1 + hits)) * exp(-age / recency_tau_s) * (1 + route priority) first
+  kLru,      // least recently used first
+};
+
+struct StorePolicy {
+  EvictionKind eviction = EvictionKind::kUtility;  // read at start
+  double recency_tau_s = 60.0;                     // > 0; live
+};
+
+// How peer transfers share each link (issue #27; docs/configuration.md, scheduler.*). Read at
+// start: the daemon builds its link queues from it once.
+enum class SchedulerMode : std::uint8_t {
+  kWrr,   // weighted round robin with preemption, reservations and deadline raising
+  kFifo,  // one transfer at a time in arrival order (the benchmarks' baseline)
+  kOff,   // streams are not scheduled: each chunk goes as soon as its window allows
+};
+
+struct SchedulerPolicy {
+  SchedulerMode mode = SchedulerMode::kWrr;
+  std::chrono::milliseconds time_slice{10};  // 5..20
+  std::uint32_t chunk_bytes = 256 * 1024;    // a grant is one chunk of a gated stream
+  std::uint32_t window_chunks = 4;           // granted, unacknowledged chunks per link (>= 2)
+  double base = 1.0;                         // urgency = base + alpha * exp(beta * queue delay in s)
+  double alpha = 1.0;
+  double beta = 10.0;
+  double preempt_factor = 2.0;    // a waiting transfer this many times heavier preempts...
+  double preempt_max_done = 0.4;  // ...a running one less than this far done
+  double max_reserved_share = 0.5;
+  double link_bytes_per_s = 0.0;           // > 0: pace each link to this rate; 0: no pacing
+  std::chrono::milliseconds max_stall{0};  // 0: limits.read_timeout / 4
 };
 
 struct CodecPolicy {
@@ -231,6 +270,8 @@ struct Policy {
   std::vector<AgentPolicy> agents;
   std::vector<RoutePolicy> routes;
   LimitsPolicy limits;
+  StorePolicy kv_store;
+  SchedulerPolicy scheduler;
   CodecPolicy codecs;
   LoggingPolicy logging;
   CostModelPolicy cost_model;

@@ -1,7 +1,7 @@
 #pragma once
 
-// Where committed entries live. The transports only ever call this interface, so the daemon
-// can put the real KV store (block index, utility-based eviction) behind it later.
+// Where committed entries live. The transports only ever call this interface; the daemon's is
+// an InMemoryEntryStore with a byte budget, a prefix index and an EvictionPolicy (eviction.h).
 
 #include <cstdint>
 #include <functional>
@@ -9,19 +9,35 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry.h"
+#include "kvrelay/kv_store/eviction.h"
 
 namespace kvrelay::kv_store {
 
 struct EntryStoreStats {
   std::uint64_t entries = 0;
   std::uint64_t bytes = 0;
-  std::uint64_t evictions = 0;
+  std::uint64_t evictions = 0;           // all of them: budget_evictions + arena_evictions
   std::uint64_t refused_downgrades = 0;  // lossy puts refused because more exact KV was there
+  std::uint64_t budget = 0;              // the byte budget (0: the store has none)
+  std::uint64_t budget_evictions = 0;    // dropped so that a put fits the byte budget
+  std::uint64_t arena_evictions = 0;     // dropped so that a block fits the shared-memory arena
+  std::string_view eviction_policy;      // EvictionPolicy::name(); "" when the store has none
+};
+
+// One entry as GET /admin/kv lists it.
+struct EntryListing {
+  EntryKey key;
+  std::uint64_t bytes = 0;
+  std::uint64_t tokens = 0;
+  std::uint64_t hits = 0;         // lookups that found it since it was filed (prefix hits too)
+  std::optional<double> utility;  // where the eviction policy has one
+  Fidelity fidelity;
 };
 
 // An entry filed under a later block's key that holds the blocks of a shorter chain first.
@@ -56,8 +72,8 @@ class EntryStore {
   [[nodiscard]] virtual std::vector<EntryKey> recent_keys(std::size_t /*limit*/, const EntryFilter& /*shown*/) {
     return {};
   }
-  // Drops least recently used entries held in `arena` until a block of `bytes` fits there or
-  // none of its entries is left; returns whether it dropped any. (Blocks a reader still holds
+  // Drops entries held in `arena`, the eviction policy's victims first, until a block of `bytes`
+  // fits there or none of its entries is left; returns whether it dropped any. (Blocks a reader still holds
   // under a lease come free only when it lets go.) Stores that cannot evict return false.
   virtual bool make_arena_room(const ShmArena& /*arena*/, std::uint64_t /*bytes*/) { return false; }
   // The prefix index: an entry whose block `blocks - 1` (not its last) is filed under `key`, of
@@ -69,14 +85,23 @@ class EntryStore {
   [[nodiscard]] virtual std::optional<PrefixHit> find_prefix(const EntryKey& /*key*/, const PrefixFilter& /*accepts*/) {
     return std::nullopt;
   }
+  // A route of `route_priority` publishes or reads the entry under `key`, or the entry whose
+  // prefix `key` names: its eviction policy may value it more. Stores that do not rank ignore it.
+  virtual void note_use(const EntryKey& /*key*/, int /*route_priority*/) {}
+  // The entries the store values most, best first, up to `limit`. Stores that cannot list return none.
+  [[nodiscard]] virtual std::vector<EntryListing> top(std::size_t /*limit*/) { return {}; }
 };
 
-// A byte-budgeted map; evicts least recently used entries when a put would exceed the budget.
-// Indexes the leading blocks of entries that carry a chain (find_prefix); erasing or evicting
-// an entry drops its index rows.
+// A byte-budgeted map; when a put would exceed the budget, or a block does not fit the arena,
+// it drops the victims its EvictionPolicy names (least recently used by default). Indexes the
+// leading blocks of entries that carry a chain (find_prefix); erasing or evicting an entry drops
+// its index rows.
 class InMemoryEntryStore final : public EntryStore {
  public:
-  explicit InMemoryEntryStore(std::uint64_t byte_budget) : budget_(byte_budget) {}
+  explicit InMemoryEntryStore(std::uint64_t byte_budget)
+      : InMemoryEntryStore(byte_budget, std::make_unique<LruEviction>()) {}
+  // A null policy is LRU.
+  InMemoryEntryStore(std::uint64_t byte_budget, std::unique_ptr<EvictionPolicy> eviction);
   [[nodiscard]] Status put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) override;
   [[nodiscard]] std::shared_ptr<const StoredEntry> get(const EntryKey& key) override;
   [[nodiscard]] bool erase(const EntryKey& key) override;
@@ -85,26 +110,34 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] std::vector<EntryKey> recent_keys(std::size_t limit, const EntryFilter& shown) override;
   bool make_arena_room(const ShmArena& arena, std::uint64_t bytes) override;
   [[nodiscard]] std::optional<PrefixHit> find_prefix(const EntryKey& key, const PrefixFilter& accepts) override;
+  void note_use(const EntryKey& key, int route_priority) override;
+  [[nodiscard]] std::vector<EntryListing> top(std::size_t limit) override;
 
  private:
   struct Slot {
     std::shared_ptr<const StoredEntry> entry;
     std::list<EntryKey>::iterator recency;
     std::vector<EntryKey> prefix_keys;  // its index rows: block i's key is prefix_keys[i], all but the last block
+    std::uint64_t hits = 0;
   };
   struct PrefixRow {
     EntryKey entry;  // where the entry is filed
     std::size_t blocks = 0;
   };
-  void erase_locked(std::unordered_map<EntryKey, Slot, EntryKeyHash>::iterator found);
+  using Entries = std::unordered_map<EntryKey, Slot, EntryKeyHash>;
+  // Drops the entry and its index rows; `forget` tells the policy (not when a put replaces it).
+  void erase_locked(Entries::iterator found, bool forget = true);
+  void hit_locked(Entries::iterator found);
 
   std::mutex mutex_;
   std::uint64_t budget_;
+  std::unique_ptr<EvictionPolicy> eviction_;
   std::uint64_t bytes_ = 0;
-  std::uint64_t evictions_ = 0;
+  std::uint64_t budget_evictions_ = 0;
+  std::uint64_t arena_evictions_ = 0;
   std::uint64_t refused_downgrades_ = 0;
-  std::list<EntryKey> recency_;  // front: most recently used
-  std::unordered_map<EntryKey, Slot, EntryKeyHash> entries_;
+  std::list<EntryKey> recency_;  // front: most recently used (recent_keys: peer summaries)
+  Entries entries_;
   std::unordered_map<EntryKey, std::vector<PrefixRow>, EntryKeyHash> prefix_index_;  // rows oldest first
 };
 

@@ -15,7 +15,9 @@
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/core/warm_buffers.h"
+#include "kvrelay/peer/fidelity_product.h"
 #include "kvrelay/peer/link_estimator.h"
+#include "kvrelay/peer/link_gate.h"
 #include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/peer/peer_tls.h"
 
@@ -50,6 +52,25 @@ struct PeerClientOptions {
   // and the peer's certificate must name `identity` (a DNS or URI SAN) or the connect fails.
   std::shared_ptr<PeerTls> tls;
   std::string identity;
+  // Issue #27: the fidelity factor of the codec a push is encoded with (lossless codecs: 1); a
+  // push carries effective(entry) x factor (fidelity_product.h). Unset: 1.
+  CodecFactor codec_factor;
+  // Issue #27: the link scheduler each push asks before every chunk (link_gate.h), tagged with
+  // the peer's node id, the route and the push's purpose. Unset: pushes are not scheduled.
+  std::shared_ptr<LinkGate> gate;
+};
+
+// How a push is sent (PeerClient::push_encoded).
+struct PushOptions {
+  std::string route;  // the route it is pushed on, which the peer authorizes ("" names none)
+  PushPurpose purpose = PushPurpose::kPush;
+  // Leading tokens of the chain the frame leaves out because the peer holds them (0: the whole
+  // entry). Today's receivers refuse deltas with kUnsupported.
+  std::uint64_t skip_tokens = 0;
+  // The pushed entry's fidelity and the codec spec the frame was encoded with: the push carries
+  // stamped_product(source, codec) (fidelity_product.h). Defaults: exact KV, product 1.
+  Fidelity source{};
+  std::string codec{};
 };
 
 // Client options for talking to `peer` under `policy`: our node id, the policy's read timeout
@@ -92,6 +113,8 @@ class PeerClient {
     // handed it over (broker::PeerLinks); `transport_note` says why a same-host fetch used TCP.
     std::string transport = "tcp";
     std::string transport_note;
+    // The fidelity product the source stamped on the KV (issue #27): 1 for exact KV.
+    double fidelity_product = 1.0;
   };
   [[nodiscard]] Result<std::optional<FetchedFrame>> fetch(const FetchRequest& request, std::uint64_t max_frame_bytes,
                                                           Deadline deadline = Deadline::max());
@@ -103,8 +126,14 @@ class PeerClient {
   [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
                                     const kv_store::EntryChain& chain, std::span<const std::uint8_t> frame,
                                     std::string_view route = {});
+  // The same with a purpose, a delta and the entry's fidelity (PushOptions).
+  [[nodiscard]] Status push_encoded(std::uint64_t transfer_id, const kv_store::EntryKey& key,
+                                    const kv_store::EntryChain& chain, std::span<const std::uint8_t> frame,
+                                    const PushOptions& push);
   // The keys the peer holds, most recently used first.
   [[nodiscard]] Result<std::vector<kv_store::EntryKey>> summary();
+  // The same with the peer's NodeState (summary v2).
+  [[nodiscard]] Result<SummaryReply> summary_reply();
   [[nodiscard]] Result<PeerServerStats> stats();
 
   struct State;  // defined in peer_client.cpp

@@ -22,13 +22,16 @@ inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-en
 // The wire version, in every frame header and in the hello. Two sidecars of different versions
 // refuse each other at the hello with a kError that the other side can read (see
 // "Wire versions" in docs/wire-format.md); 1 was the Begin/Chunk protocol of kvrelay <= 0.1, 2
-// moved KV without its token ids.
-inline constexpr std::uint16_t kPeerVersion = 3;
+// moved KV without its token ids, 3 had no route, deadline or fidelity product in a Fetch, no
+// purpose, delta or product in a push and no node state in a summary (issue #27).
+inline constexpr std::uint16_t kPeerVersion = 4;
 inline constexpr std::size_t kPeerHeaderBytes = 12;
 inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, running checksum
 inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;
 inline constexpr std::uint32_t kMaxControlPayload = 64 * 1024;
 inline constexpr std::uint32_t kMaxWindowChunks = 1024;
+// A route id on the wire (Fetch, PushEncoded): longer ones are refused by name.
+inline constexpr std::size_t kMaxRouteBytes = 256;
 // FetchReply and PushEncoded carry the entry's chain of token ids as well.
 inline constexpr std::uint32_t kMaxEntryHeaderPayload = kMaxControlPayload + (kv_store::kMaxChainTokens * 4);
 
@@ -127,6 +130,14 @@ struct FetchRequest {
   std::string codec;  // a codec spec of the registry: "raw", "lossless", "int8", "int4+zstd", ...
   std::vector<std::uint64_t> hashes;
   std::uint64_t skip_tokens = 0;
+  // The route the asker looks up for ("" names none, at most kMaxRouteBytes): what the source's
+  // link scheduler weighs the reply by.
+  std::string route{};
+  // Milliseconds the asker waits for the whole reply from when it sent this; 0: no deadline.
+  std::uint32_t deadline_ms = 0;
+  // The least fidelity product (Fidelity::product) the reply may carry, in [0, 1]; 0: any. A
+  // source answers "not found" rather than send KV below it.
+  double min_fidelity_product = 0.0;
 };
 [[nodiscard]] std::vector<std::byte> encode_fetch(const FetchRequest& request);
 [[nodiscard]] Result<FetchRequest> decode_fetch(std::span<const std::byte> payload);
@@ -136,6 +147,13 @@ struct FetchRequest {
 // receiver acknowledges every window_chunks / 2 chunks (at least every chunk) and the last one.
 // Used by FetchReply (found; the asker acknowledges) and PushEncoded (the peer acknowledges,
 // then answers Committed).
+// Why a PushEncoded is sent: the receiver authorizes and files each kind by its own rules.
+enum class PushPurpose : std::uint8_t {
+  kPush = 0,      // a route with push: true sends the entry ahead
+  kPrefetch = 1,  // sent ahead while the link is idle, for a route's next hop
+  kSpill = 2,     // this node's store is full: the receiver keeps it for this node
+};
+[[nodiscard]] std::string_view push_purpose_name(PushPurpose purpose) noexcept;
 struct EncodedEntryHeader {
   std::uint64_t id = 0;           // request id (fetch) or transfer id (push)
   kv_store::EntryKey key;         // what the entry is filed under
@@ -148,6 +166,13 @@ struct EncodedEntryHeader {
   kv_store::EntryChain chain;
   // PushEncoded only: the route it is pushed on, which the receiver authorizes ("" names none).
   std::string route;
+  // PushEncoded only: why it is sent, and how many leading tokens of `chain` the frame leaves out
+  // because the receiver holds them (0: the frame carries the whole entry).
+  PushPurpose purpose = PushPurpose::kPush;
+  std::uint64_t skip_tokens = 0;
+  // The fidelity product of the KV the frame carries, in (0, 1]: the sender's
+  // effective(entry) x factor(the codec it encoded with); 1 for exact KV.
+  double fidelity_product = 1.0;
   [[nodiscard]] std::uint64_t chunk_count() const {
     return frame_bytes == 0 ? 0 : (frame_bytes + chunk_bytes - 1) / chunk_bytes;
   }
@@ -164,10 +189,27 @@ inline constexpr std::size_t kStreamHeaderBytes = 8 + 16 + 8 + 4 + 4;
 [[nodiscard]] std::vector<std::byte> encode_push_encoded(const EncodedEntryHeader& header);
 [[nodiscard]] Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payload);
 
-// SummaryReply: the keys a peer holds, most recently used first, as many as fit one frame.
-inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - 4) / kv_store::kEncodedKeyBytes;
-[[nodiscard]] std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys);
-[[nodiscard]] Result<std::vector<kv_store::EntryKey>> decode_summary(std::span<const std::byte> payload);
+// What a peer says of its own resources in every SummaryReply (the global view, issue #27). A
+// field the sender cannot know is 0.
+struct NodeState {
+  std::uint64_t store_budget = 0;       // bytes its KV store may hold
+  std::uint64_t store_used = 0;         // bytes its KV store holds
+  std::uint64_t arena_capacity = 0;     // bytes of its shared-memory arena
+  std::uint64_t arena_in_use = 0;       // of those, reserved by live blocks
+  std::uint64_t queued_transfers = 0;   // peer transfers it has in progress (pushes and fetch replies)
+  std::uint64_t spill_accept_left = 0;  // bytes it would still take as spills from the asker
+  friend bool operator==(const NodeState&, const NodeState&) = default;
+};
+inline constexpr std::size_t kNodeStateBytes = 6 * 8;
+// SummaryReply: the sender's NodeState, then the keys it holds, most recently used first, as
+// many as fit one frame.
+inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - kNodeStateBytes - 4) / kv_store::kEncodedKeyBytes;
+struct SummaryReply {
+  NodeState node;
+  std::vector<kv_store::EntryKey> keys;
+};
+[[nodiscard]] std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node);
+[[nodiscard]] Result<SummaryReply> decode_summary(std::span<const std::byte> payload);
 
 // ChunkAck: u64 stream id, u32 index of the last chunk received intact.
 [[nodiscard]] std::vector<std::byte> encode_chunk_ack(std::uint64_t id, std::uint32_t index);

@@ -19,6 +19,8 @@
 #include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry_store.h"
+#include "kvrelay/peer/fidelity_product.h"
+#include "kvrelay/peer/link_gate.h"
 #include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/peer/peer_tls.h"
 
@@ -66,6 +68,18 @@ struct PeerServerOptions {
   // not know), "push" or "fetch" (not authorized). Connections refused at the handshake or
   // identity were closed before any frame was read.
   std::function<void(std::string_view reason)> on_refused;
+  // Issue #27. The fidelity factor of the codec a fetch reply is encoded with: the reply carries
+  // effective(entry) x factor (fidelity_product.h), and a Fetch whose min_fidelity_product is
+  // above that is answered "not found". Lossless codecs count 1 whatever it says. Unset: 1.
+  CodecFactor codec_factor;
+  // Summaries' NodeState: the store's budget (limits.kv_store_bytes; 0: unknown); its use, the
+  // arena's and the transfers in progress are read here. `node_state` may then fill in what only
+  // the daemon knows, per asking peer (unset: spill_accept_left stays 0, no spills yet).
+  std::uint64_t store_budget_bytes = 0;
+  std::function<void(std::string_view peer_id, NodeState& state)> node_state;
+  // Issue #27: the link scheduler every fetch reply asks before each chunk (link_gate.h), tagged
+  // with the asker's node id, the route and deadline it names. Unset: replies are not scheduled.
+  std::shared_ptr<LinkGate> gate;
 };
 
 class PeerServer {

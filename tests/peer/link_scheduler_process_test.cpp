@@ -1,0 +1,189 @@
+// Issue #27 on the daemon's own path: a real `kvrelay serve` schedules the fetch replies it sends
+// with its link queues. A peer fetches a large entry on a low-priority route, then a small one
+// on an urgent route over the same link. Under the scheduler the urgent reply preempts the bulk
+// one at a chunk boundary and the bulk one resumes where it stopped; under FIFO it waits. Judged
+// by order and counts, never by timings.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <future>
+#include <string>
+#include <thread>
+
+#include "kvrelay/peer/peer_client.h"
+
+#include "support/peer_fixture.h"
+
+using namespace kvrelay;
+using namespace kvrelay::test;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::size_t kBulkBytes = 48U << 20;
+constexpr std::size_t kUrgentBytes = 1U << 20;
+constexpr std::uint64_t kModel = 11;
+constexpr const char* kAsker = "node-b";
+
+// Agents on this node only (no policy peers, so loopback peers are not restricted): the routes
+// exist for the weights their fetches get.
+json scheduled_policy(const std::string& mode) {
+  const json model = {{"architecture", "llama"}, {"layers", 2},     {"kv_heads", 2},
+                      {"head_dim", 64},          {"dtype", "fp16"}, {"weights", "m"}};
+  auto policy = basic_daemon_policy();
+  policy["node"]["id"] = "node-a";
+  policy["listen"]["peer"] = "127.0.0.1:0";
+  policy["limits"] = {{"read_timeout_ms", 10000}, {"kv_store_bytes", 256U << 20}, {"peer_summary_interval_ms", 0}};
+  policy["agents"] = json::array({
+      {{"id", "archiver"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 0}},
+      {{"id", "planner"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 7}},
+      {{"id", "coder"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 0}},
+  });
+  policy["routes"] = json::array({
+      {{"id", "bulk"}, {"from", "archiver"}, {"to", "coder"}, {"priority", 0}},
+      {{"id", "urgent"}, {"from", "planner"}, {"to", "coder"}, {"priority", 7}},
+  });
+  // The pacer plays a 48 MB/s NIC so the bulk reply is still early when the urgent one arrives;
+  // beta 1 keeps the bulk reply's aging weight from outgrowing the urgent one meanwhile.
+  policy["scheduler"] = {{"mode", mode}, {"link_bytes_per_s", 48e6}, {"beta", 1.0}};
+  return policy;
+}
+
+peer::PeerClient connect_as(const HostPort& address, const std::string& node_id) {
+  peer::PeerClientOptions options;
+  options.node_id = node_id;
+  options.read_timeout = std::chrono::seconds(10);
+  auto client = peer::PeerClient::connect(address, options);
+  if (!client) FAIL("peer connect: " << client.error().to_string());
+  return std::move(client).value();
+}
+
+json admin_state(const DaemonUnderTest& daemon) {
+  const auto reply = http_request(daemon.admin_port(), "GET", "/admin/state?limit=1024");
+  REQUIRE(reply.status == 200);
+  return json::parse(reply.body);
+}
+
+std::uint64_t link_bytes(const json& state, const std::string& peer) {
+  if (!state["links"].contains(peer)) return 0;
+  std::uint64_t total = 0;
+  for (const auto& [klass, bytes] : state["links"][peer]["bytes"].items())
+    total += bytes.get<std::uint64_t>();
+  return total;
+}
+
+struct Fetched {
+  std::vector<std::byte> kv;
+  std::uint64_t frame_bytes = 0;
+};
+
+Fetched fetch_on(peer::PeerClient& client, std::uint64_t id, const KvFrame& frame, const std::string& route) {
+  peer::FetchRequest request{id, kModel, "raw", {frame.key(kModel).context_hash}};
+  request.route = route;
+  auto fetched = client.fetch(request, std::uint64_t{1} << 31);
+  if (!fetched) FAIL("fetch on " << route << ": " << fetched.error().to_string());
+  if (!fetched.value()) FAIL("fetch on " << route << ": the daemon holds none");
+  return {decoded_kv(fetched.value()->frame()), fetched.value()->frame_bytes};
+}
+
+struct Run {
+  bool urgent_first = false;  // the daemon completed the urgent reply before the bulk one
+  Fetched bulk;
+  Fetched urgent;
+  json state;
+};
+
+// The seq of the link event of `kind` on `route` (0: none), from the daemon's event ring.
+std::uint64_t event_seq(const json& state, const std::string& kind, const std::string& route) {
+  for (const auto& event : state["link_events"])
+    if (event["kind"] == kind && event["route"] == route) return event["seq"].get<std::uint64_t>();
+  return 0;
+}
+
+// Loads both entries into the daemon (pushed as a peer would), starts the bulk fetch, and once
+// its first chunks have left, the urgent one.
+Run bulk_then_urgent(DaemonUnderTest& daemon, std::uint16_t peer_port, const KvFrame& bulk, const KvFrame& urgent) {
+  const HostPort address{"127.0.0.1", peer_port};
+  {
+    auto loader = connect_as(address, "loader");
+    REQUIRE(loader.push_encoded(1, bulk.key(kModel), bulk.chain, bulk.bytes()).has_value());
+    REQUIRE(loader.push_encoded(2, urgent.key(kModel), urgent.chain, urgent.bytes()).has_value());
+  }
+  auto bulk_client = connect_as(address, kAsker);
+  auto urgent_client = connect_as(address, kAsker);
+  auto bulk_fetch = std::async(std::launch::async, [&] { return fetch_on(bulk_client, 10, bulk, "bulk"); });
+  // The bulk reply has started: some of it is granted, most is not.
+  REQUIRE(wait_until([&] { return link_bytes(admin_state(daemon), kAsker) >= (2U << 20); }, std::chrono::seconds(20)));
+  Run run;
+  run.urgent = fetch_on(urgent_client, 11, urgent, "urgent");
+  run.bulk = bulk_fetch.get();
+  run.state = admin_state(daemon);
+  const std::uint64_t urgent_done = event_seq(run.state, "completed", "urgent");
+  const std::uint64_t bulk_done = event_seq(run.state, "completed", "bulk");
+  REQUIRE(urgent_done != 0);
+  REQUIRE(bulk_done != 0);
+  run.urgent_first = urgent_done < bulk_done;
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("The daemon's link scheduler preempts a bulk fetch reply for an urgent one, which resumes without resending",
+          "[scheduler]") {
+  const auto bulk = kv_frame(kBulkBytes, 1);
+  const auto urgent = kv_frame(kUrgentBytes, 2);
+  DaemonUnderTest daemon(scheduled_policy("wrr"));
+  const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
+  const auto run = bulk_then_urgent(daemon, ready["peer"].get<std::uint16_t>(), bulk, urgent);
+
+  CHECK(run.urgent_first);
+  CHECK(same_bytes(run.bulk.kv, bulk.kv));  // resumed at its breakpoint, byte for byte
+  CHECK(same_bytes(run.urgent.kv, urgent.kv));
+  INFO(run.state.dump(2));
+  const auto& link = run.state["links"][kAsker];
+  CHECK(link["preemptions"].get<int>() >= 1);
+  CHECK(link["resumes"].get<int>() >= 1);
+  CHECK(link["completed"].get<int>() == 2);
+  // Every byte was granted once: no committed chunk went twice.
+  CHECK(link_bytes(run.state, kAsker) == run.bulk.frame_bytes + run.urgent.frame_bytes);
+  CHECK(link["queue_depth"].get<int>() == 0);
+  // The event ring names the routes: the urgent reply took the link from the bulk one.
+  bool urgent_preempted_bulk = false;
+  for (const auto& event : run.state["link_events"]) {
+    if (event["kind"] == "preempted" && event["route"] == "bulk") urgent_preempted_bulk = true;
+  }
+  CHECK(urgent_preempted_bulk);
+  CHECK(run.state["scheduler"]["mode"] == "wrr");
+  // The same figures at /metrics.
+  const auto metrics = http_request(daemon.admin_port(), "GET", "/metrics");
+  REQUIRE(metrics.status == 200);
+  CHECK(metrics.body.find("kvrelay_link_preemptions_total{peer=\"node-b\"}") != std::string::npos);
+}
+
+TEST_CASE("Under scheduler.mode fifo the urgent fetch reply waits for the bulk one", "[scheduler]") {
+  const auto bulk = kv_frame(kBulkBytes, 3);
+  const auto urgent = kv_frame(kUrgentBytes, 4);
+  DaemonUnderTest daemon(scheduled_policy("fifo"));
+  const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
+  const auto run = bulk_then_urgent(daemon, ready["peer"].get<std::uint16_t>(), bulk, urgent);
+
+  CHECK_FALSE(run.urgent_first);
+  CHECK(same_bytes(run.bulk.kv, bulk.kv));
+  CHECK(same_bytes(run.urgent.kv, urgent.kv));
+  INFO(run.state.dump(2));
+  CHECK(run.state["links"][kAsker]["preemptions"].get<int>() == 0);
+  CHECK(link_bytes(run.state, kAsker) == run.bulk.frame_bytes + run.urgent.frame_bytes);
+}
+
+TEST_CASE("With scheduler.mode off fetch replies are not queued and /admin/state says so", "[scheduler]") {
+  const auto entry = kv_frame(kUrgentBytes, 5);
+  DaemonUnderTest daemon(scheduled_policy("off"));
+  const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
+  const HostPort address{"127.0.0.1", ready["peer"].get<std::uint16_t>()};
+  auto client = connect_as(address, kAsker);
+  REQUIRE(client.push_encoded(1, entry.key(kModel), entry.chain, entry.bytes()).has_value());
+  CHECK(same_bytes(fetch_on(client, 2, entry, "urgent").kv, entry.kv));
+  const auto state = admin_state(daemon);
+  CHECK(state["scheduler"]["mode"] == "off");
+  CHECK(state["links"].empty());
+}
