@@ -66,6 +66,27 @@ void PeerLinks::note_result(const std::string& peer_id, const Error* error) {
   up_.with({peer_id}).set(error == nullptr ? 1.0 : 0.0);
 }
 
+PeerLinks::Slot& PeerLinks::acquire_slot(PeerState& state, Purpose purpose, bool any_fetch_lane,
+                                         std::unique_lock<std::mutex>& lock) {
+  const auto lane = [&](std::size_t index) -> Slot& {
+    return index == 0 ? state.slots[kFetch] : state.fetch_lanes[index - 1];
+  };
+  if (purpose != kFetch || !any_fetch_lane) {
+    lock = std::unique_lock(state.slots[purpose].mutex);
+    return state.slots[purpose];
+  }
+  for (std::size_t index = 0; index < kFetchLanes; ++index) {
+    std::unique_lock<std::mutex> attempt(lane(index).mutex, std::try_to_lock);
+    if (attempt.owns_lock()) {
+      lock = std::move(attempt);
+      return lane(index);
+    }
+  }
+  Slot& slot = lane(state.next_lane.fetch_add(1) % kFetchLanes);  // every lane busy: queue on one in turn
+  lock = std::unique_lock(slot.mutex);
+  return slot;
+}
+
 template <class Call>
 auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::chrono::milliseconds timeout,
                             peer::Deadline deadline, Call call) -> decltype(call(std::declval<peer::PeerClient&>())) {
@@ -73,8 +94,8 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
   const PeerPolicy* peer_policy = policy->find_peer(peer_id);
   if (peer_policy == nullptr) return fail(ErrorCode::kNotFound, fmt::format("no peer '{}' in the policy", peer_id));
   PeerState& state = state_of(peer_id);
-  Slot& slot = state.slots[purpose];
-  std::lock_guard lock(slot.mutex);
+  std::unique_lock<std::mutex> lock;
+  Slot& slot = acquire_slot(state, purpose, !peer_policy->same_host, lock);
   const std::string address = peer_policy->address.to_string();
   if (slot.client && slot.address != address) slot.client.reset();  // a reload moved the peer
   if (!slot.client) {

@@ -10,6 +10,9 @@
 #include <string>
 #include <thread>
 
+#include "kvrelay/broker/peer_links.h"
+#include "kvrelay/broker/policy_source.h"
+#include "kvrelay/core/metrics.h"
 #include "kvrelay/peer/peer_client.h"
 
 #include "support/peer_fixture.h"
@@ -186,4 +189,69 @@ TEST_CASE("With scheduler.mode off fetch replies are not queued and /admin/state
   const auto state = admin_state(daemon);
   CHECK(state["scheduler"]["mode"] == "off");
   CHECK(state["links"].empty());
+}
+
+namespace {
+
+class FixedPolicy final : public broker::PolicySource {
+ public:
+  explicit FixedPolicy(const json& document) {
+    auto parsed = parse_policy(document.dump(), "link_scheduler_process_test");
+    REQUIRE(parsed);
+    policy_ = std::make_shared<const Policy>(std::move(parsed).value());
+  }
+  [[nodiscard]] std::shared_ptr<const Policy> current() const override { return policy_; }
+  void set_engine_observer(EngineObserver /*observer*/) override {}
+
+ private:
+  std::shared_ptr<const Policy> policy_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "A sidecar's fetches from one peer run on separate connections, so the peer's scheduler puts the urgent "
+    "reply first",
+    "[scheduler]") {
+  const auto bulk = kv_frame(kBulkBytes, 6);
+  const auto urgent = kv_frame(kUrgentBytes, 7);
+  DaemonUnderTest daemon(scheduled_policy("wrr"));
+  const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
+  const std::uint16_t peer_port = ready["peer"].get<std::uint16_t>();
+  {
+    auto loader = connect_as({"127.0.0.1", peer_port}, "loader");
+    REQUIRE(loader.push_encoded(1, bulk.key(kModel), bulk.chain, bulk.bytes()).has_value());
+    REQUIRE(loader.push_encoded(2, urgent.key(kModel), urgent.chain, urgent.bytes()).has_value());
+  }
+  // This process plays node-b's sidecar: its broker's peer links, as its KV path fetches.
+  const json b_policy = {
+      {"schema_version", 1},
+      {"node", {{"id", kAsker}}},
+      {"listen", {{"http", "127.0.0.1:0"}}},
+      {"peers", json::array({{{"id", "node-a"}, {"address", "127.0.0.1:" + std::to_string(peer_port)}}})},
+      {"limits", {{"read_timeout_ms", 10000}, {"peer_summary_interval_ms", 0}}}};
+  metrics::Registry registry;
+  broker::PeerLinks links(std::make_shared<FixedPolicy>(b_policy), registry);
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  const auto fetch = [&](std::uint64_t id, const KvFrame& frame, const std::string& route) {
+    peer::FetchRequest request{id, kModel, "raw", {frame.key(kModel).context_hash}};
+    request.route = route;
+    auto fetched = links.fetch("node-a", request, peer::Deadline::max(), std::uint64_t{1} << 31, codecs);
+    if (!fetched || !fetched.value()) return std::vector<std::byte>{};
+    return decoded_kv(fetched.value()->frame());
+  };
+  auto bulk_fetch = std::async(std::launch::async, [&] { return fetch(20, bulk, "bulk"); });
+  REQUIRE(wait_until([&] { return link_bytes(admin_state(daemon), kAsker) >= (2U << 20); }, std::chrono::seconds(20)));
+  const auto urgent_kv = fetch(21, urgent, "urgent");
+  const auto bulk_kv = bulk_fetch.get();
+  CHECK(same_bytes(urgent_kv, urgent.kv));
+  CHECK(same_bytes(bulk_kv, bulk.kv));
+  const auto state = admin_state(daemon);
+  INFO(state.dump(2));
+  const std::uint64_t urgent_done = event_seq(state, "completed", "urgent");
+  const std::uint64_t bulk_done = event_seq(state, "completed", "bulk");
+  REQUIRE(urgent_done != 0);
+  REQUIRE(bulk_done != 0);
+  CHECK(urgent_done < bulk_done);
+  CHECK(state["links"][kAsker]["preemptions"].get<int>() >= 1);
 }

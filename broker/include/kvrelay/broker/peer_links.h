@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -94,9 +95,15 @@ class PeerLinks {
     std::optional<peer::PeerClient> client;
     std::string address;  // where `client` is connected: a reload that moves the peer drops it
   };
+  // Fetches from one peer over TCP run on up to this many connections at once, so an urgent
+  // lookup does not queue behind a bulk one here: the peer's link scheduler orders their replies.
+  static constexpr std::size_t kFetchLanes = 4;
   struct PeerState {
-    std::array<Slot, kPurposes> slots;
-    // A same-host peer's data plane, for fetches, and its socket: guarded by slots[kFetch].mutex.
+    std::array<Slot, kPurposes> slots;              // slots[kFetch] is fetch lane 0
+    std::array<Slot, kFetchLanes - 1> fetch_lanes;  // fetch lanes 1..
+    std::atomic<std::size_t> next_lane{0};          // where a fetch waits when every lane is busy
+    // A same-host peer's data plane, for fetches, and its socket: guarded by slots[kFetch].mutex
+    // (same-host fetches use lane 0 only).
     std::optional<shm::ShmClient> data_plane;
     std::string data_plane_socket;
     // Guarded by PeerLinks::mutex_.
@@ -113,6 +120,9 @@ class PeerLinks {
   };
 
   PeerState& state_of(const std::string& peer_id);
+  // The slot a call for `purpose` runs on, locked: fetches take a free lane (any_fetch_lane), or
+  // wait on one in turn; other purposes, and same-host fetches, their one slot.
+  static Slot& acquire_slot(PeerState& state, Purpose purpose, bool any_fetch_lane, std::unique_lock<std::mutex>& lock);
   // Runs `call` on the peer's client for `purpose`, connecting first when needed (each wait up to
   // `timeout`, all of the connect by `deadline`); a failure drops the client (its stream
   // position is unknown) and is recorded.
