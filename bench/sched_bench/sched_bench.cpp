@@ -203,14 +203,26 @@ peer::PeerClient connect_client(const HostPort& address) {
   return std::move(client).value();
 }
 
-// One fetch on `route`; its wall time in seconds.
-double fetch_once(peer::PeerClient& client, const Entry& entry, const std::string& route, std::uint64_t id) {
+// Where one fetch's time went, in ms: from the request to the reply's header (the holder's
+// lookup, read and encode, and a round trip), then the chunks.
+struct Split {
+  double reply_wait_ms = 0.0;
+  double transfer_ms = 0.0;
+};
+
+// One fetch on `route`; its wall time in seconds (and its split, when asked).
+double fetch_once(peer::PeerClient& client, const Entry& entry, const std::string& route, std::uint64_t id,
+                  Split* split = nullptr) {
   peer::FetchRequest request{id, kModel, "raw", {entry.key.context_hash}};
   request.route = route;
   const auto started = Clock::now();
   auto fetched = client.fetch(request, std::uint64_t{4} << 30);
   if (!fetched || !fetched.value()) {
     throw std::runtime_error("fetch on " + route + ": " + (fetched ? "miss" : fetched.error().to_string()));
+  }
+  if (split != nullptr) {
+    split->reply_wait_ms = static_cast<double>(fetched.value()->reply_wait.count()) / 1e3;
+    split->transfer_ms = static_cast<double>(fetched.value()->transfer.count()) / 1e3;
   }
   return seconds_since(started);
 }
@@ -239,7 +251,7 @@ struct Holder {
 
 // Urgent fetches one after another, with a bulk fetch kept in flight meanwhile when `loaded`.
 std::vector<double> urgent_latencies(const Holder& holder, const Entry& urgent, const Entry& bulk, int count,
-                                     bool loaded) {
+                                     bool loaded, std::vector<Split>* splits = nullptr) {
   std::atomic<bool> stop{false};
   std::atomic<int> bulk_fetches{0};
   std::thread background;
@@ -262,7 +274,9 @@ std::vector<double> urgent_latencies(const Holder& holder, const Entry& urgent, 
   auto client = connect_client(holder.daemon.peer());
   std::vector<double> latencies;
   for (int index = 0; index < count; ++index) {
-    latencies.push_back(fetch_once(client, urgent, "urgent", 10 + static_cast<std::uint64_t>(index)) * 1e3);
+    Split split;
+    latencies.push_back(fetch_once(client, urgent, "urgent", 10 + static_cast<std::uint64_t>(index), &split) * 1e3);
+    if (splits != nullptr) splits->push_back(split);
     // Spread the asks over the bulk reply's phases (its start, middle and end).
     std::this_thread::sleep_for(std::chrono::milliseconds(3 + (index * 7) % 11));
   }
@@ -312,7 +326,22 @@ int main(int argc, char** argv) {
     {
       Holder wrr(binary, dir / "wrr", "wrr", rate, reserved, {&urgent, &bulk, &critical});
       idle = urgent_latencies(wrr, urgent, bulk, count, false);
-      scheduled = urgent_latencies(wrr, urgent, bulk, count, true);
+      std::vector<Split> splits;
+      scheduled = urgent_latencies(wrr, urgent, bulk, count, true, &splits);
+      // The slowest tenth of the scheduled urgent fetches: waiting for the reply's header (the
+      // holder busy before it sends) or in the chunks (the link).
+      std::vector<std::size_t> order(scheduled.size());
+      for (std::size_t index = 0; index < order.size(); ++index)
+        order[index] = index;
+      std::sort(order.begin(), order.end(), [&](auto a, auto b) { return scheduled[a] > scheduled[b]; });
+      std::vector<double> slow_reply_wait;
+      std::vector<double> slow_transfer;
+      for (std::size_t rank = 0; rank < std::max<std::size_t>(1, order.size() / 10); ++rank) {
+        slow_reply_wait.push_back(splits[order[rank]].reply_wait_ms);
+        slow_transfer.push_back(splits[order[rank]].transfer_ms);
+      }
+      result["loaded_scheduled_slowest_tenth"] = {{"reply_wait_ms", bench::spread_json(slow_reply_wait)},
+                                                  {"transfer_ms", bench::spread_json(slow_transfer)}};
       scheduled_state = admin_get(wrr.daemon.admin_port(), "/admin/state?limit=1")["links"][kAsker];
 
       // Saturation: two bulk fetch loops and a critical one; the critical route's share of the

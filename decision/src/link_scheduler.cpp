@@ -143,6 +143,7 @@ void LinkScheduler::set_waiting(std::uint64_t id, bool waiting, double now, std:
   if (waiting && !t.waiting) {
     t.waiting = true;
     t.waiting_since = now_;
+    t.pass_mark = now_;
   } else if (!waiting && t.waiting) {
     t.waited_s += now_ - t.waiting_since;
     t.waiting = false;
@@ -180,7 +181,7 @@ void LinkScheduler::advance_to(double time_s) noexcept {
 }
 
 double LinkScheduler::weight(const Active& t) const noexcept {
-  const double delay = t.waited_s + (t.waiting ? std::max(0.0, now_ - t.waiting_since) : 0.0);
+  const double delay = t.passed_s;
   const double exponent = std::min(config_.beta * delay, config_.max_exponent);
   return static_cast<double>(t.spec.src_priority + t.spec.dst_priority + t.spec.route_priority) + config_.base +
          config_.alpha * std::exp(exponent);
@@ -290,6 +291,14 @@ Grant LinkScheduler::issue(std::size_t index, GrantReason reason, bool preemptin
   grant.preempting = preempting;
   grant.raised = t.raised;
   grant.waited_s = std::max(0.0, now_ - t.waiting_since);
+  // Aging counts the time a transfer asked while others were granted: waiting on the window or
+  // the pacer alone is not being passed over.
+  for (Active& other : transfers_) {
+    if (&other == &t || !other.waiting) continue;
+    other.passed_s += std::max(0.0, now_ - other.pass_mark);
+    other.pass_mark = now_;
+  }
+  t.pass_mark = now_;
   if (t.preempted) {
     t.preempted = false;
     grant.resumed = true;
@@ -464,6 +473,7 @@ std::optional<ChunkEvent> LinkScheduler::step() {
     if (!t.waiting) {
       t.waiting = true;
       t.waiting_since = now_;
+      t.pass_mark = now_;
     }
   }
   const auto granted = grant(now_);

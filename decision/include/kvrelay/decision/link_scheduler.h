@@ -17,7 +17,8 @@
 //      past its slice, only a transfer that arrived after it took the link preempts it;
 //   4. smooth weighted round robin with
 //        weight = prio(src) + prio(dst) + route_priority + base + alpha * exp(beta * queue_delay)
-//      (queue_delay: the time it spent asking and not granted; the exponent is capped);
+//      (queue_delay: the time it spent asking while other transfers were granted; the exponent
+//      is capped);
 //   5. prefetch transfers, only when nothing else asks; anything preempts them at any progress.
 // At most window_chunks chunks are granted and not yet acknowledged on the link. In FIFO mode
 // (the benchmarks' baseline) transfers are sent one at a time in submit order.
@@ -183,7 +184,10 @@ class LinkScheduler {
     bool waiting = false;
     double waiting_since = 0.0;
     std::uint64_t want = 0;
-    double waited_s = 0.0;  // queue delay of the closed waiting intervals
+    double waited_s = 0.0;  // time spent asking, over the closed waiting intervals
+    // The aging term's queue delay: time spent asking while other transfers were granted.
+    double passed_s = 0.0;
+    double pass_mark = 0.0;  // when passed_s was last brought up to date
     std::uint64_t link_bytes_at_submit = 0;
     double credit = 0.0;  // smooth WRR state
     bool raised = false;
