@@ -11,16 +11,13 @@
 //   link (reserved bytes over bytes granted while it had work, from GET /admin/state) while bulk
 //   fetches saturate it;
 // with the goals (loaded_scheduled <= 3 x idle and <= 0.25 x fifo; achieved >= 0.9 x reserved).
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <CLI/CLI.hpp>
-#include <fcntl.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -40,6 +37,7 @@
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/peer/peer_client.h"
 
+#include "common/daemon_process.h"
 #include "common/spread_json.h"
 
 namespace {
@@ -58,74 +56,13 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// `kvrelay serve` in a child process, found through its ready file; SIGTERM, then SIGKILL.
-class Daemon {
+// A holding daemon, ready once it listens for peers and for the admin API.
+class Daemon : public bench::DaemonProcess {
  public:
-  Daemon(const std::string& binary, const std::filesystem::path& dir, const json& policy) : dir_(dir) {
-    std::filesystem::create_directories(dir_);
-    std::ofstream(dir_ / "policy.json") << policy.dump(2);
-    std::filesystem::remove(dir_ / "ready.json");
-    const std::string config = (dir_ / "policy.json").string();
-    const std::string ready = (dir_ / "ready.json").string();
-    const std::string log = (dir_ / "daemon.log").string();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (out >= 0) {
-        ::dup2(out, STDOUT_FILENO);
-        ::dup2(out, STDERR_FILENO);
-      }
-      ::execl(binary.c_str(), binary.c_str(), "serve", "--config", config.c_str(), "--ready-file", ready.c_str(),
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      if (std::filesystem::exists(dir_ / "ready.json")) {
-        try {
-          ready_ = json::parse(read_text(dir_ / "ready.json"));
-          if (ready_.contains("peer") && ready_.contains("admin")) return;
-        } catch (const json::exception&) {
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  Daemon(const Daemon&) = delete;
-  Daemon& operator=(const Daemon&) = delete;
-  ~Daemon() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int wait = 0; wait < 500; ++wait) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-  }
-  [[nodiscard]] bool ready() const { return pid_ > 0 && ready_.contains("peer"); }
-  [[nodiscard]] HostPort peer() const { return {"127.0.0.1", ready_.value("peer", std::uint16_t{0})}; }
-  [[nodiscard]] std::uint16_t admin_port() const { return ready_.value("admin", std::uint16_t{0}); }
-  [[nodiscard]] std::string log() const { return read_text(dir_ / "daemon.log"); }
-
- private:
-  std::filesystem::path dir_;
-  pid_t pid_ = -1;
-  json ready_;
+  Daemon(const std::string& binary, const std::filesystem::path& dir, const json& policy)
+      : DaemonProcess(binary, dir, policy, {"peer", "admin"}) {}
+  [[nodiscard]] HostPort peer() const { return {"127.0.0.1", peer_port()}; }
+  [[nodiscard]] std::uint16_t admin_port() const { return port("admin"); }
 };
 
 // GET on the daemon's admin listener (read-only endpoints need no token).
@@ -166,25 +103,24 @@ Entry make_entry(std::size_t bytes, std::uint32_t seed) {
 }
 
 json daemon_policy(const std::string& mode, double link_bytes_per_s, double reserved_share) {
-  const json model = {{"architecture", "llama"}, {"layers", 32},     {"kv_heads", 8},
+  const json model = {{"architecture", "llama"}, {"layers", 32},    {"kv_heads", 8},
                       {"head_dim", 128},         {"dtype", "fp16"}, {"weights", "sched-bench"}};
   json agents = json::array();
-  for (const auto& [id, priority] : std::vector<std::pair<std::string, int>>{
-           {"archiver", 0}, {"planner", 7}, {"coder", 0}, {"monitor", 0}}) {
+  for (const auto& [id, priority] :
+       std::vector<std::pair<std::string, int>>{{"archiver", 0}, {"planner", 7}, {"coder", 0}, {"monitor", 0}}) {
     agents.push_back({{"id", id}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", priority}});
   }
   return {{"schema_version", 1},
           {"node", {{"id", "holder"}}},
           {"listen", {{"http", "127.0.0.1:0"}, {"admin", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}}},
           {"agents", agents},
-          {"routes",
-           json::array({{{"id", "bulk"}, {"from", "archiver"}, {"to", "coder"}, {"priority", 0}},
-                        {{"id", "urgent"}, {"from", "planner"}, {"to", "coder"}, {"priority", 7}},
-                        {{"id", "sync"},
-                         {"from", "monitor"},
-                         {"to", "coder"},
-                         {"critical", true},
-                         {"reserved_share", reserved_share}}})},
+          {"routes", json::array({{{"id", "bulk"}, {"from", "archiver"}, {"to", "coder"}, {"priority", 0}},
+                                  {{"id", "urgent"}, {"from", "planner"}, {"to", "coder"}, {"priority", 7}},
+                                  {{"id", "sync"},
+                                   {"from", "monitor"},
+                                   {"to", "coder"},
+                                   {"critical", true},
+                                   {"reserved_share", reserved_share}}})},
           {"limits",
            {{"kv_store_bytes", 2ULL << 30},
             {"peer_buffer_bytes", 640ULL << 20},
@@ -288,8 +224,9 @@ std::vector<double> urgent_latencies(const Holder& holder, const Entry& urgent, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"sched_bench: an urgent handoff's p99 alone and behind a bulk one, wrr vs fifo, and a critical "
-               "route's reserved share, through real kvrelay daemons (JSON)"};
+  CLI::App app{
+      "sched_bench: an urgent handoff's p99 alone and behind a bulk one, wrr vs fifo, and a critical "
+      "route's reserved share, through real kvrelay daemons (JSON)"};
   std::string binary = KVRELAY_BENCH_DAEMON_BINARY;
   double link_mbps = 1000.0;
   std::size_t bulk_mib = 256;
@@ -366,8 +303,7 @@ int main(int argc, char** argv) {
       stop = true;
       for (auto& loop : loops)
         loop.join();
-      const double reserved_bytes =
-          after["reserved_bytes"].get<double>() - before["reserved_bytes"].get<double>();
+      const double reserved_bytes = after["reserved_bytes"].get<double>() - before["reserved_bytes"].get<double>();
       const double while_reserved =
           after["bytes_while_reserved"].get<double>() - before["bytes_while_reserved"].get<double>();
       result["critical_share_reserved"] = reserved;

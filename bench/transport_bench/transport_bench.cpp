@@ -54,6 +54,7 @@
 #include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/server.h"
 
+#include "common/daemon_process.h"
 #include "common/spread_json.h"
 
 #ifndef KVRELAY_BENCH_DAEMON_BINARY
@@ -328,78 +329,8 @@ class FixedPolicy final : public broker::PolicySource {
   std::shared_ptr<const Policy> policy_;
 };
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// `kvrelay serve` in a child process, on kernel-chosen ports found through its ready file (as
-// tests/support/daemon_fixture.h starts one). SIGTERM (a drain), then SIGKILL, on destruction.
-class Daemon {
- public:
-  Daemon(const std::string& binary, const std::filesystem::path& dir, const json& policy) : dir_(dir) {
-    std::ofstream(dir_ / "policy.json") << policy.dump(2);
-    std::filesystem::remove(dir_ / "ready.json");
-    const std::string config = (dir_ / "policy.json").string();
-    const std::string ready = (dir_ / "ready.json").string();
-    const std::string log = (dir_ / "daemon.log").string();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (out >= 0) {
-        ::dup2(out, STDOUT_FILENO);
-        ::dup2(out, STDERR_FILENO);
-      }
-      ::execl(binary.c_str(), binary.c_str(), "serve", "--config", config.c_str(), "--ready-file", ready.c_str(),
-              static_cast<char*>(nullptr));
-      std::perror("exec kvrelay");
-      ::_exit(127);
-    }
-    const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      if (std::filesystem::exists(dir_ / "ready.json")) {
-        // Written once listening; parse until it is complete.
-        try {
-          ready_ = json::parse(read_text(dir_ / "ready.json"));
-          if (ready_.contains("peer")) return;
-        } catch (const json::exception&) {
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  Daemon(const Daemon&) = delete;
-  Daemon& operator=(const Daemon&) = delete;
-  ~Daemon() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int wait = 0; wait < 500; ++wait) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-  }
-
-  [[nodiscard]] bool ready() const { return pid_ > 0 && ready_.contains("peer"); }
-  [[nodiscard]] std::uint16_t peer_port() const { return ready_.value("peer", std::uint16_t{0}); }
-  [[nodiscard]] std::string log() const { return read_text(dir_ / "daemon.log"); }
-  [[nodiscard]] pid_t pid() const { return pid_; }
-
- private:
-  std::filesystem::path dir_;
-  pid_t pid_ = -1;
-  json ready_;
-};
+using bench::DaemonProcess;
+using bench::read_text;
 
 constexpr std::uint64_t kModelId = 0x6b76;  // "kv"
 // The token ids of the entry of `bytes` (one block of all its tokens): a holder serves peers
@@ -426,7 +357,7 @@ struct StrategyRun {
   bool tls = false;
   std::uint64_t model_id = kModelId;
   std::filesystem::path dir;
-  std::unique_ptr<Daemon> daemon;
+  std::unique_ptr<DaemonProcess> daemon;
   std::shared_ptr<FixedPolicy> policy;
   std::unique_ptr<metrics::Registry> registry;
   std::unique_ptr<broker::PeerLinks> links;
@@ -573,7 +504,7 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
     run.error = parsed.error().to_string();
     return;
   }
-  run.daemon = std::make_unique<Daemon>(binary, run.dir, policy);
+  run.daemon = std::make_unique<DaemonProcess>(binary, run.dir, policy);
   if (!run.daemon->ready()) {
     run.error = "kvrelay serve did not start: " + run.daemon->log();
     return;
