@@ -255,3 +255,56 @@ TEST_CASE(
   CHECK(urgent_done < bulk_done);
   CHECK(state["links"][kAsker]["preemptions"].get<int>() >= 1);
 }
+
+TEST_CASE("role_priority decides the order in which transfers queued on one link leave", "[scheduler]") {
+  const json model = {{"architecture", "llama"}, {"layers", 2},     {"kv_heads", 2},
+                      {"head_dim", 64},          {"dtype", "fp16"}, {"weights", "m"}};
+  auto policy = basic_daemon_policy();
+  policy["node"]["id"] = "node-a";
+  policy["listen"]["peer"] = "127.0.0.1:0";
+  policy["limits"] = {{"read_timeout_ms", 10000}, {"kv_store_bytes", 256U << 20}, {"peer_summary_interval_ms", 0}};
+  policy["agents"] = json::array();
+  policy["routes"] = json::array();
+  policy["agents"].push_back(
+      {{"id", "sink"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 0}});
+  for (const int priority : {1, 4, 7}) {
+    const std::string agent = "agent-" + std::to_string(priority);
+    policy["agents"].push_back(
+        {{"id", agent}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", priority}});
+    policy["routes"].push_back({{"id", "from-" + agent}, {"from", agent}, {"to", "sink"}});
+  }
+  // A 16 MB/s link: the three 4 MiB replies share it for about a second, so when each was asked
+  // (milliseconds apart) hardly matters; beta 0.1 keeps aging from overtaking the priorities.
+  policy["scheduler"] = {{"mode", "wrr"}, {"link_bytes_per_s", 16e6}, {"beta", 0.1}};
+  DaemonUnderTest daemon(policy);
+  const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
+  const HostPort address{"127.0.0.1", ready["peer"].get<std::uint16_t>()};
+  std::vector<KvFrame> frames;
+  {
+    auto loader = connect_as(address, "loader");
+    for (std::uint64_t seed = 11; seed <= 13; ++seed) {
+      frames.push_back(kv_frame(4U << 20, seed));
+      REQUIRE(loader.push_encoded(seed, frames.back().key(kModel), frames.back().chain, frames.back().bytes()));
+    }
+  }
+  std::vector<std::future<Fetched>> fetches;
+  const std::vector<int> priorities{1, 4, 7};  // asked in this order, lowest first
+  for (std::size_t index = 0; index < priorities.size(); ++index) {
+    fetches.push_back(std::async(std::launch::async, [&, index] {
+      auto client = connect_as(address, kAsker);
+      return fetch_on(client, 30 + index, frames[index], "from-agent-" + std::to_string(priorities[index]));
+    }));
+  }
+  for (std::size_t index = 0; index < fetches.size(); ++index)
+    CHECK(same_bytes(fetches[index].get().kv, frames[index].kv));
+  const auto state = admin_state(daemon);
+  INFO(state.dump(2));
+  const std::uint64_t done7 = event_seq(state, "completed", "from-agent-7");
+  const std::uint64_t done4 = event_seq(state, "completed", "from-agent-4");
+  const std::uint64_t done1 = event_seq(state, "completed", "from-agent-1");
+  REQUIRE(done7 != 0);
+  REQUIRE(done4 != 0);
+  REQUIRE(done1 != 0);
+  CHECK(done7 < done4);
+  CHECK(done4 < done1);
+}
