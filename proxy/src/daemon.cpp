@@ -228,7 +228,8 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.codec_load_failures = std::move(codec_load_failures);
   admin_context.upstream_prober = upstream_prober;
   admin_context.audit = online_audit;
-  admin_context.extra_endpoints = kv_admin_endpoints(kv_path, entry_store, link_queues);
+  admin_context.extra_endpoints = kv_admin_endpoints(kv_path, entry_store, link_queues,
+                                                     [upstream_prober] { return upstream_prober->snapshot_json(); });
   auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);
   auto store_metrics = std::make_shared<KvStoreMetrics>(*registry, entry_store);
   admin_context.before_metrics = [shm_metrics, store_metrics] {

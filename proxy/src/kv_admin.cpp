@@ -67,7 +67,8 @@ nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit) {
 
 std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path,
                                               std::shared_ptr<kv_store::EntryStore> store,
-                                              std::shared_ptr<broker::LinkQueues> queues) {
+                                              std::shared_ptr<broker::LinkQueues> queues,
+                                              std::function<nlohmann::json()> agents) {
   return {
       {http::verb::get, Access::kRead, "/admin/decisions",
        "Recent KV-path decisions, newest first (?limit=N): route, request, medium, source, cost breakdown, outcome",
@@ -100,9 +101,10 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
          return make_json_response(http::status::ok, body.dump(), request);
        }},
       {http::verb::get, Access::kRead, "/admin/state",
-       "The node's state S(t) as one document (?limit=N: the last N link events, default 64): the store's memory, "
+       "The node's state S(t) as one document (?limit=N: the last N link events, default 64): agents' load, the "
+       "store's memory, "
        "each link's scheduler (queue depth, waits, preemptions, resumes, reserved share, bytes by class), peers",
-       [path, store, queues](const HttpRequest& request) {
+       [path, store, queues, agents](const HttpRequest& request) {
          const auto limit = parse_limit(request.target(), kMaxStateEvents, kDefaultStateEvents);
          if (!limit) {
            return make_json_error(http::status::bad_request, "invalid_argument", limit.error().message,
@@ -113,6 +115,7 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
          nlohmann::json links = queues ? queues->state_json(limit.value()) : nlohmann::json::object();
          nlohmann::json body{
              {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+             {"agents", agents ? agents().value("agents", nlohmann::json::object()) : nlohmann::json::object()},
              {"memory", std::move(memory)},
              {"scheduler", queues ? std::move(links["scheduler"]) : nlohmann::json{{"mode", "off"}}},
              {"links", queues ? std::move(links["links"]) : nlohmann::json::object()},

@@ -2,10 +2,11 @@
 
 // Admin rows of the KV path: GET /admin/decisions?limit=N, GET /admin/peers, the store's
 // GET /admin/kv?limit=N (budget, use, evictions, the entries it values most) and DELETE /admin/kv,
-// and GET /admin/state?limit=N (the node's state as one document: memory, links, peers).
+// and GET /admin/state?limit=N (the node's state as one document: agents, memory, links, peers).
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,9 +25,11 @@ inline constexpr std::size_t kMaxStateEvents = 1024;  // the link queues' event 
 
 // `store`: the store the KV path serves from (the daemon's one); `queues`: the link scheduler
 // (null with scheduler.mode "off").
+// `agents`: each agent's load as the upstream prober last read it (GET /admin/upstreams' body).
 [[nodiscard]] std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path,
                                                             std::shared_ptr<kv_store::EntryStore> store,
-                                                            std::shared_ptr<broker::LinkQueues> queues);
+                                                            std::shared_ptr<broker::LinkQueues> queues,
+                                                            std::function<nlohmann::json()> agents = {});
 
 // GET /admin/kv's body: the store's figures and its `limit` most valued entries.
 [[nodiscard]] nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit);

@@ -157,6 +157,8 @@ TEST_CASE("The daemon's link scheduler preempts a bulk fetch reply for an urgent
   }
   CHECK(urgent_preempted_bulk);
   CHECK(run.state["scheduler"]["mode"] == "wrr");
+  CHECK(run.state["agents"].is_object());  // none has a metrics_url here
+  CHECK(run.state["memory"]["entries"].get<int>() == 2);
   // The same figures at /metrics.
   const auto metrics = http_request(daemon.admin_port(), "GET", "/metrics");
   REQUIRE(metrics.status == 200);
