@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvrelay/audit/statistics.h"
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/kv_store/entry_chain.h"
@@ -161,12 +162,6 @@ double fetch_once(peer::PeerClient& client, const Entry& entry, const std::strin
     split->transfer_ms = static_cast<double>(fetched.value()->transfer.count()) / 1e3;
   }
   return seconds_since(started);
-}
-
-double percentile(std::vector<double> values, double q) {
-  std::sort(values.begin(), values.end());
-  if (values.empty()) return 0.0;
-  return values[std::min(values.size() - 1, static_cast<std::size_t>(q * static_cast<double>(values.size())))];
 }
 
 struct Holder {
@@ -313,9 +308,9 @@ int main(int argc, char** argv) {
       Holder fifo_holder(binary, dir / "fifo", "fifo", rate, reserved, {&urgent, &bulk});
       fifo = urgent_latencies(fifo_holder, urgent, bulk, count, true);
     }
-    result["urgent_p99_ms_idle"] = percentile(idle, 0.99);
-    result["urgent_p99_ms_loaded_scheduled"] = percentile(scheduled, 0.99);
-    result["urgent_p99_ms_loaded_fifo"] = percentile(fifo, 0.99);
+    result["urgent_p99_ms_idle"] = audit::quantile(idle, 0.99);
+    result["urgent_p99_ms_loaded_scheduled"] = audit::quantile(scheduled, 0.99);
+    result["urgent_p99_ms_loaded_fifo"] = audit::quantile(fifo, 0.99);
     result["urgent_ms_idle"] = bench::spread_json(idle);
     result["urgent_ms_loaded_scheduled"] = bench::spread_json(scheduled);
     result["urgent_ms_loaded_fifo"] = bench::spread_json(fifo);

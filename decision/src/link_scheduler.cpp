@@ -145,7 +145,6 @@ void LinkScheduler::set_waiting(std::uint64_t id, bool waiting, double now, std:
     t.waiting_since = now_;
     t.pass_mark = now_;
   } else if (!waiting && t.waiting) {
-    t.waited_s += now_ - t.waiting_since;
     t.waiting = false;
   }
   t.want = waiting ? want_bytes : 0;
@@ -305,7 +304,6 @@ Grant LinkScheduler::issue(std::size_t index, GrantReason reason, bool preemptin
     ++stats_.resumes;
     emit(SchedulerEventKind::kResumed, t.spec.id, 0);
   }
-  t.waited_s += grant.waited_s;
   t.waiting = false;
   t.want = 0;
   t.granted += chunk;

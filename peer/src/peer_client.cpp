@@ -338,11 +338,9 @@ asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, Encode
   GateTicket ticket(options.gate.get(),
                     TransferTag{state->remote.node_id, header.route, transfer_purpose(header.purpose),
                                 header.frame_bytes, std::nullopt});
-  if (ticket.gated()) {
-    header.chunk_bytes = std::min(options.gate->chunk_bytes(), state->remote.max_chunk_bytes);
-    if (options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
-    header.window_chunks = kGatedWindowChunks;
-  }
+  header.chunk_bytes = std::min(ticket.chunk_bytes(options.chunk_bytes), state->remote.max_chunk_bytes);
+  if (options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
+  header.window_chunks = ticket.window_chunks(options.window_chunks);
   const auto announce = encode_push_encoded(header);
   ChunkStreamOptions stream;
   stream.staging = options.stage_chunks ? &state->staging : nullptr;
@@ -477,9 +475,7 @@ Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::Entry
   header.key = key;
   header.chain = chain;
   header.frame_bytes = frame.size();
-  header.chunk_bytes = std::min(state_->options.chunk_bytes, state_->remote.max_chunk_bytes);
-  if (state_->options.split_single_chunk) header.chunk_bytes = transfer_chunk_bytes(header.chunk_bytes, frame.size());
-  header.window_chunks = state_->options.window_chunks;
+  // Chunk size and window are set where the push joins its link's queue (push_encoded_once).
   header.route = push.route;
   header.purpose = push.purpose;
   header.skip_tokens = push.skip_tokens;

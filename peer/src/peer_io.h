@@ -159,7 +159,13 @@ class GateTicket {
   [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
   // The stream and everything after it went through (a push: committed).
   void complete() noexcept { completed_ = true; }
-  // Gated streams use the gate's chunk and window sizes (kGatedWindowChunks).
+  // Gated streams use the gate's chunk size and announce kGatedWindowChunks; others `ungated`.
+  [[nodiscard]] std::uint32_t chunk_bytes(std::uint32_t ungated) const {
+    return id_ != 0 ? gate_->chunk_bytes() : ungated;
+  }
+  [[nodiscard]] std::uint32_t window_chunks(std::uint32_t ungated) const noexcept {
+    return id_ != 0 ? kGatedWindowChunks : ungated;
+  }
   void apply(ChunkStreamOptions& stream) const noexcept {
     stream.gate = id_ != 0 ? gate_ : nullptr;
     stream.ticket = id_;

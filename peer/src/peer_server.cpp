@@ -203,9 +203,9 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   header.id = request.request_id;
   header.key = key;
   header.frame_bytes = frame.size();
-  const std::uint32_t chunk_bytes = ticket.gated() ? options.gate->chunk_bytes() : options.chunk_bytes;
-  header.chunk_bytes = transfer_chunk_bytes(std::min(chunk_bytes, session.remote.max_chunk_bytes), frame.size());
-  header.window_chunks = ticket.gated() ? kGatedWindowChunks : options.window_chunks;
+  header.chunk_bytes = transfer_chunk_bytes(
+      std::min(ticket.chunk_bytes(options.chunk_bytes), session.remote.max_chunk_bytes), frame.size());
+  header.window_chunks = ticket.window_chunks(options.window_chunks);
   header.chain = *entry->chain;
   header.fidelity_product = product;
   const auto reply = encode_fetch_reply(request.request_id, &header);

@@ -96,22 +96,28 @@ struct Run {
   json state;
 };
 
-// The seq of the link event of `kind` on `route` (0: none), from the daemon's event ring.
-std::uint64_t event_seq(const json& state, const std::string& kind, const std::string& route) {
+// The seq of the daemon's "completed" link event for the reply on `route`: replies that left
+// earlier have smaller ones.
+std::uint64_t completed_seq(const json& state, const std::string& route) {
   for (const auto& event : state["link_events"])
-    if (event["kind"] == kind && event["route"] == route) return event["seq"].get<std::uint64_t>();
+    if (event["kind"] == "completed" && event["route"] == route) return event["seq"].get<std::uint64_t>();
+  FAIL("no completed transfer on route " << route << " in the link events");
   return 0;
+}
+
+// Files the frames in the daemon as a peer's pushes would, transfer ids 1, 2, ...
+void load(const HostPort& address, const std::vector<const KvFrame*>& frames) {
+  auto loader = connect_as(address, "loader");
+  std::uint64_t id = 1;
+  for (const KvFrame* frame : frames)
+    REQUIRE(loader.push_encoded(id++, frame->key(kModel), frame->chain, frame->bytes()).has_value());
 }
 
 // Loads both entries into the daemon (pushed as a peer would), starts the bulk fetch, and once
 // its first chunks have left, the urgent one.
 Run bulk_then_urgent(DaemonUnderTest& daemon, std::uint16_t peer_port, const KvFrame& bulk, const KvFrame& urgent) {
   const HostPort address{"127.0.0.1", peer_port};
-  {
-    auto loader = connect_as(address, "loader");
-    REQUIRE(loader.push_encoded(1, bulk.key(kModel), bulk.chain, bulk.bytes()).has_value());
-    REQUIRE(loader.push_encoded(2, urgent.key(kModel), urgent.chain, urgent.bytes()).has_value());
-  }
+  load(address, {&bulk, &urgent});
   auto bulk_client = connect_as(address, kAsker);
   auto urgent_client = connect_as(address, kAsker);
   auto bulk_fetch = std::async(std::launch::async, [&] { return fetch_on(bulk_client, 10, bulk, "bulk"); });
@@ -121,11 +127,7 @@ Run bulk_then_urgent(DaemonUnderTest& daemon, std::uint16_t peer_port, const KvF
   run.urgent = fetch_on(urgent_client, 11, urgent, "urgent");
   run.bulk = bulk_fetch.get();
   run.state = admin_state(daemon);
-  const std::uint64_t urgent_done = event_seq(run.state, "completed", "urgent");
-  const std::uint64_t bulk_done = event_seq(run.state, "completed", "bulk");
-  REQUIRE(urgent_done != 0);
-  REQUIRE(bulk_done != 0);
-  run.urgent_first = urgent_done < bulk_done;
+  run.urgent_first = completed_seq(run.state, "urgent") < completed_seq(run.state, "bulk");
   return run;
 }
 
@@ -220,11 +222,7 @@ TEST_CASE(
   DaemonUnderTest daemon(scheduled_policy("wrr"));
   const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
   const std::uint16_t peer_port = ready["peer"].get<std::uint16_t>();
-  {
-    auto loader = connect_as({"127.0.0.1", peer_port}, "loader");
-    REQUIRE(loader.push_encoded(1, bulk.key(kModel), bulk.chain, bulk.bytes()).has_value());
-    REQUIRE(loader.push_encoded(2, urgent.key(kModel), urgent.chain, urgent.bytes()).has_value());
-  }
+  load({"127.0.0.1", peer_port}, {&bulk, &urgent});
   // This process plays node-b's sidecar: its broker's peer links, as its KV path fetches.
   const json b_policy = {
       {"schema_version", 1},
@@ -250,11 +248,7 @@ TEST_CASE(
   CHECK(same_bytes(bulk_kv, bulk.kv));
   const auto state = admin_state(daemon);
   INFO(state.dump(2));
-  const std::uint64_t urgent_done = event_seq(state, "completed", "urgent");
-  const std::uint64_t bulk_done = event_seq(state, "completed", "bulk");
-  REQUIRE(urgent_done != 0);
-  REQUIRE(bulk_done != 0);
-  CHECK(urgent_done < bulk_done);
+  CHECK(completed_seq(state, "urgent") < completed_seq(state, "bulk"));
   CHECK(state["links"][kAsker]["preemptions"].get<int>() >= 1);
 }
 
@@ -281,14 +275,8 @@ TEST_CASE("role_priority decides the order in which transfers queued on one link
   DaemonUnderTest daemon(policy);
   const auto ready = json::parse(read_file(daemon.dir() / "ready.json"));
   const HostPort address{"127.0.0.1", ready["peer"].get<std::uint16_t>()};
-  std::vector<KvFrame> frames;
-  {
-    auto loader = connect_as(address, "loader");
-    for (std::uint64_t seed = 11; seed <= 13; ++seed) {
-      frames.push_back(kv_frame(4U << 20, seed));
-      REQUIRE(loader.push_encoded(seed, frames.back().key(kModel), frames.back().chain, frames.back().bytes()));
-    }
-  }
+  const std::vector<KvFrame> frames{kv_frame(4U << 20, 11), kv_frame(4U << 20, 12), kv_frame(4U << 20, 13)};
+  load(address, {&frames[0], &frames[1], &frames[2]});
   std::vector<std::future<Fetched>> fetches;
   const std::vector<int> priorities{1, 4, 7};  // asked in this order, lowest first
   for (std::size_t index = 0; index < priorities.size(); ++index) {
@@ -301,12 +289,6 @@ TEST_CASE("role_priority decides the order in which transfers queued on one link
     CHECK(same_bytes(fetches[index].get().kv, frames[index].kv));
   const auto state = admin_state(daemon);
   INFO(state.dump(2));
-  const std::uint64_t done7 = event_seq(state, "completed", "from-agent-7");
-  const std::uint64_t done4 = event_seq(state, "completed", "from-agent-4");
-  const std::uint64_t done1 = event_seq(state, "completed", "from-agent-1");
-  REQUIRE(done7 != 0);
-  REQUIRE(done4 != 0);
-  REQUIRE(done1 != 0);
-  CHECK(done7 < done4);
-  CHECK(done4 < done1);
+  CHECK(completed_seq(state, "from-agent-7") < completed_seq(state, "from-agent-4"));
+  CHECK(completed_seq(state, "from-agent-4") < completed_seq(state, "from-agent-1"));
 }

@@ -184,7 +184,6 @@ class LinkScheduler {
     bool waiting = false;
     double waiting_since = 0.0;
     std::uint64_t want = 0;
-    double waited_s = 0.0;  // time spent asking, over the closed waiting intervals
     // The aging term's queue delay: time spent asking while other transfers were granted.
     double passed_s = 0.0;
     double pass_mark = 0.0;  // when passed_s was last brought up to date
