@@ -11,7 +11,7 @@ namespace kvrelay::proxy {
 
 namespace {
 
-enum class Field { kNone, kWaiting, kRunning, kKvUsage, kTtftSum, kTtftCount, kTpotSum, kTpotCount };
+enum class Field { kNone, kWaiting, kRunning, kKvUsage, kTtftSum, kTtftCount, kTpotSum, kTpotCount, kCpuSeconds };
 
 Field field_of(std::string_view name) noexcept {
   if (name == "vllm:num_requests_waiting" || name == "tgi_queue_size") return Field::kWaiting;
@@ -29,6 +29,7 @@ Field field_of(std::string_view name) noexcept {
       name == "tgi_request_mean_time_per_token_duration_count") {
     return Field::kTpotCount;
   }
+  if (name == "process_cpu_seconds_total") return Field::kCpuSeconds;
   return Field::kNone;
 }
 
@@ -136,6 +137,9 @@ Result<UpstreamLoad> parse_upstream_metrics(std::string_view exposition) {
       case Field::kTpotCount:
         add_to(tpot_count, *value);
         break;
+      case Field::kCpuSeconds:
+        add_to(load.cpu_seconds, *value);  // several processes (labelled) are one engine's CPU
+        break;
       case Field::kNone:
         break;
     }
@@ -150,6 +154,13 @@ std::optional<double> mean_between(const HistogramTotals& before, const Histogra
   const double sum = after.sum - before.sum;
   if (!(count > 0.0) || sum < 0.0) return std::nullopt;
   return sum / count;
+}
+
+std::optional<double> cpu_load_between(double cpu_before, double cpu_after, double wall_seconds,
+                                       unsigned cores) noexcept {
+  const double used = cpu_after - cpu_before;
+  if (!(wall_seconds > 0.0) || cores == 0 || !(used >= 0.0)) return std::nullopt;
+  return used / wall_seconds / static_cast<double>(cores);
 }
 
 }  // namespace kvrelay::proxy

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 namespace kvrelay::proxy {
 
 namespace asio = boost::asio;
@@ -95,6 +97,7 @@ UpstreamProber::UpstreamProber(asio::io_context& io, std::shared_ptr<RuntimePoli
       listener_(std::move(listener)),
       strand_(asio::make_strand(io)),
       timer_(strand_),
+      cores_(std::thread::hardware_concurrency()),
       waiting_(registry.gauge("kvrelay_upstream_requests_waiting",
                               "Requests waiting at the agent's engine (vllm:num_requests_waiting, tgi_queue_size)",
                               {"agent"})),
@@ -108,6 +111,10 @@ UpstreamProber::UpstreamProber(asio::io_context& io, std::shared_ptr<RuntimePoli
                            "Mean time to first token at the agent's engine between the last two probes", {"agent"})),
       tpot_(registry.gauge("kvrelay_upstream_time_per_output_token_seconds",
                            "Mean time per output token at the agent's engine between the last two probes", {"agent"})),
+      compute_(registry.gauge("kvrelay_upstream_compute_load_ratio",
+                              "CPU use of the agent's engine between the last two probes over this host's cores "
+                              "(process_cpu_seconds_total)",
+                              {"agent"})),
       up_(registry.gauge("kvrelay_upstream_probe_up", "1 if the last probe of the agent's metrics page succeeded",
                          {"agent"})),
       failures_(registry.counter("kvrelay_upstream_probe_failures_total",
@@ -173,7 +180,10 @@ void UpstreamProber::record_success(const std::string& agent, UpstreamLoad load)
         recent_mean(reading.load.time_to_first_token, load.time_to_first_token, reading.load.recent_ttft_s);
     load.recent_tpot_s =
         recent_mean(reading.load.time_per_output_token, load.time_per_output_token, reading.load.recent_tpot_s);
+    const auto now = std::chrono::steady_clock::now();
+    load.compute_load = compute_load(reading, load, now);
     reading.load = load;
+    reading.scraped_at = now;
     reading.up = true;
     reading.last_error.clear();
     reading.last_success = std::chrono::system_clock::now();
@@ -185,8 +195,20 @@ void UpstreamProber::record_success(const std::string& agent, UpstreamLoad load)
   if (load.kv_cache_usage) kv_usage_.with({agent}).set(*load.kv_cache_usage);
   if (load.recent_ttft_s) ttft_.with({agent}).set(*load.recent_ttft_s);
   if (load.recent_tpot_s) tpot_.with({agent}).set(*load.recent_tpot_s);
+  if (load.compute_load) compute_.with({agent}).set(*load.compute_load);
   up_.with({agent}).set(1.0);
   if (listener_) listener_(agent, load);
+}
+
+std::optional<double> UpstreamProber::compute_load(const AgentLoadReading& before, const UpstreamLoad& now,
+                                                   std::chrono::steady_clock::time_point scraped_at) const noexcept {
+  if (!now.cpu_seconds) return std::nullopt;
+  // The first page has no interval to take a rate over.
+  if (!before.load.cpu_seconds) return std::nullopt;
+  const double wall = std::chrono::duration<double>(scraped_at - before.scraped_at).count();
+  const auto rate = cpu_load_between(*before.load.cpu_seconds, *now.cpu_seconds, wall, cores_);
+  // A restarted engine's counter went backwards: keep the last figure for one interval.
+  return rate ? rate : before.load.compute_load;
 }
 
 void UpstreamProber::record_failure(const std::string& agent, const std::string& reason, const std::string& detail) {
@@ -225,6 +247,7 @@ nlohmann::json UpstreamProber::snapshot_json() const {
         {"requests_waiting", optional_json(reading.load.requests_waiting)},
         {"requests_running", optional_json(reading.load.requests_running)},
         {"kv_cache_usage", optional_json(reading.load.kv_cache_usage)},
+        {"compute_load", optional_json(reading.load.compute_load)},
         {"time_to_first_token_s", optional_json(reading.load.recent_ttft_s)},
         {"time_per_output_token_s", optional_json(reading.load.recent_tpot_s)},
         {"last_success_unix_s",

@@ -13,6 +13,11 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
+// K and V, every layer, fp32: what one token's KV occupies in the worker's cache.
+std::uint64_t kv_bytes_per_token(const ModelConfig& config) {
+  return 2ULL * config.layers * config.kv_dim() * sizeof(float);
+}
+
 }  // namespace
 
 ModelWorker::ModelWorker(const Model& model, KvConnector& connector, WorkerMetrics& metrics, std::uint32_t max_waiting,
@@ -25,7 +30,13 @@ ModelWorker::ModelWorker(const Model& model, KvConnector& connector, WorkerMetri
   if (auto reserved = kv_cache_.reserve(kv_cache_tokens, 0); !reserved) {
     spdlog::warn("no pre-allocated KV cache, sessions allocate their own: {}", reserved.error().to_string());
   }
+  report_kv_held(0);
   thread_ = std::thread([this] { run(); });
+}
+
+void ModelWorker::report_kv_held(std::uint64_t tokens) {
+  const auto per_token = kv_bytes_per_token(model_.config());
+  metrics_.set_kv_cache(tokens * per_token, model_.config().seq_len * per_token);
 }
 
 ModelWorker::~ModelWorker() {
@@ -72,6 +83,7 @@ void ModelWorker::run() {
     }
     metrics_.set_running(1);
     auto outcome = serve(job);
+    report_kv_held(0);  // the session is gone: its rows are free for the next request
     metrics_.set_running(0);
     if (outcome) {
       metrics_.add_request(outcome.value().stats.prompt_tokens, outcome.value().generation.tokens.size(),
@@ -119,6 +131,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
       }
     }
   }
+  report_kv_held(session.position());
   const Fidelity session_fidelity = computed_fidelity(imported_fidelity, session.position());
   stats.import_ms = ms_between(looked_up, Clock::now());
   stats.cached_tokens = session.position();
@@ -129,6 +142,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   KVRELAY_TRY(auto logits, session.prefill(computed));
   const auto prefill_end = Clock::now();
   stats.prefill_ms = ms_between(prefill_start, prefill_end);
+  report_kv_held(session.position());
   connector_.report_prefill(computed, prompt.size(), stats.prefill_ms / 1000.0, request.kvrelay_params);
 
   bool first = true;
@@ -143,6 +157,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
       metrics_.observe_time_per_output_token(ms_between(previous_token, now) / 1000.0);
     }
     previous_token = now;
+    report_kv_held(session.position());
     return !job.on_token || job.on_token(token);
   };
   KVRELAY_TRY(outcome.generation, generate(session, logits, request.generation, on_token));

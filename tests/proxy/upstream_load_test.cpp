@@ -5,6 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
+using kvrelay::proxy::cpu_load_between;
 using kvrelay::proxy::HistogramTotals;
 using kvrelay::proxy::mean_between;
 using kvrelay::proxy::parse_upstream_metrics;
@@ -71,7 +74,35 @@ TEST_CASE("TGI's queue and batch sizes map onto waiting and running", "[proxy][p
 TEST_CASE("A page with nothing recognisable parses but says so", "[proxy][probe]") {
   const auto load = parse_upstream_metrics("# only comments\n\nprocess_cpu_seconds_total 12.5\n");
   REQUIRE(load);
+  // The CPU counter is read, but any instrumented process has one: it does not make an engine.
+  CHECK(load.value().cpu_seconds == 12.5);
   CHECK_FALSE(load.value().recognised_anything());
+}
+
+TEST_CASE("process_cpu_seconds_total is read beside vLLM's figures and summed over label sets", "[proxy][probe]") {
+  const auto page = R"(# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 3.5
+process_cpu_seconds_total{pid="2"} 1.25
+process_cpu_seconds_totally 100
+vllm:num_requests_waiting{model_name="a"} 0
+)";
+  const auto load = parse_upstream_metrics(page);
+  REQUIRE(load);
+  CHECK(load.value().cpu_seconds == 4.75);
+  CHECK_FALSE(load.value().compute_load);  // a rate needs a second scrape; the prober fills it
+  CHECK_FALSE(parse_upstream_metrics("vllm:num_requests_waiting 0\n").value().cpu_seconds);
+}
+
+TEST_CASE("Compute load is the CPU rate between two scrapes over the cores", "[proxy][probe]") {
+  // 3 CPU seconds in 2 wall seconds on 4 cores: 1.5 cores busy of 4.
+  CHECK(cpu_load_between(10.0, 13.0, 2.0, 4).value() == Approx(0.375));
+  CHECK(cpu_load_between(10.0, 10.0, 2.0, 4).value() == 0.0);  // idle is a figure, not a gap
+  CHECK(cpu_load_between(0.0, 16.0, 2.0, 4).value() ==
+        Approx(2.0));                                 // the engine's host has more cores: shown, not hidden
+  CHECK_FALSE(cpu_load_between(13.0, 1.0, 2.0, 4));   // engine restarted
+  CHECK_FALSE(cpu_load_between(10.0, 13.0, 0.0, 4));  // no interval
+  CHECK_FALSE(cpu_load_between(10.0, 13.0, 2.0, 0));  // cores unknown
+  CHECK_FALSE(cpu_load_between(10.0, std::nan(""), 2.0, 4));
 }
 
 TEST_CASE("Malformed exposition lines are errors naming the line", "[proxy][probe]") {

@@ -46,7 +46,7 @@ TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][pro
       [&] {
         upstreams = json::parse(http_request(daemon.admin_port(), "GET", "/admin/upstreams").body)["agents"];
         return upstreams.contains("live") && upstreams["live"]["up"] == true &&
-               !upstreams["live"]["time_to_first_token_s"].is_null() &&
+               !upstreams["live"]["time_to_first_token_s"].is_null() && !upstreams["live"]["compute_load"].is_null() &&
                !upstreams["live"]["time_per_output_token_s"].is_null() && upstreams.contains("gone") &&
                upstreams["gone"]["failures"].get<int>() >= 2;
       },
@@ -57,6 +57,15 @@ TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][pro
   CHECK(upstreams["live"]["time_to_first_token_s"].get<double>() > 0.0);
   // Four answer tokens: three gaps between them, whose mean prices a lossy medium's extra decode.
   CHECK(upstreams["live"]["time_per_output_token_s"].get<double>() > 0.0);
+  // The refworker's KV usage: the request is over, so within 0..1 (its value while a request
+  // holds KV is checked in tests/refworker).
+  REQUIRE(upstreams["live"]["kv_cache_usage"].is_number());
+  CHECK(upstreams["live"]["kv_cache_usage"].get<double>() >= 0.0);
+  CHECK(upstreams["live"]["kv_cache_usage"].get<double>() <= 1.0);
+  // Two scrapes of process_cpu_seconds_total bracket an interval: the rate over this host's cores.
+  CHECK(upstreams["live"]["compute_load"].get<double>() >= 0.0);
+  CHECK(upstreams["live"]["compute_load"].get<double>() < 1.5);
+  CHECK(upstreams["gone"]["compute_load"].is_null());
   CHECK(upstreams["gone"]["up"] == false);
   CHECK_THAT(upstreams["gone"]["last_error"].get<std::string>(), Catch::StartsWith("connect"));
 
@@ -65,6 +74,18 @@ TEST_CASE("daemon probes upstream engines' metrics pages for load", "[proxy][pro
   CHECK_THAT(metrics, Catch::Contains("kvrelay_upstream_probe_up{agent=\"gone\"} 0"));
   CHECK_THAT(metrics, Catch::Contains("kvrelay_upstream_requests_waiting{agent=\"live\"} 0"));
   CHECK_THAT(metrics, Catch::Contains("kvrelay_upstream_probe_failures_total{agent=\"gone\",reason=\"connect\"}"));
+  CHECK_THAT(metrics, Catch::Contains("kvrelay_upstream_compute_load_ratio{agent=\"live\"} "));
+  CHECK_THAT(metrics, Catch::Contains("kvrelay_upstream_kv_cache_usage_ratio{agent=\"live\"} "));
+
+  // S(t)'s agent part carries the same figures.
+  const auto state_reply = http_request(daemon.admin_port(), "GET", "/admin/state");
+  REQUIRE(state_reply.status == 200);
+  const auto live = json::parse(state_reply.body)["agents"]["live"];
+  INFO(live.dump(2));
+  CHECK(live["kv_cache_usage"].is_number());
+  CHECK(live["compute_load"].is_number());
+  CHECK(live["requests_waiting"].is_number());
+  CHECK(live["requests_running"].is_number());
   // The dead engine cost no request anything: the daemon still answers.
   CHECK(http_request(daemon.http_port(), "GET", "/healthz").status == 200);
 }

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include "kvrelay/refworker/worker_metrics.h"
 
 namespace kr = kvrelay::refworker;
@@ -109,4 +111,37 @@ TEST_CASE("refworker metrics render vLLM's names with cumulative TTFT buckets", 
   CHECK(text.find("vllm:time_per_output_token_seconds_count{model_name=\"m\"} 2\n") != std::string::npos);
   CHECK(text.find("vllm:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1\n") != std::string::npos);
   CHECK(text.find("refworker:request_failure_total{model_name=\"m\"} 1\n") != std::string::npos);
+  // No capacity reported yet: nothing held, and the series is there for probes all the same.
+  CHECK(text.find("# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0\n") !=
+        std::string::npos);
+  CHECK(text.find("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ") != std::string::npos);
+}
+
+TEST_CASE("refworker metrics: kv_cache_usage_perc is held over capacity, within 0..1", "[refworker][api]") {
+  kr::WorkerMetrics metrics;
+  metrics.set_kv_cache(1024, 4096);
+  CHECK(metrics.render("m").find("vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n") != std::string::npos);
+  metrics.set_kv_cache(8192, 4096);  // never claims more than full
+  CHECK(metrics.render("m").find("vllm:kv_cache_usage_perc{model_name=\"m\"} 1\n") != std::string::npos);
+  metrics.set_kv_cache(0, 4096);
+  CHECK(metrics.render("m").find("vllm:kv_cache_usage_perc{model_name=\"m\"} 0\n") != std::string::npos);
+}
+
+TEST_CASE("refworker metrics: process_cpu_seconds_total counts this process's CPU time", "[refworker][api]") {
+  const double before = kr::process_cpu_seconds();
+  // Burn ~50 ms of CPU (bounded by wall time, in case the clock is coarse).
+  volatile double sink = 0.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (kr::process_cpu_seconds() < before + 0.05 && std::chrono::steady_clock::now() < deadline) {
+    for (int i = 0; i < 100000; ++i)
+      sink = sink + 1.0;
+  }
+  const double after = kr::process_cpu_seconds();
+  CHECK(after >= before + 0.05);
+  // The page carries the same counter, unlabelled as client libraries export it.
+  const auto page = kr::WorkerMetrics{}.render("m");
+  const std::string series = "\nprocess_cpu_seconds_total ";
+  const auto at = page.find(series);
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(page.substr(at + series.size())) >= after);
 }

@@ -165,3 +165,49 @@ TEST_CASE("refworker worker: stop() cancels waiting requests and refuses new one
   job.on_done = [](kvrelay::Result<kr::CompletionOutcome>) {};
   CHECK(worker.submit(std::move(job)).error().code == kvrelay::ErrorCode::kCancelled);
 }
+
+namespace {
+
+// The value of vllm:kv_cache_usage_perc on a rendered metrics page; -1 when it is missing.
+double kv_usage_on(const std::string& page) {
+  const std::string series = "vllm:kv_cache_usage_perc{model_name=\"m\"} ";
+  const auto at = page.find(series);
+  return at == std::string::npos ? -1.0 : std::stod(page.substr(at + series.size()));
+}
+
+}  // namespace
+
+TEST_CASE("refworker worker: kv_cache_usage_perc is the running session's KV over one seq_len session",
+          "[refworker][worker]") {
+  auto model =
+      kr::make_synthetic(kr::parse_shape("layers=2,dim=64,heads=4,kv_heads=2,ffn=128,vocab=300,seq_len=64").value(), 1);
+  REQUIRE(model);
+  kr::WorkerMetrics metrics;
+  kr::NoKvConnector none;
+  kr::ModelWorker worker(model.value(), none, metrics, 2);
+  CHECK(kv_usage_on(metrics.render("m")) == 0.0);  // idle: no session holds KV
+
+  std::vector<double> seen;  // filled on the model thread, read after the request is done
+  std::promise<kvrelay::Result<kr::CompletionOutcome>> done;
+  kr::CompletionJob job;
+  job.request.prompt = std::vector<std::int32_t>(16, 7);
+  job.request.generation.max_tokens = 8;
+  job.request.generation.stop_at_eos = false;
+  job.on_token = [&](std::int32_t) {
+    seen.push_back(kv_usage_on(metrics.render("m")));
+    return true;
+  };
+  job.on_done = [&done](kvrelay::Result<kr::CompletionOutcome> outcome) { done.set_value(std::move(outcome)); };
+  REQUIRE(worker.submit(std::move(job)));
+  REQUIRE(done.get_future().get());
+
+  // At answer token i the session holds the prompt and the i tokens decoded before it.
+  REQUIRE(seen.size() == 8);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    INFO("token " << i);
+    CHECK(seen[i] > 0.0);
+    CHECK(seen[i] <= 1.0);
+    CHECK(seen[i] == Approx(static_cast<double>(16 + i) / 64.0));
+  }
+  CHECK(kv_usage_on(metrics.render("m")) == 0.0);  // the finished request's rows are free again
+}

@@ -192,6 +192,8 @@ TEST_CASE("refworker server: metrics count tokens and first-token latencies, and
   CHECK(metric(port, "vllm:time_to_first_token_seconds_count" + label) == 3.0);
   CHECK(metric(port, "vllm:num_requests_waiting" + label) == 0.0);
   CHECK(metric(port, "vllm:num_requests_running" + label) == 0.0);
+  CHECK(metric(port, "vllm:kv_cache_usage_perc" + label) == 0.0);  // no request holds KV now
+  CHECK(metric(port, "\nprocess_cpu_seconds_total") > 0.0);        // unlabelled; three requests cost CPU
   stories.server->process().send_signal(SIGTERM);
   CHECK(stories.server->process().wait_for_exit(std::chrono::seconds(10)) == 0);
 }
@@ -217,6 +219,18 @@ TEST_CASE("refworker server: requests queue behind the model thread and are all 
   const bool saw_waiting =
       kvrelay::test::wait_until([&] { return metric(port, waiting) >= 1.0; }, std::chrono::seconds(30));
   CHECK(saw_waiting);
+  // While a request runs its session holds 64 to 363 tokens of the 1024 one session may hold.
+  const std::string kv_usage = "vllm:kv_cache_usage_perc{model_name=\"synthetic\"}";
+  double usage = 0.0;
+  const bool saw_usage = kvrelay::test::wait_until(
+      [&] {
+        usage = metric(port, kv_usage);
+        return usage > 0.0;
+      },
+      std::chrono::seconds(30));
+  CHECK(saw_usage);
+  CHECK(usage >= 64.0 / 1024.0);
+  CHECK(usage <= 364.0 / 1024.0);
   std::vector<std::int32_t> first;
   for (auto& request : requests) {
     const json response = request.get();
@@ -228,4 +242,5 @@ TEST_CASE("refworker server: requests queue behind the model thread and are all 
     CHECK(ids == first);  // same greedy request, same answer, whatever the queueing
   }
   CHECK(metric(port, waiting) == 0.0);
+  CHECK(metric(port, kv_usage) == 0.0);
 }

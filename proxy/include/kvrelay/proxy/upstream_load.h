@@ -28,6 +28,10 @@ struct UpstreamLoad {
   // tgi_request_mean_time_per_token_duration: how long one more answer token costs.
   std::optional<HistogramTotals> time_per_output_token;
   std::optional<double> recent_tpot_s;  // mean over the scrape interval; filled by the prober
+  std::optional<double> cpu_seconds;    // process_cpu_seconds_total: the engine process's user + system CPU
+  // CPU seconds per second over the scrape interval, over the cores; filled by the prober.
+  std::optional<double> compute_load;
+  // Only engine figures count: process_cpu_seconds_total alone is on any instrumented process's page.
   [[nodiscard]] bool recognised_anything() const noexcept {
     return requests_waiting || requests_running || kv_cache_usage || time_to_first_token || time_per_output_token;
   }
@@ -43,5 +47,11 @@ struct UpstreamLoad {
 // nullopt when nothing was observed in between or the counters went backwards (the engine
 // restarted).
 [[nodiscard]] std::optional<double> mean_between(const HistogramTotals& before, const HistogramTotals& after) noexcept;
+
+// The engine's CPU use between two scrapes `wall_seconds` apart, as a share of `cores` cores (1:
+// all busy; more when the engine's host has more cores than `cores`); nullopt without an
+// interval or cores, or when the counter went backwards (the engine restarted).
+[[nodiscard]] std::optional<double> cpu_load_between(double cpu_before, double cpu_after, double wall_seconds,
+                                                     unsigned cores) noexcept;
 
 }  // namespace kvrelay::proxy

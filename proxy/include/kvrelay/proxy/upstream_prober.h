@@ -28,6 +28,7 @@ struct AgentLoadReading {
   bool up = false;  // the last probe succeeded
   std::string last_error;
   std::chrono::system_clock::time_point last_success{};
+  std::chrono::steady_clock::time_point scraped_at{};  // of the last success: the interval of CPU rates
   std::uint64_t probes = 0;
   std::uint64_t failures = 0;
 };
@@ -49,6 +50,9 @@ class UpstreamProber : public std::enable_shared_from_this<UpstreamProber> {
   void schedule_next();
   void probe_all();
   void record_success(const std::string& agent, UpstreamLoad load);
+  // compute_load from the CPU counter's rate since the agent's last good scrape.
+  [[nodiscard]] std::optional<double> compute_load(const AgentLoadReading& before, const UpstreamLoad& now,
+                                                   std::chrono::steady_clock::time_point scraped_at) const noexcept;
   void record_failure(const std::string& agent, const std::string& reason, const std::string& detail);
 
   boost::asio::io_context& io_;
@@ -58,6 +62,9 @@ class UpstreamProber : public std::enable_shared_from_this<UpstreamProber> {
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;
   boost::asio::steady_timer timer_;
   bool stopped_ = false;
+  // The sidecar runs on its engine's node, so this host's cores are the engine's (cgroup CPU
+  // limits are not seen: a capped engine shows a lower load than it bears).
+  unsigned cores_;
 
   mutable std::mutex mutex_;
   std::map<std::string, AgentLoadReading> readings_;
@@ -67,6 +74,7 @@ class UpstreamProber : public std::enable_shared_from_this<UpstreamProber> {
   metrics::Family<metrics::Gauge>& kv_usage_;
   metrics::Family<metrics::Gauge>& ttft_;
   metrics::Family<metrics::Gauge>& tpot_;
+  metrics::Family<metrics::Gauge>& compute_;
   metrics::Family<metrics::Gauge>& up_;
   metrics::Family<metrics::Counter>& failures_;
 };

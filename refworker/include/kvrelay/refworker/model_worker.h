@@ -47,6 +47,10 @@ class ModelWorker {
  private:
   void run();
   [[nodiscard]] Result<CompletionOutcome> serve(CompletionJob& job);
+  // vllm:kv_cache_usage_perc: `tokens` rows held by the running session over the worker's KV
+  // capacity, one session of seq_len tokens (requests run one at a time and a session refuses
+  // to grow past seq_len, whatever --kv-cache-tokens pre-allocated).
+  void report_kv_held(std::uint64_t tokens);
 
   const Model& model_;
   KvConnector& connector_;

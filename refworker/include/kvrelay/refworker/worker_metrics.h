@@ -25,6 +25,10 @@ class LatencyHistogram {
   double sum_ = 0.0;
 };
 
+// This process's user + system CPU time in seconds (getrusage(RUSAGE_SELF)): the
+// process_cpu_seconds_total counter that Prometheus client libraries (vLLM's among them) export.
+[[nodiscard]] double process_cpu_seconds() noexcept;
+
 // The subset of vLLM's Prometheus metrics this worker has, under vLLM's names, so dashboards
 // and the sidecar's load probes read a refworker like a vLLM worker.
 class WorkerMetrics {
@@ -38,6 +42,9 @@ class WorkerMetrics {
 
   void set_waiting(std::uint64_t waiting);
   void set_running(std::uint64_t running);
+  // KV bytes the sessions hold now, over the most KV the worker lets them hold at once
+  // (vllm:kv_cache_usage_perc, 0..1); the model thread updates it as its session grows.
+  void set_kv_cache(std::uint64_t held_bytes, std::uint64_t capacity_bytes);
   void observe_ttft(double seconds);
   // One gap between two consecutive output tokens of a request (vLLM observes the same).
   void observe_time_per_output_token(double seconds);
@@ -52,6 +59,8 @@ class WorkerMetrics {
   mutable std::mutex mutex_;
   std::uint64_t waiting_ = 0;
   std::uint64_t running_ = 0;
+  std::uint64_t kv_held_bytes_ = 0;
+  std::uint64_t kv_capacity_bytes_ = 0;
   LatencyHistogram ttft_{kTtftBuckets};
   LatencyHistogram tpot_{kTpotBuckets};
   std::uint64_t prompt_tokens_ = 0;
