@@ -1,194 +1,78 @@
-// decision_bench: cost of one DecisionEngine::decide() with 10,000 agents and 100,000 routes.
-// Prints JSON: decisions per second, mean and p99 ns per decision, and next to them the
-// physical floor measured in the same run (one dependent random cache-line read per decision
-// over a working set the size of the engine's route table).
+// decision_bench: how much one decision-making event costs. Prints one JSON object.
 //
 //   decision_bench [--agents N] [--routes N] [--decisions N]
+//     one DecisionEngine::decide() on one big engine (route_bench.h)
+//   decision_bench --nodes 1,2,4,8 [--agents N] [--events N]
+//     a decision, a scheduler grant and an eviction on one node while N nodes' state exists;
+//     --agents is then per node (default 1000) (node_bench.h)
 
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <random>
+#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "kvrelay/decision/decision_engine.h"
+#include "node_bench.h"
+#include "route_bench.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using namespace kvrelay::decision;
+constexpr const char* kBenchUsage =
+    "usage: decision_bench [--agents N] [--routes N] [--decisions N]\n"
+    "       decision_bench --nodes 1,2,4,8 [--agents N] [--events N]\n";
 
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      return line.substr(line.find(':') + 2);
-    }
+// "1,2,4,8" -> {1, 2, 4, 8}; empty on anything else.
+std::vector<std::size_t> parse_node_counts(const std::string& text) {
+  std::vector<std::size_t> counts;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const auto value = std::strtoull(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value == 0) return {};
+    counts.push_back(value);
   }
-  return "unknown";
-}
-
-// Other work on the host inflates timings; recorded so results can be read accordingly.
-double load_average() {
-  std::ifstream loadavg("/proc/loadavg");
-  double one_minute = 0.0;
-  loadavg >> one_minute;
-  return one_minute;
-}
-
-double ns_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::nano>(b - a).count();
+  return counts;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t agent_count = 10'000;
-  std::size_t route_count = 100'000;
-  std::size_t decisions = 2'000'000;
+  kvrelay::bench::RouteBenchOptions routes;
+  kvrelay::bench::NodeBenchOptions nodes;
+  bool node_mode = false;
+  bool agents_given = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    const auto value = std::strtoull(argv[i + 1], nullptr, 10);
-    if (flag == "--agents") {
-      agent_count = value;
+    const std::string text = argv[i + 1];
+    const auto value = std::strtoull(text.c_str(), nullptr, 10);
+    if (flag == "--nodes") {
+      node_mode = true;
+      nodes.nodes = parse_node_counts(text);
+      if (nodes.nodes.empty()) {
+        std::cerr << kBenchUsage;
+        return 2;
+      }
+    } else if (flag == "--agents") {
+      routes.agents = value;
+      nodes.agents_per_node = value;
+      agents_given = true;
     } else if (flag == "--routes") {
-      route_count = value;
+      routes.routes = value;
     } else if (flag == "--decisions") {
-      decisions = value;
+      routes.decisions = value;
+    } else if (flag == "--events") {
+      nodes.events = value;
     } else {
-      std::cerr << "usage: decision_bench [--agents N] [--routes N] [--decisions N]\n";
+      std::cerr << kBenchUsage;
       return 2;
     }
   }
-
-  std::mt19937_64 rng(1);
-  DecisionEngine engine;
-  constexpr std::size_t kNodes = 100;
-  std::vector<LinkId> links;
-  for (std::size_t n = 0; n < kNodes; ++n) {
-    const bool shm = n == 0;
-    links.push_back(
-        engine.add_link(LinkParams{"node" + std::to_string(n), shm, shm ? 10e9 : 1.25e9, shm ? 2e-5 : 2e-4}).value());
+  if (argc % 2 == 0 || (agents_given && routes.agents == 0) || nodes.events == 0) {
+    std::cerr << kBenchUsage;
+    return 2;
   }
-  std::uniform_int_distribution<std::size_t> any_agent(0, agent_count - 1);
-  for (std::size_t a = 0; a < agent_count; ++a) {
-    AgentParams p;
-    p.id = "agent" + std::to_string(a);
-    p.fingerprint_id = a % 4;
-    p.kv_bytes_per_token = 131072;
-    p.accepts_sparse = a % 5 == 0;
-    (void)engine.add_agent(p).value();
-  }
-  std::vector<RouteId> routes;
-  routes.reserve(route_count);
-  for (std::size_t r = 0; r < route_count; ++r) {
-    kvrelay::RoutePolicy policy;
-    policy.id = "route" + std::to_string(r);
-    const std::size_t from = any_agent(rng);
-    const std::size_t to = any_agent(rng);
-    policy.from_agent = "agent" + std::to_string(from);
-    policy.to_agent = "agent" + std::to_string(to);
-    policy.quality_floor = r % 7 == 0 ? 0.97 : 0.0;
-    routes.push_back(engine.add_route(policy, links[to % kNodes]).value());
-  }
-  // Requests drawn up front so the timed loop measures decide() alone.
-  constexpr std::size_t kShapes = 1 << 20;
-  std::vector<RouteId> route_of(kShapes);
-  std::vector<TransferShape> shapes(kShapes);
-  std::uniform_real_distribution<double> log_len(std::log(16.0), std::log(32768.0));
-  std::uniform_int_distribution<std::size_t> any_route(0, route_count - 1);
-  for (std::size_t i = 0; i < kShapes; ++i) {
-    route_of[i] = routes[any_route(rng)];
-    shapes[i].tokens = static_cast<std::uint64_t>(std::exp(log_len(rng)));
-    shapes[i].receiver_cached = i % 3 == 0 ? shapes[i].tokens / 2 : 0;
-    shapes[i].now_s = static_cast<double>(i) * 1e-4;
-  }
-
-  // Warm-up: one decision per route, so first-touch page faults are not counted.
-  std::uint64_t checksum = 0;
-  Decision decision;
-  for (std::size_t r = 0; r < route_count; ++r) {
-    (void)engine.decide_into(routes[r], shapes[r & (kShapes - 1)], decision);
-    checksum += decision.chosen;
-  }
-  // Throughput: no clock inside the loop.
-  const auto start = Clock::now();
-  for (std::size_t i = 0; i < decisions; ++i) {
-    const std::size_t k = i & (kShapes - 1);
-    (void)engine.decide_into(route_of[k], shapes[k], decision);
-    checksum += decision.chosen;
-  }
-  const double total_ns = ns_between(start, Clock::now());
-
-  // Latency distribution: each decision timed on its own (includes ~2 clock reads).
-  const std::size_t timed = std::min<std::size_t>(decisions, 500'000);
-  std::vector<double> latency(timed);
-  for (std::size_t i = 0; i < timed; ++i) {
-    const std::size_t k = (i * 7919) & (kShapes - 1);
-    const auto t0 = Clock::now();
-    (void)engine.decide_into(route_of[k], shapes[k], decision);
-    const auto t1 = Clock::now();
-    checksum += decision.chosen;
-    latency[i] = ns_between(t0, t1);
-  }
-  std::sort(latency.begin(), latency.end());
-  const auto clock_t0 = Clock::now();
-  for (std::size_t i = 0; i < timed; ++i) {
-    (void)Clock::now();
-  }
-  const double clock_ns = ns_between(clock_t0, Clock::now()) / static_cast<double>(timed);
-
-  // Physical floor: a dependent random read per decision over the same working set size
-  // (route table entries are ~100 bytes), which no table-driven decide() can beat.
-  const std::size_t lines = route_count * 2;
-  std::vector<std::uint64_t> chase(lines * 8);
-  {
-    std::vector<std::size_t> order(lines);
-    for (std::size_t i = 0; i < lines; ++i) {
-      order[i] = i;
-    }
-    std::shuffle(order.begin(), order.end(), rng);
-    for (std::size_t i = 0; i < lines; ++i) {
-      chase[order[i] * 8] = order[(i + 1) % lines] * 8;
-    }
-  }
-  std::uint64_t cursor = 0;
-  const auto floor_start = Clock::now();
-  for (std::size_t i = 0; i < decisions; ++i) {
-    cursor = chase[cursor];
-  }
-  const double floor_ns = ns_between(floor_start, Clock::now()) / static_cast<double>(decisions);
-
-  const double mean_ns = total_ns / static_cast<double>(decisions);
-  nlohmann::json out = {
-      {"bench", "decision_bench"},
-      {"machine",
-       {{"cpu", cpu_model()},
-        {"hardware_threads", std::thread::hardware_concurrency()},
-        {"load_average_1m", load_average()}}},
-      {"agents", agent_count},
-      {"routes", route_count},
-      {"links", kNodes},
-      {"media", engine.media_count()},
-      {"decisions", decisions},
-      {"decisions_per_s", 1e9 / mean_ns},
-      {"mean_ns", mean_ns},
-      {"p50_ns", latency[timed / 2]},
-      {"p99_ns", latency[timed * 99 / 100]},
-      {"p999_ns", latency[timed * 999 / 1000]},
-      {"timed_includes_clock_read_ns", clock_ns},
-      {"physical_floor_random_read_ns", floor_ns},
-      {"goal_mean_below_2us", mean_ns < 2000.0},
-      {"checksum", checksum + cursor},
-  };
+  const auto out = node_mode ? kvrelay::bench::run_node_bench(nodes) : kvrelay::bench::run_route_bench(routes);
   std::cout << out.dump(2) << '\n';
   return 0;
 }

@@ -1,8 +1,11 @@
-// decision_sim: a discrete-event simulation that drives the real DecisionEngine over workloads
-// (agent chains, fan-out, fan-in, and all of them mixed) and compares it with fixed policies
-// and an oracle that knows every transfer's true cost. Prints one JSON object.
+// decision_sim: discrete-event simulations that drive the real decision code. The decision part
+// runs the DecisionEngine over workloads (agent chains, fan-out, fan-in, and all of them mixed)
+// and compares it with fixed policies and an oracle that knows every transfer's true cost; the
+// scheduler part runs LinkScheduler in WRR and FIFO mode on one loaded link (sched_sim.h); the
+// store part runs the daemon's entry store with utility and LRU eviction (store_sim.h).
+// Prints one JSON object.
 //
-//   decision_sim [--transfers N] [--seed S] [--check]
+//   decision_sim [--transfers N] [--seed S] [--parts decision,scheduler,store] [--check]
 // --check: exit status 1 when a goal is missed (used by ctest).
 
 #include <nlohmann/json.hpp>
@@ -18,6 +21,8 @@
 #include <thread>
 
 #include "policies.h"
+#include "sched_sim.h"
+#include "store_sim.h"
 #include "trace.h"
 
 namespace {
@@ -126,44 +131,83 @@ nlohmann::json run_workload(const std::string& kind, std::size_t transfers, std:
   };
 }
 
+constexpr const char* kUsage =
+    "usage: decision_sim [--transfers N] [--seed S] [--parts decision,scheduler,store] [--check]\n";
+
+bool all_true(const nlohmann::json& goals) {
+  for (const auto& met : goals) {
+    if (!met.get<bool>()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::size_t transfers = 40'000;
   std::uint64_t seed = 1;
   bool check = false;
+  std::string parts = "decision,scheduler,store";
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--check") {
       check = true;
       --i;
     } else if (i + 1 >= argc) {
-      std::cerr << "usage: decision_sim [--transfers N] [--seed S] [--check]\n";
+      std::cerr << kUsage;
       return 2;
     } else if (flag == "--transfers") {
       transfers = std::strtoull(argv[i + 1], nullptr, 10);
     } else if (flag == "--seed") {
       seed = std::strtoull(argv[i + 1], nullptr, 10);
+    } else if (flag == "--parts") {
+      parts = argv[i + 1];
     } else {
-      std::cerr << "usage: decision_sim [--transfers N] [--seed S] [--check]\n";
+      std::cerr << kUsage;
       return 2;
     }
   }
+  const auto wanted = [&](const std::string& part) {
+    return ("," + parts + ",").find("," + part + ",") != std::string::npos;
+  };
   nlohmann::json out;
   out["bench"] = "decision_sim";
   out["machine"] = {{"cpu", cpu_model()},
                     {"hardware_threads", std::thread::hardware_concurrency()},
                     {"load_average_1m", load_average()}};
   out["seed"] = seed;
-  out["physical_limit"] = "oracle: per-transfer argmin of the true costs (zero regret by definition)";
   bool all_goals = true;
-  for (const char* kind : {"chain_shm", "fanout_10g", "fanin_1g", "mixed"}) {
-    nlohmann::json result = run_workload(kind, transfers, seed);
-    const bool mixed = std::string(kind) == "mixed";
-    const auto& g = result["goals"];
-    all_goals = all_goals && g["within_5pct_of_oracle"].get<bool>() && g["switches_at_most_2x_oracle"].get<bool>() &&
-                (!mixed || g["beats_every_fixed_policy"].get<bool>());
-    out["workloads"].push_back(std::move(result));
+  if (wanted("decision")) {
+    bool decision_goals = true;
+    out["physical_limit"] = "oracle: per-transfer argmin of the true costs (zero regret by definition)";
+    for (const char* kind : {"chain_shm", "fanout_10g", "fanin_1g", "mixed"}) {
+      nlohmann::json result = run_workload(kind, transfers, seed);
+      const bool mixed = std::string(kind) == "mixed";
+      const auto& g = result["goals"];
+      decision_goals = decision_goals && g["within_5pct_of_oracle"].get<bool>() &&
+                       g["switches_at_most_2x_oracle"].get<bool>() &&
+                       (!mixed || g["beats_every_fixed_policy"].get<bool>());
+      out["workloads"].push_back(std::move(result));
+    }
+    out["decision_goals_met"] = decision_goals;
+    all_goals = all_goals && decision_goals;
+  }
+  if (wanted("scheduler")) {
+    const auto started = std::chrono::steady_clock::now();
+    out["scheduler"] = kvrelay::sim::run_scheduler_comparison(seed);
+    out["scheduler"]["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    bool scheduler_goals = true;
+    for (const auto& load : out["scheduler"]["loads"])
+      scheduler_goals = scheduler_goals && all_true(load["goals"]);
+    out["scheduler_goals_met"] = scheduler_goals;
+    all_goals = all_goals && scheduler_goals;
+  }
+  if (wanted("store")) {
+    const auto started = std::chrono::steady_clock::now();
+    out["store"] = kvrelay::sim::run_store_comparison(seed);
+    out["store"]["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    out["store_goals_met"] = all_true(out["store"]["goals"]);
+    all_goals = all_goals && out["store_goals_met"].get<bool>();
   }
   out["all_goals_met"] = all_goals;
   std::cout << out.dump(2) << '\n';
