@@ -45,7 +45,10 @@ FetchOutcome fetch_missing(Fetcher& fetcher, const FetchInputs& in) {
   for (std::size_t blocks = request.block_hashes.size(); blocks > in.held.blocks; --blocks) {
     fetch.hashes.push_back(request.block_hashes[blocks - 1]);
   }
-  for (const auto& source : fetcher.candidates(request.model_id, fetch.hashes)) {
+  auto sources = fetcher.candidates(request.model_id, fetch.hashes);
+  if (const auto preferred = std::find(sources.begin(), sources.end(), in.prefer_peer); preferred != sources.end())
+    std::rotate(sources.begin(), preferred, preferred + 1);
+  for (const auto& source : sources) {
     if (FetchClock::now() >= in.deadline) {
       outcome.attempts.push_back({{"peer", source}, {"result", "skipped: lookup deadline reached"}});
       break;

@@ -57,6 +57,8 @@ struct FetchInputs {
   // stamped below it is refused here too. `deadline` goes along as deadline_ms (the time left).
   std::string route{};
   double min_fidelity_product = 0.0;
+  // Asked first: the peer a stub says holds this node's spilled entry (issue #27).
+  std::string prefer_peer{};
 };
 
 // Everything, from connecting to decoding, by in.deadline; past it, nothing fetched.

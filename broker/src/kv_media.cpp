@@ -45,6 +45,7 @@ Result<std::shared_ptr<const kv_store::StoredEntry>> join_entry(const kv_store::
   KVRELAY_TRY(auto stored, kv_store::make_stored_entry(joined, bytes.bytes(), arena));
   stored->fidelity = head.fidelity.then(tail_fidelity, head.info.layout.tokens);
   stored->chain = std::move(chain);
+  stored->origin = kv_store::EntryOrigin::kFetched;  // a held prefix joined with a fetched delta
   return std::shared_ptr<const kv_store::StoredEntry>(std::move(stored));
 }
 

@@ -214,6 +214,14 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
                       {"entry_fidelity", fidelity_json(plan.held.entry->fidelity)}};
   }
 
+  // A prefetched source: a peer sent it ahead on its publish (issue #27). Read before any slicing.
+  const bool prefetched_source = plan.held && plan.held.entry->origin == kv_store::EntryOrigin::kPrefetched;
+  // A longer entry of this prompt was spilled: the peer holding it is asked first.
+  const auto stub = plan.ask_peers ? store_->longest_stub(request.model_id, request.block_hashes) : std::nullopt;
+  if (stub) {
+    record["stub"] = {{"peer", stub->peer}, {"tokens", stub->tokens}, {"fidelity", fidelity_json(stub->fidelity)}};
+  }
+
   // 2. Fetch what peers add after the held prefix, by the lookup's deadline. A prefix a longer
   // entry holds is cut first: the peer's delta joins those blocks, not the whole entry.
   const std::uint64_t held_tokens = plan.held.blocks * std::uint64_t{request.block_tokens};
@@ -228,16 +236,25 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   std::string from = entry ? "local" : "";
   std::optional<double> peer_product;  // set when a peer's KV is served
   if (plan.ask_peers) {
-    FetchOutcome fetched =
-        fetch_missing(*fetcher_, {request, plan.held, plan.codec, plan.lossless,
-                                  started + policy->limits.kv_lookup_timeout, policy->limits.kv_store_bytes, *codecs_,
-                                  arena_.get(), chain_scope(*policy), [this](const std::string& source) {
-                                    peers_->note_refused("chain");
-                                    spdlog::warn(
-                                        "KV path: KV fetched from {} refused: its token ids do not hash to the chain "
-                                        "asked for",
-                                        source);
-                                  }});
+    FetchInputs inputs{
+        request,
+        plan.held,
+        plan.codec,
+        plan.lossless,
+        started + policy->limits.kv_lookup_timeout,
+        policy->limits.kv_store_bytes,
+        *codecs_,
+        arena_.get(),
+        chain_scope(*policy),
+        [this](const std::string& source) {
+          peers_->note_refused("chain");
+          spdlog::warn("KV path: KV fetched from {} refused: its token ids do not hash to the chain asked for", source);
+        }};
+    // The source's link scheduler orders its reply by this route; sources below the product skip it.
+    inputs.route = route->id;
+    inputs.min_fidelity_product = plan.min_fidelity_product;
+    if (stub) inputs.prefer_peer = stub->peer;
+    FetchOutcome fetched = fetch_missing(*fetcher_, inputs);
     record["fetch"] = std::move(fetched.attempts);
     if (fetched.fetched) {
       FetchedKv& kv = *fetched.fetched;
@@ -250,6 +267,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
         }
       }
       from = (entry ? "local+peer:" : "peer:") + kv.source;  // local+: held prefix + delta
+      if (stub && kv.source == stub->peer) {
+        record["fetch_back"] = true;
+        metrics_.fetch_backs.with({route->id}).inc();
+      }
       peer_product = fetched_product(kv);
       entry = std::move(kv.entry);
       entry_blocks = kv.blocks;
@@ -300,6 +321,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   const std::size_t served_blocks = served.value().blocks;
   record["fidelity"] = fidelity_json(entry->fidelity);
   if (!entry->fidelity.is_exact()) record["fidelity_product"] = product;
+  if (prefetched_source && from == "local") {
+    record["prefetch_hit"] = true;
+    metrics_.prefetch_hits.with({route != nullptr ? route->id : std::string()}).inc();
+  }
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   Fidelity fidelity = entry->fidelity;
   return shm::ResolvedEntry{
@@ -324,65 +349,99 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
   for (const auto& route : policy->routes)  // the store values KV by the routes that will read it
     if (route.from_agent == published_context.agent && route.enabled) store_->note_use(key, route.priority);
   for (const auto& route : policy->routes) {
-    if (route.from_agent != published_context.agent || !route.push || !route.enabled) continue;
+    if (route.from_agent != published_context.agent || !route.enabled) continue;
     const auto* to = policy->find_agent(route.to_agent);
     if (to == nullptr || to->node.empty() || to->node == policy->node_id) continue;  // same node: already here
     if (policy->find_peer(to->node) == nullptr) continue;
-    RequestContext context = published_context;
-    context.treatment.reset();
-    context.max_tokens.reset();  // A's answer budget; B's is not known before B asks
-    // What the receiving node holds is not known here: the whole entry is priced. A lossy
-    // medium that would take the entry's product below the floor is refreshed (and a lossy
-    // entry then not pushed: the destination asks for exact KV itself).
-    const MediumChoice choice = choose_medium(*policy, &route, context, entry->info.layout.tokens, 0, *codecs_, *this,
-                                              effective_product(entry->fidelity, *policy, *codecs_));
-    json record{{"kind", "push"},
-                {"time_unix_ms", unix_millis()},
-                {"request_id", context.request_id},
-                {"agent", context.agent},
-                {"route", route.id},
-                {"medium", choice.medium},
-                {"source", choice.source},
-                {"reason", choice.reason},
-                {"to_node", to->node},
-                {"tokens", entry->info.layout.tokens}};
-    if (!choice.cost.is_null()) record["cost"] = choice.cost;
-    if (choice.refresh) record["precision_refresh"] = precision_refresh_json(*choice.refresh);
-    // Lossy KV under a lossless medium would be filed as exact at the destination.
-    const auto push_codec = codec_for_medium(choice.medium);
-    const bool lossy_as_exact =
-        push_codec && !entry->fidelity.is_exact() && codec::fidelity_of(*codecs_, *push_codec).is_exact();
-    if (lossy_as_exact) {
-      record["outcome"] = "not_pushed";
-      record["reason"] =
-          fmt::format("the KV is lossy ({}) and the medium {} is lossless", entry->fidelity.lossy_codec, choice.medium);
-      log_.record(std::move(record));
-      metrics_.pushes.with({route.id, "lossy_kv"}).inc();
-      continue;
+    if (route.push) {
+      send_ahead(*policy, route, *to, published_context, key, filed, peer::PushPurpose::kPush);
+    } else if (prefetch_wanted(*policy, route, published_context, *entry)) {
+      send_ahead(*policy, route, *to, published_context, key, filed, peer::PushPurpose::kPrefetch);
     }
-    if (choice.medium == "tokens") {
-      record["outcome"] = "not_pushed";
-      log_.record(std::move(record));
-      metrics_.pushes.with({route.id, "tokens"}).inc();
-      continue;
-    }
-    if (!entry->chain) {
-      // A peer could not check its key: KV published without token ids stays on this node.
-      record["outcome"] = "not_pushed";
-      record["reason"] = "the worker published this KV without its token ids";
-      log_.record(std::move(record));
-      metrics_.pushes.with({route.id, "no_token_ids"}).inc();
-      continue;
-    }
-    std::lock_guard lock(push_mutex_);
-    if (push_queue_.size() >= kPushQueueLimit) {
-      metrics_.pushes.with({route.id, "dropped"}).inc();
-      continue;  // the destination will fetch on demand instead
-    }
-    push_queue_.push_back(
-        PushJob{route.id, to->node, choice.medium, *codec_for_medium(choice.medium), key, filed, std::move(record)});
-    push_wake_.notify_one();
   }
+  // Named next agents that none of this agent's routes lead to: a hint with nowhere to go.
+  for (const auto& next : published_context.next_agents) {
+    const bool routed = std::any_of(policy->routes.begin(), policy->routes.end(), [&](const RoutePolicy& route) {
+      return route.from_agent == published_context.agent && route.to_agent == next && route.enabled;
+    });
+    if (!routed) metrics_.next_agents_ignored.with({}).inc();
+  }
+}
+
+bool KvPath::prefetch_wanted(const Policy& policy, const RoutePolicy& route, const RequestContext& context,
+                             const kv_store::StoredEntry& entry) {
+  // The client's next_agents, when it names any, say which routes; else kv_store.prefetch does.
+  const auto& next = context.next_agents;
+  const bool wanted =
+      next.empty() ? policy.kv_store.prefetch : std::find(next.begin(), next.end(), route.to_agent) != next.end();
+  if (!wanted) return false;
+  if (entry.info.bytes > policy.kv_store.prefetch_max_bytes) {
+    metrics_.prefetches.with({route.id, "too_large"}).inc();
+    return false;
+  }
+  // Not into a store that has no room for it (its last summary's word).
+  const auto* to = policy.find_agent(route.to_agent);
+  if (const auto state = peers_->node_state(to->node); state && state->store_budget > 0) {
+    const std::uint64_t free = state->store_budget > state->store_used ? state->store_budget - state->store_used : 0;
+    if (free < entry.info.bytes) {
+      metrics_.prefetches.with({route.id, "no_room"}).inc();
+      return false;
+    }
+  }
+  return true;
+}
+
+void KvPath::send_ahead(const Policy& policy, const RoutePolicy& route, const AgentPolicy& to,
+                        const RequestContext& published_context, const kv_store::EntryKey& key,
+                        const std::shared_ptr<const kv_store::StoredEntry>& filed, peer::PushPurpose purpose) {
+  const kv_store::StoredEntry* entry = filed.get();
+  const bool prefetch = purpose == peer::PushPurpose::kPrefetch;
+  auto& outcomes = prefetch ? metrics_.prefetches : metrics_.pushes;
+  RequestContext context = published_context;
+  context.treatment.reset();
+  context.max_tokens.reset();  // A's answer budget; B's is not known before B asks
+  // What the receiving node holds is not known here: the whole entry is priced. A lossy
+  // medium that would take the entry's product below the floor is refreshed (and a lossy
+  // entry then not pushed: the destination asks for exact KV itself).
+  const MediumChoice choice = choose_medium(policy, &route, context, entry->info.layout.tokens, 0, *codecs_, *this,
+                                            effective_product(entry->fidelity, policy, *codecs_));
+  json record{{"kind", "push"},
+              {"purpose", peer::push_purpose_name(purpose)},
+              {"time_unix_ms", unix_millis()},
+              {"request_id", context.request_id},
+              {"agent", context.agent},
+              {"route", route.id},
+              {"medium", choice.medium},
+              {"source", choice.source},
+              {"reason", choice.reason},
+              {"to_node", to.node},
+              {"tokens", entry->info.layout.tokens}};
+  if (!choice.cost.is_null()) record["cost"] = choice.cost;
+  if (choice.refresh) record["precision_refresh"] = precision_refresh_json(*choice.refresh);
+  const auto not_sent = [&](std::string_view result, std::optional<std::string> reason) {
+    record["outcome"] = "not_pushed";
+    if (reason) record["reason"] = std::move(*reason);
+    log_.record(std::move(record));
+    outcomes.with({route.id, std::string(result)}).inc();
+  };
+  // Lossy KV under a lossless medium would be filed as exact at the destination.
+  const auto push_codec = codec_for_medium(choice.medium);
+  const bool lossy_as_exact =
+      push_codec && !entry->fidelity.is_exact() && codec::fidelity_of(*codecs_, *push_codec).is_exact();
+  if (lossy_as_exact) {
+    return not_sent("lossy_kv", fmt::format("the KV is lossy ({}) and the medium {} is lossless",
+                                            entry->fidelity.lossy_codec, choice.medium));
+  }
+  if (choice.medium == "tokens") return not_sent("tokens", std::nullopt);
+  // A peer could not check its key: KV published without token ids stays on this node.
+  if (!entry->chain) return not_sent("no_token_ids", "the worker published this KV without its token ids");
+  std::lock_guard lock(push_mutex_);
+  if (push_queue_.size() >= kPushQueueLimit) {
+    outcomes.with({route.id, "dropped"}).inc();
+    return;  // the destination will fetch on demand instead
+  }
+  push_queue_.push_back(PushJob{route.id, to.node, choice.medium, *push_codec, purpose, key, filed, std::move(record)});
+  push_wake_.notify_one();
 }
 
 void KvPath::run_pusher() {
@@ -405,6 +464,7 @@ void KvPath::run_pusher() {
     // The push carries the entry's fidelity product times its codec's factor (issue #27).
     peer::PushOptions push_options;
     push_options.route = job.route;
+    push_options.purpose = job.purpose;
     push_options.source = job.entry->fidelity;
     push_options.codec = job.codec;
     Status pushed = frame ? peers_->push(job.peer, push_options, std::random_device{}(), job.key, *job.entry->chain,
@@ -422,7 +482,8 @@ void KvPath::run_pusher() {
       spdlog::warn("KV path: push on route {} to {} failed: {}", job.route, job.peer, pushed.error().to_string());
     }
     job.record["seconds"] = seconds;
-    metrics_.pushes.with({job.route, pushed ? "pushed" : "failed"}).inc();
+    auto& outcomes = job.purpose == peer::PushPurpose::kPrefetch ? metrics_.prefetches : metrics_.pushes;
+    outcomes.with({job.route, pushed ? "pushed" : "failed"}).inc();
     log_.record(std::move(job.record));
   }
 }

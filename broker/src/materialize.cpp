@@ -45,6 +45,7 @@ Result<FrameEntry> entry_from_frame(const FrameToEntry& in) {
     KVRELAY_TRY(auto made, kv_store::make_stored_entry(decoded.value().header.layout, kv, in.arena));
     made->fidelity = fidelity;
     made->chain = in.chain;
+    made->origin = kv_store::EntryOrigin::kFetched;
     return std::shared_ptr<const kv_store::StoredEntry>(std::move(made));
   }();
   if (!filed) return fail(filed.error().code, filed.error().to_string());

@@ -38,7 +38,20 @@ KvPathMetrics::KvPathMetrics(metrics::Registry& registry)
                                            "Lookups whose lossy medium would have taken the KV's fidelity product "
                                            "below the route's quality_floor, by route and what was served instead "
                                            "(lossless, tokens)",
-                                           {"route", "forced"})) {}
+                                           {"route", "forced"})),
+      prefetches(registry.counter("kvrelay_kv_prefetches_total",
+                                  "KV sent ahead on publish at background priority to a route's remote destination, "
+                                  "by route and result",
+                                  {"route", "result"})),
+      prefetch_hits(registry.counter("kvrelay_kv_prefetch_hits_total",
+                                     "Lookups served from KV a peer prefetched here, by route", {"route"})),
+      next_agents_ignored(registry.counter("kvrelay_kv_next_agents_ignored_total",
+                                           "Agents a publish named in next_agents that no route of its agent leads "
+                                           "to, ignored",
+                                           {})),
+      fetch_backs(registry.counter("kvrelay_kv_fetch_backs_total",
+                                   "Lookups that met a stub and fetched the spilled entry back, by route", {"route"})) {
+}
 
 void feed_codec(decision::DecisionEngine& engine, const CodecSample& sample) {
   const auto medium_name = medium_for_codec(sample.codec);

@@ -14,6 +14,7 @@ namespace {
 using nlohmann::json;
 
 constexpr std::size_t kMaxLabelText = 128;
+constexpr std::size_t kMaxNextAgents = 16;  // more are ignored: a hint, not a fan-out
 
 auto context_type_error(std::string_view field, std::string_view expected, const json& got) {
   return fail(ErrorCode::kInvalidArgument,
@@ -84,6 +85,14 @@ Result<RequestContext> request_context_from_json(const json& params) {
       context.routes.push_back(route.get<std::string>().substr(0, kMaxLabelText));
     }
   }
+  if (const auto it = params.find("next_agents"); it != params.end() && !it->is_null()) {
+    if (!it->is_array()) return context_type_error("next_agents", "an array of agent ids", *it);
+    for (const auto& agent : *it) {
+      if (!agent.is_string()) return context_type_error("next_agents[]", "an agent id", agent);
+      if (context.next_agents.size() < kMaxNextAgents)
+        context.next_agents.push_back(agent.get<std::string>().substr(0, kMaxLabelText));
+    }
+  }
   if (const auto it = params.find("max_tokens"); it != params.end() && !it->is_null()) {
     if (!it->is_number_unsigned()) return context_type_error("max_tokens", "a non-negative integer", *it);
     context.max_tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(it->get<std::uint64_t>(), UINT32_MAX));
@@ -114,6 +123,7 @@ json request_context_json(const RequestContext& context) {
   if (!context.routes.empty()) out["routes"] = context.routes;
   if (context.treatment) out["treatment"] = treatment_json(*context.treatment);
   if (context.max_tokens) out["max_tokens"] = *context.max_tokens;
+  if (!context.next_agents.empty()) out["next_agents"] = context.next_agents;
   put("tenant", context.tenant);
   if (context.chain_root) out["chain_root"] = block_hash_hex(*context.chain_root);
   return out;

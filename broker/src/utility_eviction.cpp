@@ -64,6 +64,10 @@ std::vector<kv_store::EntryKey> UtilityEviction::victims(std::uint64_t bytes, co
   return out;
 }
 
+std::optional<double> UtilityEviction::utility(const kv_store::EntryKey& key) {
+  return ledger_.utility(to_ledger(key), now());
+}
+
 std::vector<kv_store::RankedKey> UtilityEviction::top(std::size_t limit) {
   retune();
   std::vector<kv_store::RankedKey> out;

@@ -259,6 +259,7 @@ void read_peer(const json& value, const std::string& pointer, PeerPolicy& out, D
   if (reader.read_u32("uid", uid, 0, 0xFFFFFFFEU)) out.uid = uid;
   if (out.uid && !out.same_host) diag.problem(reader.pointer_of("uid"), "only a same_host peer has a uid");
   reader.read_string("identity", out.identity, false);
+  reader.read_u64("accept_spill_bytes", out.accept_spill_bytes, 0, 1ULL << 50);
   reader.reject_unknown_keys();
 }
 
@@ -436,6 +437,21 @@ void read_kv_store(const json& value, const std::string& pointer, StorePolicy& o
     }
   }
   reader.read_double("recency_tau_s", out.recency_tau_s, 0.001, 1e9);
+  reader.read_double("spill_min_utility", out.spill_min_utility, 0.0, 1e9);
+  if (const auto* medium = reader.field("spill_medium", false)) {
+    // A medium that carries KV through a codec: not tokens, and not sparse KV (it drops positions).
+    const bool usable = medium->is_string() && is_known_medium(medium->get<std::string>()) && *medium != "tokens" &&
+                        *medium != "kv_sparse";
+    if (usable) {
+      out.spill_medium = medium->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("spill_medium"),
+                    "a KV medium (kv_raw, kv_lossless, kv_fp8, kv_int8, kv_int4 or codec:<name>)", medium);
+    }
+  }
+  reader.read_u64("spill_inflight_bytes", out.spill_inflight_bytes, 0, 1ULL << 40);
+  reader.read_bool("prefetch", out.prefetch);
+  reader.read_u64("prefetch_max_bytes", out.prefetch_max_bytes, 0, 1ULL << 40);
   reader.reject_unknown_keys();
 }
 

@@ -53,11 +53,29 @@ Result<std::shared_ptr<StoredEntry>> make_stored_entry(const KvLayout& layout, s
   return entry;
 }
 
+std::string_view entry_origin_name(EntryOrigin origin) noexcept {
+  switch (origin) {
+    case EntryOrigin::kPublished:
+      return "published";
+    case EntryOrigin::kFetched:
+      return "fetched";
+    case EntryOrigin::kPushed:
+      return "pushed";
+    case EntryOrigin::kPrefetched:
+      return "prefetched";
+    case EntryOrigin::kSpilledIn:
+      return "spilled_in";
+  }
+  return "published";
+}
+
 Result<std::shared_ptr<StoredEntry>> share_entry(const StoredEntry& entry) {
   auto shared = std::make_shared<StoredEntry>();
   shared->info = entry.info;
   shared->fidelity = entry.fidelity;
   shared->chain = entry.chain;
+  shared->origin = entry.origin;
+  shared->spilled_from = entry.spilled_from;
   shared->block = entry.block;
   if (!entry.block) {
     const int copy = ::fcntl(entry.fd.get(), F_DUPFD_CLOEXEC, 0);

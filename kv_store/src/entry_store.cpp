@@ -10,6 +10,8 @@ namespace kvrelay::kv_store {
 
 namespace {
 
+constexpr std::size_t kMaxStubs = 1 << 16;  // stubs kept; past it the oldest is forgotten
+
 // The keys of an entry's blocks but its last, in the scope its key was filed in (its token ids
 // must hash to that key, so nothing unverified is indexed); none for entries without a chain.
 std::vector<EntryKey> indexed_prefix_keys(const EntryKey& key, const StoredEntry& entry) {
@@ -40,9 +42,23 @@ InMemoryEntryStore::InMemoryEntryStore(std::uint64_t byte_budget, std::unique_pt
 
 Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) {
   if (!entry) return fail(ErrorCode::kInvalidArgument, "null entry");
+  const auto prefix_keys = indexed_prefix_keys(key, *entry);  // hashed before the lock is taken
+  const auto sink = spill_sink_.lock();                       // held past the lock: offered below
+  std::vector<Spill> spills;
+  Status filed = ok();
+  {
+    std::lock_guard lock(mutex_);
+    filed = put_locked(key, std::move(entry), prefix_keys, sink.get(), spills);
+  }
+  for (auto& spill : spills)
+    sink->offer(spill.key, std::move(spill.entry));
+  return filed;
+}
+
+Status InMemoryEntryStore::put_locked(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
+                                      const std::vector<EntryKey>& prefix_keys, SpillSink* sink,
+                                      std::vector<Spill>& spills) {
   const std::uint64_t size = entry->info.bytes;
-  auto prefix_keys = indexed_prefix_keys(key, *entry);  // hashed before the lock is taken
-  std::lock_guard lock(mutex_);
   if (size > budget_) {
     return fail(ErrorCode::kResourceExhausted,
                 fmt::format("entry of {} bytes exceeds the store budget {}", size, budget_));
@@ -62,22 +78,48 @@ Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const Stored
     if (victims.empty()) break;
     for (const EntryKey& victim : victims) {
       const auto found = entries_.find(victim);
-      if (found == entries_.end()) continue;
-      erase_locked(found);
-      ++budget_evictions_;
+      if (found != entries_.end()) evict_locked(found, sink, spills);
     }
   }
   if (bytes_ + size > budget_) {  // only a policy that lost track of entries gets here
     eviction_->on_erase(key);
     return fail(ErrorCode::kResourceExhausted, "the store's eviction policy found nothing to drop");
   }
+  // The entry is back: a stub of it stands for nothing now.
+  if (const auto stub = stubs_.find(key); stub != stubs_.end()) {
+    stub_order_.remove(key);
+    stubs_.erase(stub);
+  }
   for (std::size_t block = 0; block < prefix_keys.size(); ++block)
     prefix_index_[prefix_keys[block]].push_back({key, block + 1});
   recency_.push_front(key);
-  entries_.emplace(key, Slot{std::move(entry), recency_.begin(), std::move(prefix_keys), 0});
+  if (entry->origin == EntryOrigin::kSpilledIn) {
+    spilled_in_[entry->spilled_from] += size;
+    ++spilled_in_entries_;
+  }
+  entries_.emplace(key, Slot{std::move(entry), recency_.begin(), prefix_keys, 0});
   bytes_ += size;
   eviction_->on_put(key, size);
   return ok();
+}
+
+void InMemoryEntryStore::evict_locked(Entries::iterator found, SpillSink* sink, std::vector<Spill>& spills) {
+  const EntryKey key = found->first;
+  const auto& entry = found->second.entry;
+  // Spilled-in entries are a peer's, held on its behalf: they are never spilled on.
+  const bool spill = sink != nullptr && entry->origin != EntryOrigin::kSpilledIn && !stubs_.contains(key) &&
+                     sink->wants(key, *entry, eviction_->utility(key));
+  if (spill) {
+    if (stubs_.size() >= kMaxStubs) {  // the oldest stub goes: its entry is the likeliest gone at the peer too
+      stubs_.erase(stub_order_.back());
+      stub_order_.pop_back();
+    }
+    stubs_.emplace(key, Stub{key, {}, entry->fidelity, entry->info.bytes, entry->info.layout.tokens, true});
+    stub_order_.push_front(key);
+    spills.push_back({key, entry});
+  }
+  erase_locked(found);
+  ++budget_evictions_;  // out of the budget either way; a spill that fails stays counted here
 }
 
 void InMemoryEntryStore::hit_locked(Entries::iterator found) {
@@ -110,6 +152,11 @@ EntryStoreStats InMemoryEntryStore::clear() {
   entries_.clear();
   recency_.clear();
   prefix_index_.clear();
+  spilled_in_.clear();
+  spilled_in_entries_ = 0;
+  // Stubs whose push still runs end with spill_done, which then finds nothing.
+  stubs_.clear();
+  stub_order_.clear();
   eviction_->on_clear();
   bytes_ = 0;
   return dropped;
@@ -126,6 +173,14 @@ EntryStoreStats InMemoryEntryStore::stats() {
   stats.budget_evictions = budget_evictions_;
   stats.arena_evictions = arena_evictions_;
   stats.eviction_policy = eviction_->name();
+  stats.stubs = stubs_.size();
+  for (const auto& [key, stub] : stubs_)
+    if (stub.in_flight) stats.spilling_bytes += stub.bytes;
+  stats.spills = spills_;
+  stats.spill_failures = spill_failures_;
+  for (const auto& [peer, bytes] : spilled_in_)
+    stats.spilled_in_bytes += bytes;
+  stats.spilled_in_entries = spilled_in_entries_;
   return stats;
 }
 
@@ -228,9 +283,56 @@ std::vector<EntryListing> InMemoryEntryStore::top(std::size_t limit) {
     listing.hits = found->second.hits;
     listing.utility = ranked.utility;
     listing.fidelity = entry.fidelity;
+    listing.origin = entry.origin;
     out.push_back(std::move(listing));
   }
   return out;
+}
+
+void InMemoryEntryStore::set_spill_sink(std::weak_ptr<SpillSink> sink) {
+  std::lock_guard lock(mutex_);
+  spill_sink_ = std::move(sink);
+}
+
+void InMemoryEntryStore::spill_done(const EntryKey& key, const std::string& peer, bool ok) {
+  std::lock_guard lock(mutex_);
+  const auto found = stubs_.find(key);
+  if (found == stubs_.end() || !found->second.in_flight) return;  // cleared, or the entry came back
+  if (ok) {
+    found->second.peer = peer;
+    found->second.in_flight = false;
+    ++spills_;
+    return;
+  }
+  ++spill_failures_;
+  stub_order_.remove(key);
+  stubs_.erase(found);
+}
+
+std::optional<Stub> InMemoryEntryStore::longest_stub(std::uint64_t model_id, std::span<const std::uint64_t> hashes) {
+  std::lock_guard lock(mutex_);
+  if (stubs_.empty()) return std::nullopt;
+  for (auto hash = hashes.rbegin(); hash != hashes.rend(); ++hash) {
+    const auto found = stubs_.find({model_id, *hash});
+    if (found != stubs_.end() && !found->second.in_flight) return found->second;
+  }
+  return std::nullopt;
+}
+
+std::vector<Stub> InMemoryEntryStore::stubs(std::size_t limit) {
+  std::lock_guard lock(mutex_);
+  std::vector<Stub> out;
+  for (const EntryKey& key : stub_order_) {
+    if (out.size() >= limit) break;
+    out.push_back(stubs_.at(key));
+  }
+  return out;
+}
+
+std::uint64_t InMemoryEntryStore::spilled_in_bytes(std::string_view peer) {
+  std::lock_guard lock(mutex_);
+  const auto found = spilled_in_.find(std::string(peer));
+  return found != spilled_in_.end() ? found->second : 0;
 }
 
 void InMemoryEntryStore::erase_locked(Entries::iterator found, bool forget) {
@@ -241,6 +343,13 @@ void InMemoryEntryStore::erase_locked(Entries::iterator found, bool forget) {
     if (rows->second.empty()) prefix_index_.erase(rows);
   }
   bytes_ -= found->second.entry->info.bytes;
+  if (const auto& entry = *found->second.entry; entry.origin == EntryOrigin::kSpilledIn) {
+    --spilled_in_entries_;
+    if (const auto held = spilled_in_.find(entry.spilled_from); held != spilled_in_.end()) {
+      held->second -= std::min(held->second, entry.info.bytes);
+      if (held->second == 0) spilled_in_.erase(held);
+    }
+  }
   recency_.erase(found->second.recency);
   if (forget) eviction_->on_erase(found->first);
   entries_.erase(found);

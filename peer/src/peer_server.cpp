@@ -227,6 +227,19 @@ asio::awaitable<Status> serve_fetch(const SharedPtr& shared, PeerConnection& con
   co_return ok();
 }
 
+// How a pushed entry is filed: as its purpose brought it (counted apart in GET /admin/kv).
+kv_store::EntryOrigin stored_origin(PushPurpose purpose) {
+  switch (purpose) {
+    case PushPurpose::kPrefetch:
+      return kv_store::EntryOrigin::kPrefetched;
+    case PushPurpose::kSpill:
+      return kv_store::EntryOrigin::kSpilledIn;
+    case PushPurpose::kPush:
+      break;
+  }
+  return kv_store::EntryOrigin::kPushed;
+}
+
 // Receives an encoded entry pushed ahead by a peer, decodes it to raw KV and files it.
 // `sender_records_fidelity`: the sender announced kCapFidelity; without it even a lossless
 // frame may carry KV computed over a lossy import, so it is filed as unverified (never exact).
@@ -248,7 +261,9 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   auto decoded = codec::decode_frame_view(*options.codecs, frame, options.max_entry_bytes, shared->buffers);
   if (!decoded) co_return outcome::failure(decoded.error());
   std::shared_ptr<const Policy> policy;
-  if (const auto grant = session_grant(shared, session, policy)) {
+  const auto grant = session_grant(shared, session, policy);
+  const bool spill = header.purpose == PushPurpose::kSpill;
+  if (grant && !spill) {  // a spill is on no route: checked once its entry is made, below
     auto allowed = authorize_pushed_entry(*policy, *grant, header.route, decoded.value().header.layout);
     if (allowed) allowed = authorize_pushed_tenant(*policy, *grant, header.route, header.chain);
     if (!allowed) {
@@ -286,6 +301,18 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   // Lossy KV carries the product its sender stamped (issue #27); exact KV stays at 1.
   if (!entry.value()->fidelity.is_exact()) entry.value()->fidelity.product = header.fidelity_product;
   entry.value()->chain = std::make_shared<const kv_store::EntryChain>(header.chain);
+  entry.value()->origin = stored_origin(header.purpose);
+  if (spill) {
+    // Held for the sender, within what this node's policy lets its spills take here.
+    entry.value()->spilled_from = session.peer_id;
+    auto allowed = grant ? authorize_spilled_entry(*policy, *grant, *entry.value(),
+                                                   shared->store->spilled_in_bytes(session.peer_id))
+                         : fail(ErrorCode::kPermissionDenied, "spill refused: this sidecar has no policy");
+    if (!allowed) {
+      count_refused(shared, "spill");  // decoded, never filed
+      co_return allowed;
+    }
+  }
   auto put = shared->store->put(header.key, std::move(entry).value());
   if (!put && put.error().code != ErrorCode::kAlreadyExists) co_return put;
   {
@@ -310,17 +337,14 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
 }
 
 // What this sidecar takes of a push before reading its chunks: whole entries, pushed or
-// prefetched along a route. Deltas (skip_tokens > 0) and spills are refused until this node
-// can join a delta onto its held prefix and keep a spill quota (issue #27).
+// prefetched along a route, or spilled by a peer. Deltas (skip_tokens > 0) are refused until this
+// node can join a delta onto its held prefix (issue #27).
 Status acceptable_push(const EncodedEntryHeader& header) {
   if (header.skip_tokens > 0) {
     return fail(ErrorCode::kUnsupported,
                 fmt::format("push {} leaves out its first {} tokens: this sidecar joins no deltas; push the "
                             "whole entry",
                             header.id, header.skip_tokens));
-  }
-  if (header.purpose == PushPurpose::kSpill) {
-    return fail(ErrorCode::kUnsupported, fmt::format("push {} is a spill: this sidecar accepts no spills", header.id));
   }
   return ok();
 }
@@ -421,7 +445,16 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
         // The session ends with this error: nothing is read or filed.
         if (auto acceptable = acceptable_push(header.value()); !acceptable) co_return acceptable;
         std::shared_ptr<const Policy> policy;
-        if (const auto grant = session_grant(shared, session, policy)) {
+        const auto grant = session_grant(shared, session, policy);
+        if (header.value().purpose == PushPurpose::kSpill) {
+          // Spills need this node's quota for the sender: without a policy there is none.
+          auto allowed = grant ? authorize_spill(*policy, *grant)
+                               : fail(ErrorCode::kPermissionDenied, "spill refused: this sidecar has no policy");
+          if (!allowed) {
+            count_refused(shared, "spill");  // the session ends with this error: nothing is read or filed
+            co_return allowed;
+          }
+        } else if (grant) {
           auto allowed = authorize_push(*policy, *grant, header.value().route);
           if (!allowed) {
             count_refused(shared, "push");  // the session ends with this error: nothing is read or filed

@@ -18,6 +18,7 @@
 #include "kvrelay/broker/kv_path.h"
 #include "kvrelay/broker/link_queues.h"
 #include "kvrelay/broker/peer_links.h"
+#include "kvrelay/broker/spiller.h"
 #include "kvrelay/broker/utility_eviction.h"
 #include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/registry.h"
@@ -212,6 +213,10 @@ int run_daemon(const DaemonOptions& options) {
     link_queues = std::move(created).value();
     peer_links->set_gate(link_queues);
   }
+  // Issue #27: budget victims worth keeping go to a peer that takes spills (a stub stays here).
+  auto spiller = std::make_shared<broker::Spiller>(runtime_policy, entry_store, codecs, peer_links, *registry,
+                                                   kv_path->decision_log());
+  entry_store->set_spill_sink(spiller);
   peer_links->set_rtt_observer(
       [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
   auto upstream_prober = std::make_shared<UpstreamProber>(
@@ -305,6 +310,14 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.codec_factor = codec_factor;
     peer_options.store_budget_bytes = policy->limits.kv_store_bytes;
     peer_options.gate = link_queues;
+    // What each peer may still spill here: its accept_spill_bytes less its spills this store holds.
+    peer_options.node_state = [runtime_policy, entry_store](std::string_view peer_id, peer::NodeState& reported) {
+      const auto current = runtime_policy->current();
+      const PeerPolicy* peer = current->find_peer(peer_id);
+      const std::uint64_t quota = peer != nullptr ? peer->accept_spill_bytes : 0;
+      const std::uint64_t held = entry_store->spilled_in_bytes(peer_id);
+      reported.spill_accept_left = quota > held ? quota - held : 0;
+    };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {
       spdlog::critical("cannot listen for peers: {}", listening.error().to_string());
@@ -334,6 +347,7 @@ int run_daemon(const DaemonOptions& options) {
     }
   }
   peer_links->start();  // idles while the policy lists no peers; a reload may add some
+  spiller->start();
   state->ready = true;
   upstream_prober->start();
 
@@ -412,6 +426,7 @@ int run_daemon(const DaemonOptions& options) {
     worker.join();
   shm_metrics->attach(nullptr);
   if (shm_server) shm_server->stop();
+  spiller->stop();  // before the links its pushes use
   peer_links->stop();
   spdlog::info("kvrelay stopped");
   return 0;

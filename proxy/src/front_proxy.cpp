@@ -94,6 +94,12 @@ Result<InjectedBody> inject_kv_transfer_params(std::string_view body, nlohmann::
         injected.client_treatment_dropped = true;
       }
     }
+    // The client's hint of who reads this KV next (prefetch); the sidecar checks it against routes.
+    if (const auto next = client->find("next_agents");
+        next != client->end() && next->is_array() &&
+        std::all_of(next->begin(), next->end(), [](const auto& id) { return id.is_string(); })) {
+      kvrelay["next_agents"] = *next;
+    }
   }
   if (!options.node_key.empty()) broker::sign_request_context(kvrelay, options.node_key);
   params["kvrelay"] = std::move(kvrelay);

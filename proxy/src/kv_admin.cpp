@@ -53,7 +53,18 @@ nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit) {
                    {"tokens", entry.tokens},
                    {"hits", entry.hits},
                    {"utility", entry.utility ? nlohmann::json(*entry.utility) : nlohmann::json()},
-                   {"fidelity", listing_fidelity(entry.fidelity)}});
+                   {"fidelity", listing_fidelity(entry.fidelity)},
+                   {"origin", std::string(kv_store::entry_origin_name(entry.origin))}});
+  }
+  nlohmann::json stubs = nlohmann::json::array();
+  for (const auto& stub : store.stubs(limit)) {
+    stubs.push_back({{"model_id", fmt::format("{:016x}", stub.key.model_id)},
+                     {"key", fmt::format("{:016x}", stub.key.context_hash)},
+                     {"peer", stub.in_flight ? nlohmann::json() : nlohmann::json(stub.peer)},
+                     {"in_flight", stub.in_flight},
+                     {"bytes", stub.bytes},
+                     {"tokens", stub.tokens},
+                     {"fidelity", listing_fidelity(stub.fidelity)}});
   }
   return {
       {"eviction", std::string(stats.eviction_policy)},
@@ -62,7 +73,15 @@ nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit) {
       {"entries", stats.entries},
       {"evictions", {{"total", stats.evictions}, {"budget", stats.budget_evictions}, {"arena", stats.arena_evictions}}},
       {"refused_downgrades", stats.refused_downgrades},
-      {"top", std::move(top)}};
+      {"spill",
+       {{"stubs", stats.stubs},
+        {"spilling_bytes", stats.spilling_bytes},
+        {"spills", stats.spills},
+        {"failures", stats.spill_failures},
+        {"spilled_in_bytes", stats.spilled_in_bytes},
+        {"spilled_in_entries", stats.spilled_in_entries}}},
+      {"top", std::move(top)},
+      {"stubs", std::move(stubs)}};
 }
 
 std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> path,
@@ -84,7 +103,7 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
        }},
       {http::verb::get, Access::kRead, "/admin/kv",
        "The KV store (?limit=N, default 20): budget, bytes used, entries, evictions, and the N entries it values "
-       "most (key, bytes, utility, hits, fidelity)",
+       "most (key, bytes, utility, hits, fidelity, origin); spills: counts and the N newest stubs (key, peer)",
        [store](const HttpRequest& request) {
          const auto limit = parse_limit(request.target(), kMaxKvListLimit, kDefaultKvListLimit);
          if (!limit) {

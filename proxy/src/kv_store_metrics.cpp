@@ -19,13 +19,22 @@ KvStoreMetrics::KvStoreMetrics(metrics::Registry& registry, std::shared_ptr<kv_s
                                   "(limits.kv_store_bytes) or arena (limits.shm_arena_bytes)",
                                   {"reason"})),
       budget_evictions_(evictions_.with({"budget"})),
-      arena_evictions_(evictions_.with({"arena"})) {}
+      arena_evictions_(evictions_.with({"arena"})),
+      stubs_(registry.gauge("kvrelay_kv_stubs", "Stubs of entries this store spilled to peers (issue #27)").with({})),
+      spilling_bytes_(
+          registry.gauge("kvrelay_kv_spilling_bytes", "Bytes of store victims whose spill push has not ended")
+              .with({})),
+      spilled_in_bytes_(
+          registry.gauge("kvrelay_kv_spilled_in_bytes", "Bytes of entries peers spilled into this store").with({})) {}
 
 void KvStoreMetrics::refresh() {
   const auto stats = store_->stats();
   std::lock_guard lock(mutex_);
   catch_up(budget_evictions_, stats.budget_evictions);
   catch_up(arena_evictions_, stats.arena_evictions);
+  stubs_.set(static_cast<double>(stats.stubs));
+  spilling_bytes_.set(static_cast<double>(stats.spilling_bytes));
+  spilled_in_bytes_.set(static_cast<double>(stats.spilled_in_bytes));
 }
 
 }  // namespace kvrelay::proxy

@@ -22,6 +22,9 @@ class KvStoreMetrics {
   metrics::Family<metrics::Counter>& evictions_;
   metrics::Counter& budget_evictions_;
   metrics::Counter& arena_evictions_;
+  metrics::Gauge& stubs_;
+  metrics::Gauge& spilling_bytes_;
+  metrics::Gauge& spilled_in_bytes_;
 };
 
 }  // namespace kvrelay::proxy

@@ -121,6 +121,8 @@ void diff_peer(Diff& diff, const std::string& at, const PeerPolicy& before, cons
   diff.field(Applies::kLive, at + "/same_host", before.same_host, after.same_host);
   // The data plane reads it at each connection it accepts.
   diff.field(Applies::kLive, at + "/uid", before.uid, after.uid);
+  // Read at each spill received and each victim spilled.
+  diff.field(Applies::kLive, at + "/accept_spill_bytes", before.accept_spill_bytes, after.accept_spill_bytes);
 }
 
 // Read per request by the admin router. A new token under the same file or variable is named by
@@ -212,6 +214,16 @@ PolicyChanges diff_policies(const Policy& before, const Policy& after) {
   // The store is built with its eviction policy at start; that policy reads the tau live.
   diff.field(kRestart, "/kv_store/eviction", before.kv_store.eviction, after.kv_store.eviction);
   diff.field(Applies::kLive, "/kv_store/recency_tau_s", before.kv_store.recency_tau_s, after.kv_store.recency_tau_s);
+  // Read at each victim (spill) and each publish (prefetch).
+  const auto& old_store = before.kv_store;
+  const auto& new_store = after.kv_store;
+  diff.field(Applies::kLive, "/kv_store/spill_min_utility", old_store.spill_min_utility, new_store.spill_min_utility);
+  diff.field(Applies::kLive, "/kv_store/spill_medium", old_store.spill_medium, new_store.spill_medium);
+  diff.field(Applies::kLive, "/kv_store/spill_inflight_bytes", old_store.spill_inflight_bytes,
+             new_store.spill_inflight_bytes);
+  diff.field(Applies::kLive, "/kv_store/prefetch", old_store.prefetch, new_store.prefetch);
+  diff.field(Applies::kLive, "/kv_store/prefetch_max_bytes", old_store.prefetch_max_bytes,
+             new_store.prefetch_max_bytes);
   // The link queues are built from the scheduler section at start.
   const auto& old_sched = before.scheduler;
   const auto& new_sched = after.scheduler;

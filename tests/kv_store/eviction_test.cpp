@@ -5,7 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kvrelay/broker/utility_eviction.h"
@@ -236,4 +238,94 @@ TEST_CASE("eviction by utility: the recency tau is read when victims are chosen"
   put(store, 3);
   CHECK_FALSE(store.get(key_of(1)));
   CHECK(store.get(key_of(2)));
+}
+
+namespace {
+
+// Records what the store offers; wants what `wanted` says (the daemon's sink is broker::Spiller,
+// proven end to end in tests/broker/spill_process_test.cpp).
+struct RecordingSink final : SpillSink {
+  std::function<bool(std::optional<double>)> wanted = [](std::optional<double>) { return true; };
+  std::vector<std::optional<double>> asked;
+  std::vector<EntryKey> offered;
+  bool wants(const EntryKey& /*key*/, const StoredEntry& /*entry*/, std::optional<double> utility) override {
+    asked.push_back(utility);
+    return wanted(utility);
+  }
+  void offer(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) override {
+    REQUIRE(entry);
+    offered.push_back(key);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("budget victims the sink wants become stubs until their spill ends", "[kv_store][spill][unit]") {
+  TestClock clock;
+  auto store = std::make_shared<InMemoryEntryStore>(2 * kEvictEntryBytes, utility_on(clock));
+  auto sink = std::make_shared<RecordingSink>();
+  store->set_spill_sink(sink);
+  put(*store, 1);
+  clock.now = 1.0;
+  put(*store, 2);
+  clock.now = 2.0;
+  put(*store, 3);  // 1 is the victim, asked with its utility and offered
+  REQUIRE(sink->offered.size() == 1);
+  CHECK(sink->offered.front() == key_of(1));
+  REQUIRE(sink->asked.size() == 1);
+  CHECK(sink->asked.front().has_value());
+  CHECK_FALSE(store->get(key_of(1)));
+  auto stats = store->stats();
+  CHECK(stats.stubs == 1);
+  CHECK(stats.spilling_bytes == kEvictEntryBytes);
+  CHECK(stats.budget_evictions == 1);
+  const std::vector<std::uint64_t> hashes{1};
+  CHECK_FALSE(store->longest_stub(kEvictModel, hashes));  // in flight: nowhere to fetch it yet
+
+  SECTION("a spill that ends well points the stub at its peer") {
+    store->spill_done(key_of(1), "node-b", true);
+    const auto stub = store->longest_stub(kEvictModel, hashes);
+    REQUIRE(stub);
+    CHECK(stub->peer == "node-b");
+    CHECK(stub->bytes == kEvictEntryBytes);
+    CHECK(store->stats().spills == 1);
+    CHECK(store->stats().spilling_bytes == 0);
+    // The entry comes back: the stub stands for nothing any more.
+    put(*store, 1);
+    CHECK_FALSE(store->longest_stub(kEvictModel, hashes));
+    CHECK(store->stats().stubs <= 1);  // 1's put may have spilled another victim
+  }
+  SECTION("a spill that fails leaves no stub: the victim is gone") {
+    store->spill_done(key_of(1), "node-b", false);
+    CHECK_FALSE(store->longest_stub(kEvictModel, hashes));
+    CHECK(store->stats().stubs == 0);
+    CHECK(store->stats().spill_failures == 1);
+  }
+}
+
+TEST_CASE("victims the sink does not want, and peers' spills, are dropped", "[kv_store][spill][unit]") {
+  TestClock clock;
+  auto store = std::make_shared<InMemoryEntryStore>(kEvictEntryBytes, utility_on(clock));
+  auto sink = std::make_shared<RecordingSink>();
+  store->set_spill_sink(sink);
+  sink->wanted = [](std::optional<double> utility) { return utility && *utility > 100.0; };
+  put(*store, 1);
+  put(*store, 2);
+  CHECK(sink->offered.empty());
+  CHECK(store->stats().stubs == 0);
+  // An entry a peer spilled here is that peer's: never spilled on, whatever the sink says.
+  auto spilled_in = share_entry(*evict_entry(kEvictBlockTokens));
+  REQUIRE(spilled_in);
+  spilled_in.value()->origin = EntryOrigin::kSpilledIn;
+  spilled_in.value()->spilled_from = "node-a";
+  REQUIRE(store->put(key_of(3), spilled_in.value()));
+  CHECK(store->spilled_in_bytes("node-a") == kEvictEntryBytes);
+  sink->wanted = [](std::optional<double>) { return true; };
+  put(*store, 4);
+  CHECK(sink->offered.size() == 0);
+  CHECK(store->spilled_in_bytes("node-a") == 0);
+  // A sink gone (the daemon stopping) spills nothing.
+  sink.reset();
+  put(*store, 5);
+  CHECK(store->stats().stubs == 0);
 }

@@ -13,6 +13,7 @@
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/policy.h"
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/peer/fidelity_product.h"
@@ -73,10 +74,32 @@ std::vector<std::uint8_t> frame_of(const codec::CodecRegistry& codecs, std::stri
   return std::move(frame).value();
 }
 
+// This server's policy for the spill cases: product-client is a peer whose agent uses the
+// entries' model, and whose spills may take `quota` bytes here.
+std::shared_ptr<const Policy> spill_policy(std::uint64_t quota) {
+  auto policy = std::make_shared<Policy>();
+  policy->node_id = "product-server";
+  PeerPolicy client;
+  client.id = "product-client";
+  client.address = {"127.0.0.1", 1};
+  client.accept_spill_bytes = quota;
+  policy->peers.push_back(client);
+  AgentPolicy agent;
+  agent.id = "remote-agent";
+  agent.node = "product-client";
+  agent.model.layers = 2;
+  agent.model.kv_heads = 2;
+  agent.model.head_dim = 8;
+  agent.model.dtype = DType::kFloat16;
+  policy->agents.push_back(agent);
+  return policy;
+}
+
 class InProcessPeer {
  public:
-  explicit InProcessPeer(bool with_factor = true) {
+  explicit InProcessPeer(bool with_factor = true, std::shared_ptr<const Policy> policy = nullptr) {
     peer::PeerServerOptions options;
+    if (policy) options.policy = [policy] { return policy; };
     options.node_id = "product-server";
     options.codecs = codecs;
     options.max_entry_bytes = kStoreBudget;
@@ -230,7 +253,7 @@ TEST_CASE("a pushed lossy entry is filed with the product its sender stamped", "
   }
 }
 
-TEST_CASE("deltas and spills are refused by name before a chunk is read", "[peer][fidelity][unit]") {
+TEST_CASE("deltas, and spills without a quota, are refused by name before a chunk is read", "[peer][fidelity][unit]") {
   InProcessPeer server;
   const auto frame = frame_of(*server.codecs, "raw");
   const auto chain = product_chain(400);
@@ -244,13 +267,13 @@ TEST_CASE("deltas and spills are refused by name before a chunk is read", "[peer
     CHECK(refused.error().code == ErrorCode::kUnsupported);
     CHECK_THAT(refused.error().message, Catch::Contains("joins no deltas"));
   }
-  SECTION("a spill") {
+  SECTION("a spill, which needs a policy's quota") {
     push.purpose = peer::PushPurpose::kSpill;
     auto client = server.client();
     const auto refused = client.push_encoded(6, key_of(chain), chain, frame, push);
     REQUIRE_FALSE(refused.has_value());
-    CHECK(refused.error().code == ErrorCode::kUnsupported);
-    CHECK_THAT(refused.error().message, Catch::Contains("accepts no spills"));
+    CHECK(refused.error().code == ErrorCode::kPermissionDenied);
+    CHECK_THAT(refused.error().message, Catch::Contains("no policy"));
   }
   CHECK_FALSE(server.store->get(key_of(chain)));
   CHECK(server.client().ping().has_value());  // the server serves on
@@ -259,7 +282,57 @@ TEST_CASE("deltas and spills are refused by name before a chunk is read", "[peer
   push.skip_tokens = 0;
   auto client = server.client();
   REQUIRE(client.push_encoded(7, key_of(chain), chain, frame, push).has_value());
-  CHECK(server.store->get(key_of(chain)));
+  const auto filed = server.store->get(key_of(chain));
+  REQUIRE(filed);
+  CHECK(filed->origin == kv_store::EntryOrigin::kPrefetched);
+}
+
+TEST_CASE("a spill is filed for its sender within accept_spill_bytes", "[peer][fidelity][unit]") {
+  const std::uint64_t entry_bytes = entry_of(product_chain(600), Fidelity::exact())->info.bytes;
+  SECTION("within the quota: filed as spilled in, counted against the sender") {
+    InProcessPeer server(true, spill_policy(2 * entry_bytes));
+    peer::PushOptions push;
+    push.codec = "raw";
+    push.purpose = peer::PushPurpose::kSpill;
+    auto client = server.client();
+    const auto first = product_chain(600);
+    REQUIRE(client.push_encoded(8, key_of(first), first, frame_of(*server.codecs, "raw"), push).has_value());
+    const auto filed = server.store->get(key_of(first));
+    REQUIRE(filed);
+    CHECK(filed->origin == kv_store::EntryOrigin::kSpilledIn);
+    CHECK(filed->spilled_from == "product-client");
+    CHECK(filed->fidelity.is_exact());
+    CHECK(server.store->spilled_in_bytes("product-client") == entry_bytes);
+    CHECK(server.store->stats().spilled_in_entries == 1);
+    const auto second = product_chain(620);
+    REQUIRE(client.push_encoded(9, key_of(second), second, frame_of(*server.codecs, "raw"), push).has_value());
+    // A third is one entry over: refused after decoding, nothing filed, the first two kept.
+    auto again = server.client();
+    const auto third = product_chain(640);
+    const auto refused = again.push_encoded(10, key_of(third), third, frame_of(*server.codecs, "raw"), push);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == ErrorCode::kResourceExhausted);
+    CHECK_THAT(refused.error().message, Catch::Contains("accept_spill_bytes"));
+    CHECK_FALSE(server.store->get(key_of(third)));
+    CHECK(server.store->spilled_in_bytes("product-client") == 2 * entry_bytes);
+    // Dropping one gives its bytes back to the quota.
+    CHECK(server.store->erase(key_of(first)));
+    CHECK(server.store->spilled_in_bytes("product-client") == entry_bytes);
+    REQUIRE(server.client().push_encoded(11, key_of(third), third, frame_of(*server.codecs, "raw"), push).has_value());
+  }
+  SECTION("a peer the policy gives no quota is refused before a chunk is read") {
+    InProcessPeer server(true, spill_policy(0));
+    peer::PushOptions push;
+    push.codec = "raw";
+    push.purpose = peer::PushPurpose::kSpill;
+    auto client = server.client();
+    const auto chain = product_chain(660);
+    const auto refused = client.push_encoded(12, key_of(chain), chain, frame_of(*server.codecs, "raw"), push);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == ErrorCode::kPermissionDenied);
+    CHECK_THAT(refused.error().message, Catch::Contains("no accept_spill_bytes"));
+    CHECK(server.store->stats().entries == 0);
+  }
 }
 
 TEST_CASE("a summary carries the server's node state", "[peer][fidelity][unit]") {

@@ -93,6 +93,7 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
     std::string peer;
     std::string medium;
     std::string codec;
+    peer::PushPurpose purpose = peer::PushPurpose::kPush;
     kv_store::EntryKey key;
     std::shared_ptr<const kv_store::StoredEntry> entry;
     nlohmann::json record;
@@ -107,6 +108,15 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
   [[nodiscard]] EngineUpdate update_engine_locked(const Policy& policy);  // refresh's work, unrecorded
   void run_pusher();
+  // A publish's entry sent ahead on `route` to `to`'s node: pushed (the route says push) or
+  // prefetched at background priority (issue #27); priced and queued for the pusher.
+  void send_ahead(const Policy& policy, const RoutePolicy& route, const AgentPolicy& to,
+                  const RequestContext& published_context, const kv_store::EntryKey& key,
+                  const std::shared_ptr<const kv_store::StoredEntry>& filed, peer::PushPurpose purpose);
+  // Whether a publish prefetches on this (non-push) route: named in next_agents (or, naming none,
+  // kv_store.prefetch), within prefetch_max_bytes, and the destination reported room for it.
+  [[nodiscard]] bool prefetch_wanted(const Policy& policy, const RoutePolicy& route, const RequestContext& context,
+                                     const kv_store::StoredEntry& entry);
   // Where a published entry lives from now on: with tenants, moved from the worker's key to its
   // tenant's scope (tenant_chain.h), its chain naming the tenant; the worker's key otherwise.
   struct Filed {

@@ -20,6 +20,13 @@ struct KvPathMetrics {
   metrics::Family<metrics::Counter>& ignored_params;
   // route; forced: lossless, tokens (a lossy hop refused by the route's quality_floor)
   metrics::Family<metrics::Counter>& precision_refreshes;
+  // Issue #27's store: prefetches sent on publish {route, result}; lookups served from prefetched
+  // KV {route}; next_agents a publish named that no route of its agent leads to; lookups that
+  // fetched a spilled entry back from the peer holding it {route}.
+  metrics::Family<metrics::Counter>& prefetches;
+  metrics::Family<metrics::Counter>& prefetch_hits;
+  metrics::Family<metrics::Counter>& next_agents_ignored;
+  metrics::Family<metrics::Counter>& fetch_backs;
 };
 
 }  // namespace kvrelay::broker

@@ -29,6 +29,9 @@ struct RequestContext {
   std::string tenant;                       // the receiving agent's tenant; "" = the default tenant
   // Where the request's block-hash chain starts (tenant_chain.h); absent: kRootBlockHash.
   std::optional<BlockHash> chain_root;
+  // The agents the client says read this request's KV next (issue #27): a publish prefetches
+  // to those that are the destinations of this agent's routes; the rest are ignored.
+  std::vector<std::string> next_agents;
 };
 
 // "" parses to an empty context. Fields it does not know (the signature) are ignored. Every field is type-checked;

@@ -26,6 +26,7 @@ class UtilityEviction final : public kv_store::EvictionPolicy {
   void on_clear() override;
   [[nodiscard]] std::vector<kv_store::EntryKey> victims(std::uint64_t bytes, const Evictable& evictable) override;
   [[nodiscard]] std::vector<kv_store::RankedKey> top(std::size_t limit) override;
+  [[nodiscard]] std::optional<double> utility(const kv_store::EntryKey& key) override;
   [[nodiscard]] std::string_view name() const noexcept override { return "utility"; }
 
  private:

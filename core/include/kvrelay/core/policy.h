@@ -54,6 +54,9 @@ struct PeerPolicy {
   // (SO_PEERCRED); none: this daemon's own uid, so its connections are a worker's.
   std::optional<std::uint32_t> uid;
   std::string identity;  // what its TLS certificate must name (DNS or URI SAN); "" = address.host
+  // Spills exchanged with this peer (issue #27; live): on a receiver, the bytes of this peer's
+  // spilled entries its store may hold; on a sender, nonzero makes the peer a spill target.
+  std::uint64_t accept_spill_bytes = 0;
 };
 
 struct AgentPolicy {
@@ -149,6 +152,17 @@ enum class EvictionKind : std::uint8_t {
 struct StorePolicy {
   EvictionKind eviction = EvictionKind::kUtility;  // read at start
   double recency_tau_s = 60.0;                     // > 0; live
+  // Spill (live): a budget victim of at least this utility is encoded with spill_medium's codec
+  // and pushed to a peer that accepts spills, leaving a stub; at most spill_inflight_bytes of
+  // victims wait for their push at once (more are dropped).
+  double spill_min_utility = 1.5;
+  std::string spill_medium = "kv_lossless";
+  std::uint64_t spill_inflight_bytes = 64ULL << 20;
+  // Prefetch (live): a publish sends its entry ahead, at background priority, to the remote
+  // destinations of the agent's enabled routes that do not push (or only to the request's
+  // next_agents among them), when the entry is at most prefetch_max_bytes.
+  bool prefetch = true;
+  std::uint64_t prefetch_max_bytes = 256ULL << 20;
 };
 
 // How peer transfers share each link (issue #27; docs/configuration.md, scheduler.*). Read at

@@ -4,6 +4,8 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "kvrelay/core/byte_io.h"
 #include "kvrelay/core/fidelity.h"
@@ -37,6 +39,12 @@ struct EntryInfo {
   std::uint64_t checksum = 0;  // xxh3_64 of the bytes
 };
 
+// How an entry came to this store (issue #27; GET /admin/kv lists it). A prefetched entry's local
+// hits count as prefetch hits; a spilled-in one is held for the peer that spilled it, counted
+// against that peer's accept_spill_bytes, and never spilled again.
+enum class EntryOrigin : std::uint8_t { kPublished, kFetched, kPushed, kPrefetched, kSpilledIn };
+[[nodiscard]] std::string_view entry_origin_name(EntryOrigin origin) noexcept;
+
 // A committed entry: immutable bytes, either in its own memfd sealed against writes and resizes
 // (`fd`), or in a block of the sidecar's arena (`block`, and `fd` empty).
 struct EntryChain;
@@ -46,6 +54,8 @@ struct StoredEntry {
   // The token ids the entry's key was verified against (entry_chain.h). Null: KV a client
   // published without them, which is served here but never leaves this node.
   std::shared_ptr<const EntryChain> chain;
+  EntryOrigin origin = EntryOrigin::kPublished;
+  std::string spilled_from;  // kSpilledIn: the peer whose spill it is
   UniqueFd fd;
   std::shared_ptr<const ArenaBlock> block;
   [[nodiscard]] bool in_arena() const noexcept { return block != nullptr; }

@@ -9,6 +9,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +30,13 @@ struct EntryStoreStats {
   std::uint64_t budget_evictions = 0;    // dropped so that a put fits the byte budget
   std::uint64_t arena_evictions = 0;     // dropped so that a block fits the shared-memory arena
   std::string_view eviction_policy;      // EvictionPolicy::name(); "" when the store has none
+  // Spill (issue #27): budget victims handed to the SpillSink instead of dropped.
+  std::uint64_t stubs = 0;             // spilled entries' stand-ins held now (in flight too)
+  std::uint64_t spilling_bytes = 0;    // of victims whose push has not ended
+  std::uint64_t spills = 0;            // pushes that ended with the peer holding the entry
+  std::uint64_t spill_failures = 0;    // pushes that failed: the victim was dropped (an eviction)
+  std::uint64_t spilled_in_bytes = 0;  // entries peers spilled here, held now
+  std::uint64_t spilled_in_entries = 0;
 };
 
 // One entry as GET /admin/kv lists it.
@@ -38,6 +47,7 @@ struct EntryListing {
   std::uint64_t hits = 0;         // lookups that found it since it was filed (prefix hits too)
   std::optional<double> utility;  // where the eviction policy has one
   Fidelity fidelity;
+  EntryOrigin origin = EntryOrigin::kPublished;
 };
 
 // An entry filed under a later block's key that holds the blocks of a shorter chain first.
@@ -90,6 +100,20 @@ class EntryStore {
   virtual void note_use(const EntryKey& /*key*/, int /*route_priority*/) {}
   // The entries the store values most, best first, up to `limit`. Stores that cannot list return none.
   [[nodiscard]] virtual std::vector<EntryListing> top(std::size_t /*limit*/) { return {}; }
+
+  // Spill (issue #27). The sink ends a spill it took: `peer` holds the entry now (ok), or the
+  // push failed and the victim is gone (an eviction). Stores that do not spill ignore it.
+  virtual void spill_done(const EntryKey& /*key*/, const std::string& /*peer*/, bool /*ok*/) {}
+  // The stub of the longest chain among `hashes` (block 0 first) of `model_id` whose spill has
+  // ended, if an entry filed under one of them was spilled.
+  [[nodiscard]] virtual std::optional<Stub> longest_stub(std::uint64_t /*model_id*/,
+                                                         std::span<const std::uint64_t> /*hashes*/) {
+    return std::nullopt;
+  }
+  // Up to `limit` stubs, most recent first.
+  [[nodiscard]] virtual std::vector<Stub> stubs(std::size_t /*limit*/) { return {}; }
+  // Bytes of the entries `peer` spilled here that the store holds now (its accept_spill_bytes quota).
+  [[nodiscard]] virtual std::uint64_t spilled_in_bytes(std::string_view /*peer*/) { return 0; }
 };
 
 // A byte-budgeted map; when a put would exceed the budget, or a block does not fit the arena,
@@ -112,6 +136,13 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] std::optional<PrefixHit> find_prefix(const EntryKey& key, const PrefixFilter& accepts) override;
   void note_use(const EntryKey& key, int route_priority) override;
   [[nodiscard]] std::vector<EntryListing> top(std::size_t limit) override;
+  // Budget victims the sink wants are spilled through it (none while unset or expired).
+  void set_spill_sink(std::weak_ptr<SpillSink> sink);
+  void spill_done(const EntryKey& key, const std::string& peer, bool ok) override;
+  [[nodiscard]] std::optional<Stub> longest_stub(std::uint64_t model_id,
+                                                 std::span<const std::uint64_t> hashes) override;
+  [[nodiscard]] std::vector<Stub> stubs(std::size_t limit) override;
+  [[nodiscard]] std::uint64_t spilled_in_bytes(std::string_view peer) override;
 
  private:
   struct Slot {
@@ -128,6 +159,16 @@ class InMemoryEntryStore final : public EntryStore {
   // Drops the entry and its index rows; `forget` tells the policy (not when a put replaces it).
   void erase_locked(Entries::iterator found, bool forget = true);
   void hit_locked(Entries::iterator found);
+  struct Spill {
+    EntryKey key;
+    std::shared_ptr<const StoredEntry> entry;
+  };
+  // put's work under the lock; victims the sink wants land in `spills`, offered after it.
+  [[nodiscard]] Status put_locked(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
+                                  const std::vector<EntryKey>& prefix_keys, SpillSink* sink,
+                                  std::vector<Spill>& spills);
+  // Budget eviction of one victim: spilled when the sink wants it, else dropped.
+  void evict_locked(Entries::iterator found, SpillSink* sink, std::vector<Spill>& spills);
 
   std::mutex mutex_;
   std::uint64_t budget_;
@@ -139,6 +180,13 @@ class InMemoryEntryStore final : public EntryStore {
   std::list<EntryKey> recency_;  // front: most recently used (recent_keys: peer summaries)
   Entries entries_;
   std::unordered_map<EntryKey, std::vector<PrefixRow>, EntryKeyHash> prefix_index_;  // rows oldest first
+  std::weak_ptr<SpillSink> spill_sink_;
+  std::unordered_map<EntryKey, Stub, EntryKeyHash> stubs_;
+  std::list<EntryKey> stub_order_;  // front: newest
+  std::uint64_t spills_ = 0;
+  std::uint64_t spill_failures_ = 0;
+  std::unordered_map<std::string, std::uint64_t> spilled_in_;  // bytes held, by the peer that spilled them
+  std::uint64_t spilled_in_entries_ = 0;
 };
 
 }  // namespace kvrelay::kv_store

@@ -9,6 +9,7 @@
 #include <functional>
 #include <list>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +41,8 @@ class EvictionPolicy {
   [[nodiscard]] virtual std::vector<EntryKey> victims(std::uint64_t bytes, const Evictable& evictable) = 0;
   // The entries it values most, best first, up to `limit`.
   [[nodiscard]] virtual std::vector<RankedKey> top(std::size_t limit) = 0;
+  // The entry's utility now, where the policy has one (a victim's, to judge a spill).
+  [[nodiscard]] virtual std::optional<double> utility(const EntryKey& /*key*/) { return std::nullopt; }
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
 };
 
@@ -62,6 +65,29 @@ class LruEviction final : public EvictionPolicy {
   };
   std::list<EntryKey> recency_;  // front: most recently used
   std::unordered_map<EntryKey, Slot, EntryKeyHash> slots_;
+};
+
+// Where a budget victim worth keeping goes instead of away (issue #27: the daemon pushes it to a
+// peer that accepts spills). The store leaves a stub under the victim's key, and the sink ends
+// each spill it took with EntryStore::spill_done.
+class SpillSink {
+ public:
+  virtual ~SpillSink() = default;
+  // Under the store's lock, so cheap and without I/O: whether to spill this victim rather than
+  // drop it. `utility`: its policy's, where it has one.
+  [[nodiscard]] virtual bool wants(const EntryKey& key, const StoredEntry& entry, std::optional<double> utility) = 0;
+  // Outside the lock: a victim it wanted, whose bytes it holds until its push ends.
+  virtual void offer(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) = 0;
+};
+
+// A spilled entry's stand-in: what it was, and which peer holds it ("" while its push runs).
+struct Stub {
+  EntryKey key;
+  std::string peer;
+  Fidelity fidelity;  // of the entry spilled; its spill medium's codec may add loss on the way
+  std::uint64_t bytes = 0;
+  std::uint64_t tokens = 0;
+  bool in_flight = true;
 };
 
 }  // namespace kvrelay::kv_store

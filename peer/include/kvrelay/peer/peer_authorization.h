@@ -46,6 +46,14 @@ struct PeerGrant {
 [[nodiscard]] Status authorize_pushed_tenant(const Policy& policy, const PeerGrant& grant, std::string_view route_id,
                                              const kv_store::EntryChain& chain);
 
+// A spill from the peer (issue #27), before any of it is read: the peer's policy entry here has
+// accept_spill_bytes. Spills always need that quota: an unrestricted grant has none.
+[[nodiscard]] Status authorize_spill(const Policy& policy, const PeerGrant& grant);
+// The spilled entry, decoded and not yet filed: the peer could fetch it back (authorize_fetch),
+// and with the `held` bytes of its spills this store holds it stays within accept_spill_bytes.
+[[nodiscard]] Status authorize_spilled_entry(const Policy& policy, const PeerGrant& grant,
+                                             const kv_store::StoredEntry& entry, std::uint64_t held);
+
 // Whether a fetch (or a summary) may show `entry`: only entries that carry their token ids, of a
 // model and a tenant that one of the peer's agents uses.
 [[nodiscard]] bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_store::StoredEntry& entry);
