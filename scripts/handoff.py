@@ -133,6 +133,8 @@ class Cluster:
                 "agents": [],
                 "routes": [],
                 "limits": {"kv_lookup_timeout_ms": 30000, "peer_summary_interval_ms": 200},
+                # Each medium is measured at B's lookup: prefetch would move A's KV before B asks.
+                "kv_store": {"prefetch": False},
                 "logging": {"level": "warn"},
                 "tenants": [{"id": "demo", "salt_file": str(salt_file)}],
                 "signing": {"node_key_file": str(node_key)},

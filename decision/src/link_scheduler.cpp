@@ -170,6 +170,18 @@ Status LinkScheduler::finish(std::uint64_t id, bool completed) {
   inflight_chunks_ -= static_cast<std::uint32_t>(t.unacked.size());
   inflight_bytes_ -= t.granted - t.acked;
   if (running_ == id) running_.reset();
+  // Smooth WRR keeps its pool's credits summing to zero. A short transfer leaves in debt (it was
+  // served and paid); left with the others, that debt became their surplus, so long-lived bulk
+  // transfers grew rich enough to outbid newly arrived urgent ones. Its credit is spread back.
+  const bool prefetch_pool = t.spec.klass == TransferClass::kPrefetch;
+  std::size_t others = 0;
+  for (const Active& other : transfers_)
+    if (other.spec.id != id && (other.spec.klass == TransferClass::kPrefetch) == prefetch_pool) ++others;
+  if (others > 0) {
+    const double share = t.credit / static_cast<double>(others);
+    for (Active& other : transfers_)
+      if (other.spec.id != id && (other.spec.klass == TransferClass::kPrefetch) == prefetch_pool) other.credit += share;
+  }
   transfers_.erase(transfers_.begin() + static_cast<std::ptrdiff_t>(index));
   ++(completed ? stats_.completed : stats_.aborted);
   return ok();

@@ -250,6 +250,7 @@ TEST_CASE("prefetch: a publish goes ahead to the route's remote destination, and
   json a_policy =
       sidecar_policy(a, json::array({agent_json("writer", "", 1, model), agent_json("reader", "node-b", 1, model)}),
                      routes, json::array({peer_json("node-b", b.peer_port(), 0)}));
+  a_policy["kv_store"]["prefetch"] = true;  // the product's default; the fixture turns it off
   a.start(a_policy);
   Worker writer(a);
   Worker reader(b);

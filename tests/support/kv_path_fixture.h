@@ -157,6 +157,9 @@ inline nlohmann::json sidecar_policy(const Sidecar& sidecar, nlohmann::json agen
           {"agents", std::move(agents)},
           {"routes", std::move(routes)},
           {"limits", {{"kv_lookup_timeout_ms", 5000}, {"peer_summary_interval_ms", 200}}},
+          // These tests exercise B's fetch: publishes are not sent ahead unless a test asks
+          // (kv_spill_prefetch_test.cpp turns prefetch on; the product's default is on).
+          {"kv_store", {{"prefetch", false}}},
           {"logging", {{"level", "warn"}}}};
 }
 

@@ -37,7 +37,8 @@ class Sidecar:
     """`kvrelay serve` with a data-plane socket in a temporary directory."""
 
     def __init__(self, node_id: str = "node-a", agents: list | None = None, routes: list | None = None,
-                 peers: list | None = None, limits: dict | None = None, peer_listener: bool = False):
+                 peers: list | None = None, limits: dict | None = None, peer_listener: bool = False,
+                 kv_store: dict | None = None):
         self.node_id = node_id
         self._dir = tempfile.TemporaryDirectory(prefix=f"kvrelay-{node_id}-")
         self.dir = Path(self._dir.name)
@@ -58,6 +59,8 @@ class Sidecar:
             "limits": {"kv_lookup_timeout_ms": 3000, "peer_summary_interval_ms": 200, **(limits or {})},
             "logging": {"level": "warn"},
         }
+        if kv_store is not None:
+            self.policy["kv_store"] = kv_store
         self.process: subprocess.Popen | None = None
         self.ports: dict = {}
 

@@ -383,11 +383,12 @@ class TwoNodes(unittest.TestCase):
     """Node A's writer and node B's reader, a route between them that forces raw KV, and each
     sidecar the other's peer over TCP."""
 
-    def start_nodes(self, tp_size: int = 1) -> tuple[Sidecar, Sidecar]:
+    def start_nodes(self, tp_size: int = 1, prefetch: bool = False) -> tuple[Sidecar, Sidecar]:
         port_a, port_b = free_port(), free_port()
         route = [{"id": "writer-to-reader", "from": "writer", "to": "reader", "forced_medium": "kv_raw"}]
         node_a = Sidecar("node-a", agents=[agent("writer", tp_size=tp_size), agent("reader", "node-b", tp_size=tp_size)],
-                         routes=route, peers=[{"id": "node-b", "address": f"127.0.0.1:{port_b}"}])
+                         routes=route, peers=[{"id": "node-b", "address": f"127.0.0.1:{port_b}"}],
+                         kv_store={"prefetch": prefetch})
         node_b = Sidecar("node-b", agents=[agent("writer", "node-a", tp_size=tp_size), agent("reader", tp_size=tp_size)],
                          routes=route, peers=[{"id": "node-a", "address": f"127.0.0.1:{port_a}"}])
         node_a.policy["listen"]["peer"] = f"127.0.0.1:{port_a}"
@@ -412,6 +413,29 @@ class TwoNodes(unittest.TestCase):
         self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
         decisions = node_b.admin("/admin/decisions?limit=5")
         self.assertIn("peer:node-a", json.dumps(decisions))
+
+    def test_kv_prefetched_from_node_a_is_loaded_from_node_bs_own_store(self) -> None:
+        # kv_store.prefetch (the product's default): A's publish goes ahead to B at background
+        # priority, so B's lookup is a local hit, counted as a prefetch hit.
+        node_a, node_b = self.start_nodes(prefetch=True)
+        a_prompt = prompt(12, 70)
+        a = run_engine_process({"socket": node_a.socket, "requests": [
+            {"id": "a", "prompt": a_prompt, "kv_transfer_params": {"kvrelay": {"agent": "writer"}}}]})
+        self.assertEqual(a["counters"]["worker"]["publishes"], 1)
+        deadline = time.monotonic() + 10
+        while node_b.admin("/admin/kv")["entries"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(node_b.admin("/admin/kv")["top"][0]["origin"], "prefetched")
+        b = run_engine_process({"socket": node_b.socket, "requests": [
+            {"id": "b", "prompt": a_prompt + [6, 6, 6],
+             "kv_transfer_params": {"kvrelay": {"agent": "reader", "route": "writer-to-reader"}}}]})
+        result = b["results"]["b"]
+        self.assertEqual(result["loaded_tokens"], 64, node_b.stderr()[-2000:])
+        self.assertTrue(result["kv_ok"], result["mismatched_tokens"])
+        lookups = [d for d in node_b.admin("/admin/decisions?limit=5")["decisions"] if d.get("kind") == "lookup"]
+        self.assertTrue(lookups, "no lookup on node B")
+        self.assertEqual(lookups[0]["kv_from"], "local")
+        self.assertTrue(lookups[0].get("prefetch_hit"), json.dumps(lookups[0]))
 
     def test_tensor_parallel_shards_are_fetched_from_the_peer_by_the_schedulers_lookup(self) -> None:
         # Both engines run TP=2: node A lets node B fetch the shards of reader's model.

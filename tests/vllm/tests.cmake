@@ -23,6 +23,7 @@ foreach(case IN ITEMS
         Configuration.test_an_unknown_kv_cache_dtype_is_refused_by_name
         Configuration.test_unknown_settings_are_refused_by_name
         TwoNodes.test_kv_published_on_node_a_is_loaded_bit_exact_on_node_b_over_tcp
+        TwoNodes.test_kv_prefetched_from_node_a_is_loaded_from_node_bs_own_store
         TwoNodes.test_tensor_parallel_shards_are_fetched_from_the_peer_by_the_schedulers_lookup)
   string(REGEX REPLACE "^[A-Za-z]+\\.test_" "" words "${case}")
   string(REPLACE "_" " " words "${words}")
