@@ -14,6 +14,7 @@
 #include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/entry_slice.h"
+#include "kvrelay/peer/fetch_encoding.h"
 #include "kvrelay/peer/peer_authorization.h"
 
 #include "fetch_missing.h"
@@ -454,38 +455,84 @@ void KvPath::run_pusher() {
       job = std::move(push_queue_.front());
       push_queue_.pop_front();
     }
-    const auto policy = policy_->current();
-    const auto started = Clock::now();
-    auto frame = encode_entry(*codecs_, job.codec, *job.entry);
-    if (frame) {
-      observe_codec(job.codec, job.entry->info.layout.dtype, job.entry->info.bytes, frame.value().size(),
-                    std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
-    }
-    // The push carries the entry's fidelity product times its codec's factor (issue #27).
-    peer::PushOptions push_options;
-    push_options.route = job.route;
-    push_options.purpose = job.purpose;
-    push_options.source = job.entry->fidelity;
-    push_options.codec = job.codec;
-    Status pushed = frame ? peers_->push(job.peer, push_options, std::random_device{}(), job.key, *job.entry->chain,
-                                         frame.value(), policy->limits.read_timeout)
-                          : Status(frame.error());
-    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    if (pushed) {
-      metrics_.wire_bytes.with({"pushed", job.medium, job.codec}).inc(static_cast<double>(frame.value().size()));
-      metrics_.raw_bytes.with({"pushed", job.medium}).inc(static_cast<double>(job.entry->info.bytes));
-      job.record["frame_bytes"] = frame.value().size();
-      job.record["outcome"] = "pushed";
-    } else {
-      job.record["outcome"] = "failed";
-      job.record["error"] = pushed.error().to_string();
-      spdlog::warn("KV path: push on route {} to {} failed: {}", job.route, job.peer, pushed.error().to_string());
-    }
-    job.record["seconds"] = seconds;
-    auto& outcomes = job.purpose == peer::PushPurpose::kPrefetch ? metrics_.prefetches : metrics_.pushes;
-    outcomes.with({job.route, pushed ? "pushed" : "failed"}).inc();
-    log_.record(std::move(job.record));
+    push_one(job);
   }
+}
+
+void KvPath::push_one(PushJob& job) {
+  const auto policy = policy_->current();
+  const auto started = Clock::now();
+  auto& outcomes = job.purpose == peer::PushPurpose::kPrefetch ? metrics_.prefetches : metrics_.pushes;
+  // Only the blocks the destination lacks, by the keys its last summary listed (issue #27).
+  const kv_store::EntryChain& chain = *job.entry->chain;
+  const auto keys = kv_store::chain_keys(job.key.model_id, chain, chain_scope(*policy));
+  const bool keyed = !keys.empty() && keys.back() == job.key.context_hash;
+  const std::size_t held = keyed ? peers_->held_prefix_blocks(job.peer, job.key.model_id, keys) : 0;
+  if (keyed && held == keys.size()) {
+    job.record["outcome"] = "not_pushed";
+    job.record["reason"] = "the destination already holds this entry";
+    outcomes.with({job.route, "already_held"}).inc();
+    log_.record(std::move(job.record));
+    return;
+  }
+  std::uint64_t skip = held * std::uint64_t{chain.block_tokens};
+  auto sent = send_push(job, skip, *policy);
+  bool retried = false;
+  if (!sent && skip > 0 && sent.error().code == ErrorCode::kNotFound) {
+    // The prefix left the destination since its summary ("prefix_gone"): the whole entry, once.
+    job.record["delta_error"] = sent.error().to_string();
+    retried = true;
+    skip = 0;
+    sent = send_push(job, 0, *policy);
+  }
+  job.record["seconds"] = std::chrono::duration<double>(Clock::now() - started).count();
+  job.record["skip_tokens"] = skip;
+  std::string_view result = "failed";
+  if (sent) {
+    job.record["frame_bytes"] = sent.value();
+    job.record["outcome"] = "pushed";
+    result = retried ? "delta_retry_full" : (skip > 0 ? "delta" : "pushed");
+  } else {
+    job.record["outcome"] = "failed";
+    job.record["error"] = sent.error().to_string();
+    spdlog::warn("KV path: push on route {} to {} failed: {}", job.route, job.peer, sent.error().to_string());
+  }
+  outcomes.with({job.route, std::string(result)}).inc();
+  log_.record(std::move(job.record));
+}
+
+Result<std::uint64_t> KvPath::send_push(const PushJob& job, std::uint64_t skip_tokens, const Policy& policy) {
+  const auto started = Clock::now();
+  const kv_store::StoredEntry& entry = *job.entry;
+  // A whole entry is encoded as stored; a delta, only the tokens after skip_tokens.
+  std::vector<std::uint8_t> whole;
+  std::optional<peer::EncodedFetch> delta;
+  std::span<const std::uint8_t> frame;
+  std::uint64_t raw_bytes = entry.info.bytes;
+  if (skip_tokens == 0) {
+    KVRELAY_TRY(whole, encode_entry(*codecs_, job.codec, entry));
+    frame = whole;
+  } else {
+    KVRELAY_TRY(const auto spec, codec::resolve_codec(*codecs_, job.codec));
+    KVRELAY_TRY(const auto view, kv_store::view_entry(entry));
+    KVRELAY_TRY(delta, peer::encode_for_fetch(entry.info.layout, view.bytes(), skip_tokens, spec, peers_->buffers()));
+    frame = delta->frame();
+    raw_bytes = delta->raw_bytes;
+  }
+  observe_codec(job.codec, entry.info.layout.dtype, raw_bytes, frame.size(),
+                std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
+  // The push carries the entry's fidelity product times its codec's factor (issue #27).
+  peer::PushOptions options;
+  options.route = job.route;
+  options.purpose = job.purpose;
+  options.skip_tokens = skip_tokens;
+  options.source = entry.fidelity;
+  options.codec = job.codec;
+  KVRELAY_TRY(peers_->push(job.peer, options, std::random_device{}(), job.key, *entry.chain, frame,
+                           policy.limits.read_timeout));
+  metrics_.wire_bytes.with({"pushed", job.medium, job.codec}).inc(static_cast<double>(frame.size()));
+  metrics_.raw_bytes.with({"pushed", job.medium}).inc(static_cast<double>(raw_bytes));
+  return static_cast<std::uint64_t>(frame.size());
 }
 
 KvPath::Filed KvPath::refile_in_tenant_scope(const Policy& policy, const kv_store::EntryKey& worker_key,

@@ -282,6 +282,17 @@ std::optional<peer::LinkEstimate> PeerLinks::estimate(const std::string& peer_id
   return estimator_->estimate(node);
 }
 
+std::size_t PeerLinks::held_prefix_blocks(const std::string& peer_id, std::uint64_t model_id,
+                                          std::span<const std::uint64_t> keys) const {
+  std::lock_guard lock(mutex_);
+  const auto found = peers_.find(peer_id);
+  if (found == peers_.end()) return 0;
+  for (std::size_t blocks = keys.size(); blocks > 0; --blocks) {
+    if (found->second->held.contains(kv_store::EntryKey{model_id, keys[blocks - 1]})) return blocks;
+  }
+  return 0;
+}
+
 std::optional<peer::NodeState> PeerLinks::node_state(const std::string& peer_id) const {
   std::lock_guard lock(mutex_);
   const auto found = peers_.find(peer_id);

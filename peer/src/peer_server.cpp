@@ -31,6 +31,7 @@
 #include "kvrelay/peer/peer_authorization.h"
 
 #include "peer_io.h"
+#include "push_delta.h"
 
 namespace kvrelay::peer {
 
@@ -271,8 +272,10 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
       co_return allowed;
     }
   }
-  // The pushed token ids must hash to the key the peer files the KV under.
-  if (auto chained = kv_store::verify_chain(header.key, decoded.value().header.layout.tokens, header.chain,
+  // The pushed token ids must hash to the key the peer files the KV under (a delta's chain
+  // covers the prefix it leaves out too).
+  const auto& tail_layout = decoded.value().header.layout;
+  if (auto chained = kv_store::verify_chain(header.key, header.skip_tokens + tail_layout.tokens, header.chain,
                                             chain_scope(policy.get()));
       !chained) {
     count_refused(shared, "chain");
@@ -290,16 +293,26 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   }
   const double decode_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count();
-  auto entry = kv_store::make_stored_entry(decoded.value().header.layout, std::as_bytes(decoded.value().kv),
-                                           options.arena.get());
+  // A delta joins the prefix this node holds (push_delta.h); a whole entry is filed as it came.
+  std::shared_ptr<const kv_store::StoredEntry> head;
+  if (header.skip_tokens > 0) {
+    auto held = delta_head(*shared->store, header.key.model_id, header.chain, chain_scope(policy.get()),
+                           header.skip_tokens, tail_layout);
+    if (!held) co_return outcome::failure(held.error());
+    head = std::move(held).value();
+  }
+  const auto tail = std::as_bytes(decoded.value().kv);
+  auto entry = head ? join_delta(*head, tail_layout, tail, shared->buffers, options.arena.get())
+                    : kv_store::make_stored_entry(tail_layout, tail, options.arena.get());
   if (!entry) co_return outcome::failure(entry.error());
   const auto& frame_header = decoded.value().header;
   const codec::CodecSpec pushed_codec = codec::frame_codec(*options.codecs, frame_header);
   // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
-  entry.value()->fidelity =
+  Fidelity pushed =
       sender_records_fidelity ? codec::fidelity_of(pushed_codec) : Fidelity::lossy(std::string(kUnverifiedFidelity));
   // Lossy KV carries the product its sender stamped (issue #27); exact KV stays at 1.
-  if (!entry.value()->fidelity.is_exact()) entry.value()->fidelity.product = header.fidelity_product;
+  if (!pushed.is_exact()) pushed.product = header.fidelity_product;
+  entry.value()->fidelity = head ? head->fidelity.then(pushed, header.skip_tokens) : std::move(pushed);
   entry.value()->chain = std::make_shared<const kv_store::EntryChain>(header.chain);
   entry.value()->origin = stored_origin(header.purpose);
   if (spill) {
@@ -336,15 +349,14 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   co_return co_await write_all(connection, asio::buffer(last_ack), asio::buffer(committed), options.read_timeout);
 }
 
-// What this sidecar takes of a push before reading its chunks: whole entries, pushed or
-// prefetched along a route, or spilled by a peer. Deltas (skip_tokens > 0) are refused until this
-// node can join a delta onto its held prefix (issue #27).
+// What this sidecar takes of a push before reading its chunks: whole entries or deltas (the
+// tokens after a prefix it holds), pushed or prefetched along a route, and whole entries a peer
+// spills. A spill's delta is refused: a spill is held for its sender alone, apart from the rest.
 Status acceptable_push(const EncodedEntryHeader& header) {
-  if (header.skip_tokens > 0) {
+  if (header.skip_tokens > 0 && header.purpose == PushPurpose::kSpill) {
     return fail(ErrorCode::kUnsupported,
-                fmt::format("push {} leaves out its first {} tokens: this sidecar joins no deltas; push the "
-                            "whole entry",
-                            header.id, header.skip_tokens));
+                fmt::format("spill {} leaves out its first {} tokens: a spill carries the whole entry", header.id,
+                            header.skip_tokens));
   }
   return ok();
 }

@@ -54,6 +54,19 @@ std::vector<std::byte> as_byte_vector(const std::vector<float>& kv) {
   return {bytes.begin(), bytes.end()};
 }
 
+// KV whose every token's rows depend on the token's position only (as a real worker's prefix
+// KV does not change when the prompt grows): tensor by tensor, [tokens, kv_heads, head_dim].
+std::vector<float> positional_kv(std::uint64_t tokens, int seed) {
+  const auto layout = kSpillModel.layout(tokens);
+  const std::uint64_t row = std::uint64_t{layout.kv_heads} * layout.head_dim;
+  std::vector<float> kv(layout.total_bytes().value() / sizeof(float));
+  for (std::uint64_t tensor = 0; tensor < 2ULL * layout.layers; ++tensor)
+    for (std::uint64_t index = 0; index < tokens * row; ++index)
+      kv[tensor * tokens * row + index] =
+          std::sin(0.37F * static_cast<float>(index) + 1.3F * static_cast<float>(tensor) + static_cast<float>(seed));
+  return kv;
+}
+
 // A worker of one node: publishes and looks up entries over that node's data plane.
 class Worker {
  public:
@@ -62,26 +75,28 @@ class Worker {
     REQUIRE(connected.has_value());
     client_.emplace(std::move(connected).value());
   }
-  void publish(int seed, const json& params) {
-    const auto ids = spill_ids(seed);
+  void publish(int seed, const json& params) { publish_ids(spill_ids(seed), spill_kv(seed), params); }
+  void publish_ids(const std::vector<kvrelay::TokenId>& ids, const std::vector<float>& kv, const json& params) {
     const auto hashes = kvrelay::hash_blocks(kSpillModel.id(), ids, kSpillBlockTokens);
     kvrelay::kv_store::EntryChain chain;
     chain.block_tokens = kSpillBlockTokens;
     chain.tokens = ids;
-    const auto kv = spill_kv(seed);
     REQUIRE(client_
-                ->publish_with_context({kSpillModel.id(), hashes.back()}, kSpillModel.layout(kSpillTokens),
+                ->publish_with_context({kSpillModel.id(), hashes.back()}, kSpillModel.layout(ids.size()),
                                        std::as_bytes(std::span(kv)), params.dump(), kvrelay::Fidelity::exact(), &chain)
                 .has_value());
   }
   // The lookup of entry `seed`'s tokens and one more; nullopt on a miss.
   std::optional<kvrelay::shm::ResolvedPrefix> look_up(int seed, const json& params) {
-    auto ids = spill_ids(seed);
+    return look_up_ids(spill_ids(seed), params);
+  }
+  std::optional<kvrelay::shm::ResolvedPrefix> look_up_ids(const std::vector<kvrelay::TokenId>& ids,
+                                                          const json& params) {
     const auto hashes = kvrelay::hash_blocks(kSpillModel.id(), ids, kSpillBlockTokens);
     kvrelay::shm::ResolveRequest request;
     request.model_id = kSpillModel.id();
     request.block_tokens = kSpillBlockTokens;
-    request.prompt_tokens = kSpillTokens + 1;
+    request.prompt_tokens = ids.size() + 1;
     request.block_hashes.assign(hashes.begin(), hashes.end());
     request.params_json = params.dump();
     auto resolved = client_->resolve(request);
@@ -283,4 +298,53 @@ TEST_CASE("prefetch: a publish goes ahead to the route's remote destination, and
   CHECK(a.metric_sum("kvrelay_kv_prefetches_total", {"result=\"pushed\""}) == 2.0);
   CHECK(reader.look_up(4, {{"agent", "reader"}, {"route", "w-r"}, {"request_id", "r4"}}));
   CHECK(decision_of(b, "lookup", "r4")["prefetch_hit"] == true);
+}
+
+TEST_CASE("delta push: a publish extending an entry the destination holds sends only the new blocks",
+          "[proxy][kv_path][push][process]") {
+  const json model = stories_model_json();
+  const json routes =
+      json::array({{{"id", "w-r"}, {"from", "writer"}, {"to", "reader"}, {"forced_medium", "kv_raw"}, {"push", true}}});
+  Sidecar b("node-b");
+  b.start(sidecar_policy(b, json::array({agent_json("writer", "node-a", 1, model), agent_json("reader", "", 1, model)}),
+                         routes, json::array({peer_json("node-a", 1, 0)})));
+  Sidecar a("node-a");
+  a.start(sidecar_policy(a, json::array({agent_json("writer", "", 1, model), agent_json("reader", "node-b", 1, model)}),
+                         routes, json::array({peer_json("node-b", b.peer_port(), 0)})));
+  Worker writer(a);
+  Worker reader(b);
+  // A conversation's first turn (64 tokens), then its second (128: the first and 64 more).
+  std::vector<kvrelay::TokenId> turn2 = spill_ids(7);
+  const auto more = spill_ids(8);
+  turn2.insert(turn2.end(), more.begin(), more.end());
+  const std::vector<kvrelay::TokenId> turn1(turn2.begin(), turn2.begin() + static_cast<std::ptrdiff_t>(kSpillTokens));
+  writer.publish_ids(turn1, positional_kv(kSpillTokens, 7), {{"agent", "writer"}, {"request_id", "t1"}});
+  REQUIRE(wait_until([&] { return get_json(b, "/admin/kv")["entries"] == 1; }, std::chrono::seconds(10)));
+  // A learns from B's summary that B holds the first turn.
+  REQUIRE(wait_until(
+      [&] {
+        const auto state = get_json(a, "/admin/state");
+        for (const auto& view : state["peers"]["peers"])
+          if (view.value("id", "") == "node-b" && view.value("summary_keys", 0) >= 1) return true;
+        return false;
+      },
+      std::chrono::seconds(10)));
+  const auto turn2_kv = positional_kv(2 * kSpillTokens, 7);
+  writer.publish_ids(turn2, turn2_kv, {{"agent", "writer"}, {"request_id", "t2"}});
+  REQUIRE(wait_until([&] { return get_json(b, "/admin/kv")["entries"] == 2; }, std::chrono::seconds(10)));
+  const auto record = decision_of(a, "push", "t2");
+  INFO(record.dump(2));
+  CHECK(record["outcome"] == "pushed");
+  CHECK(record["skip_tokens"] == kSpillTokens);
+  CHECK(a.metric_sum("kvrelay_kv_pushes_total", {"route=\"w-r\"", "result=\"delta\""}) == 1.0);
+  CHECK(a.metric_sum("kvrelay_kv_pushes_total", {"route=\"w-r\"", "result=\"pushed\""}) == 1.0);
+  // Half the raw bytes crossed the link for the second turn.
+  CHECK(a.metric_sum("kvrelay_kv_raw_bytes_total", {"direction=\"pushed\""}) ==
+        static_cast<double>(2 * entry_bytes_of_one()));
+  // B joined its held first turn and the pushed second half: A's second turn, byte for byte.
+  const auto hit = reader.look_up_ids(turn2, {{"agent", "reader"}, {"route", "w-r"}, {"request_id", "r2"}});
+  REQUIRE(hit);
+  CHECK(hit->meta.blocks == turn2.size() / kSpillBlockTokens);
+  CHECK(bytes_of(hit->entry) == as_byte_vector(turn2_kv));
+  CHECK(decision_of(b, "lookup", "r2")["outcome"] == "hit_local");
 }

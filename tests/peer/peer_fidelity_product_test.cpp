@@ -13,6 +13,7 @@
 #include "kvrelay/codec_plugins/frame.h"
 #include "kvrelay/codec_plugins/metrics.h"
 #include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/entry_store.h"
@@ -253,19 +254,21 @@ TEST_CASE("a pushed lossy entry is filed with the product its sender stamped", "
   }
 }
 
-TEST_CASE("deltas, and spills without a quota, are refused by name before a chunk is read", "[peer][fidelity][unit]") {
+TEST_CASE("spill deltas, and spills without a quota, are refused by name before a chunk is read",
+          "[peer][fidelity][unit]") {
   InProcessPeer server;
   const auto frame = frame_of(*server.codecs, "raw");
   const auto chain = product_chain(400);
   peer::PushOptions push;
   push.codec = "raw";
-  SECTION("a delta") {
+  SECTION("a spill's delta") {
     push.skip_tokens = 16;
+    push.purpose = peer::PushPurpose::kSpill;
     auto client = server.client();
     const auto refused = client.push_encoded(5, key_of(chain), chain, frame, push);
     REQUIRE_FALSE(refused.has_value());
     CHECK(refused.error().code == ErrorCode::kUnsupported);
-    CHECK_THAT(refused.error().message, Catch::Contains("joins no deltas"));
+    CHECK_THAT(refused.error().message, Catch::Contains("carries the whole entry"));
   }
   SECTION("a spill, which needs a policy's quota") {
     push.purpose = peer::PushPurpose::kSpill;
@@ -285,6 +288,66 @@ TEST_CASE("deltas, and spills without a quota, are refused by name before a chun
   const auto filed = server.store->get(key_of(chain));
   REQUIRE(filed);
   CHECK(filed->origin == kv_store::EntryOrigin::kPrefetched);
+}
+
+namespace {
+
+// Two blocks: product_chain(first)'s tokens, then 16 more.
+kv_store::EntryChain two_block_chain(TokenId first) {
+  auto chain = product_chain(first);
+  for (TokenId token = first + 100; token < first + 116; ++token)
+    chain.tokens.push_back(token);
+  return chain;
+}
+
+}  // namespace
+
+TEST_CASE("a delta push joins the prefix the receiver holds, byte for byte", "[peer][fidelity][unit]") {
+  InProcessPeer server;
+  const auto head_chain = product_chain(700);
+  const auto chain = two_block_chain(700);
+  const auto key =
+      kv_store::EntryKey{kModel, kv_store::chain_keys(kModel, chain, kv_store::ChainScope::kUnscoped).back()};
+  peer::PushOptions push;
+  push.codec = "raw";
+  push.skip_tokens = 16;
+  SECTION("the held prefix and the pushed tail make the entry") {
+    REQUIRE(server.store->put(key_of(head_chain), entry_of(head_chain, Fidelity::exact())).has_value());
+    auto client = server.client();
+    REQUIRE(client.push_encoded(20, key, chain, frame_of(*server.codecs, "raw"), push).has_value());
+    const auto filed = server.store->get(key);
+    REQUIRE(filed);
+    CHECK(filed->info.layout.tokens == 32);
+    CHECK(filed->fidelity.is_exact());
+    CHECK(filed->chain->tokens == chain.tokens);
+    const auto kv = product_kv();
+    const auto half = std::as_bytes(std::span(kv));
+    std::vector<std::byte> expected(filed->info.bytes);
+    REQUIRE(join_tokens(product_layout(), half, product_layout(), half, expected).has_value());
+    std::vector<std::byte> got(filed->info.bytes);
+    REQUIRE(kv_store::read_entry(*filed, 0, got).has_value());
+    CHECK(got == expected);
+  }
+  SECTION("a lossy tail on an exact prefix is lossy after the prefix") {
+    REQUIRE(server.store->put(key_of(head_chain), entry_of(head_chain, Fidelity::exact())).has_value());
+    push.codec = "int8";
+    push.source = Fidelity::lossy("int8", 0, 0.8);
+    auto client = server.client();
+    REQUIRE(client.push_encoded(21, key, chain, frame_of(*server.codecs, "int8"), push).has_value());
+    const auto filed = server.store->get(key);
+    REQUIRE(filed);
+    CHECK(filed->fidelity.lossy_codec == "int8");
+    CHECK(filed->fidelity.exact_tokens >= 16);
+    CHECK(filed->fidelity.product == Approx(0.72));
+  }
+  SECTION("a prefix no longer held is prefix_gone, and nothing is filed") {
+    auto client = server.client();
+    const auto refused = client.push_encoded(22, key, chain, frame_of(*server.codecs, "raw"), push);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == ErrorCode::kNotFound);
+    CHECK_THAT(refused.error().message, Catch::Contains("prefix_gone"));
+    CHECK_FALSE(server.store->get(key));
+  }
 }
 
 TEST_CASE("a spill is filed for its sender within accept_spill_bytes", "[peer][fidelity][unit]") {

@@ -108,6 +108,11 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   [[nodiscard]] EngineUpdate refresh_engine_locked(const Policy& policy);
   [[nodiscard]] EngineUpdate update_engine_locked(const Policy& policy);  // refresh's work, unrecorded
   void run_pusher();
+  // One queued push or prefetch: only the blocks the destination's summary does not list, the
+  // whole entry again if it answers that the prefix is gone; recorded and counted.
+  void push_one(PushJob& job);
+  // Encodes the entry after `skip_tokens` with the job's codec and pushes it; the frame's bytes.
+  [[nodiscard]] Result<std::uint64_t> send_push(const PushJob& job, std::uint64_t skip_tokens, const Policy& policy);
   // A publish's entry sent ahead on `route` to `to`'s node: pushed (the route says push) or
   // prefetched at background priority (issue #27); priced and queued for the pusher.
   void send_ahead(const Policy& policy, const RoutePolicy& route, const AgentPolicy& to,

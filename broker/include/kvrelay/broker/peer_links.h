@@ -80,6 +80,10 @@ class PeerLinks {
   void probe_all();
 
   [[nodiscard]] std::optional<peer::LinkEstimate> estimate(const std::string& peer_id) const;
+  // How many leading blocks of a chain the peer holds as an entry, by its last summary: the
+  // largest i such that the key of block i - 1 (`keys`, first block first) is listed; 0 for none.
+  [[nodiscard]] std::size_t held_prefix_blocks(const std::string& peer_id, std::uint64_t model_id,
+                                               std::span<const std::uint64_t> keys) const;
   // What the peer said of its resources in its last summary (summary v2); nullopt before one.
   [[nodiscard]] std::optional<peer::NodeState> node_state(const std::string& peer_id) const;
   // Where fetched frames land, and what the KV path decodes and joins them in: kept warm between
