@@ -23,6 +23,25 @@ TEST_CASE("request context: written by the front proxy, read back by the KV path
   CHECK(parsed.value().routes == context.routes);
   CHECK(parsed.value().treatment == context.treatment);
   CHECK(parsed.value().max_tokens == 64U);
+  CHECK(parsed.value().next_agents.empty());
+}
+
+TEST_CASE("request context: next_agents, a hint of at most 16 agent ids", "[broker][context]") {
+  RequestContext context;
+  context.agent = "planner";
+  context.next_agents = {"coder", "reviewer"};
+  const auto parsed = parse_request_context(request_context_json(context).dump());
+  REQUIRE(parsed);
+  CHECK(parsed.value().next_agents == context.next_agents);
+  CHECK(parse_request_context(R"({"next_agents": "coder"})").error().message.find("next_agents") != std::string::npos);
+  CHECK(parse_request_context(R"({"next_agents": ["coder", 7]})").error().message.find("next_agents[]") !=
+        std::string::npos);
+  nlohmann::json many = nlohmann::json::array();
+  for (int index = 0; index < 40; ++index)
+    many.push_back("agent-" + std::to_string(index));
+  const auto capped = parse_request_context(nlohmann::json{{"next_agents", many}}.dump());
+  REQUIRE(capped);
+  CHECK(capped.value().next_agents.size() == 16);
 }
 
 TEST_CASE("request context: fields are type-checked and a bare treatment keeps the route's medium",

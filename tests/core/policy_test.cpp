@@ -383,6 +383,45 @@ TEST_CASE("the KV store evicts by utility with a 60 s recency tau unless kv_stor
   CHECK_THAT(rejection(document), Catch::Contains("/kv_store/recency_tau_s: expected number"));
 }
 
+TEST_CASE("spill and prefetch keys: defaults, ranges and a KV medium for spills", "[core][policy]") {
+  auto document = minimal_policy();
+  const auto defaults = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(defaults);
+  const auto& store = defaults.value().kv_store;
+  CHECK(store.spill_min_utility == 1.5);
+  CHECK(store.spill_medium == "kv_lossless");
+  CHECK(store.spill_inflight_bytes == 64ULL << 20);
+  CHECK(store.prefetch);
+  CHECK(store.prefetch_max_bytes == 256ULL << 20);
+  document["kv_store"] = {{"spill_min_utility", 3},
+                          {"spill_medium", "kv_int8"},
+                          {"spill_inflight_bytes", 1024},
+                          {"prefetch", false},
+                          {"prefetch_max_bytes", 0}};
+  const auto set = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(set);
+  CHECK(set.value().kv_store.spill_min_utility == 3.0);
+  CHECK(set.value().kv_store.spill_medium == "kv_int8");
+  CHECK(set.value().kv_store.spill_inflight_bytes == 1024);
+  CHECK_FALSE(set.value().kv_store.prefetch);
+  CHECK(set.value().kv_store.prefetch_max_bytes == 0);
+  document["kv_store"] = {{"spill_medium", "tokens"}, {"spill_min_utility", -1}, {"prefetch", "yes"}};
+  const auto message = rejection(document);
+  CHECK_THAT(message, Catch::Contains("config/x.json: /kv_store/spill_medium: expected a KV medium"));
+  CHECK_THAT(message, Catch::Contains("/kv_store/spill_min_utility: expected number"));
+  CHECK_THAT(message, Catch::Contains("/kv_store/prefetch: expected"));
+  document["kv_store"] = {{"spill_medium", "kv_sparse"}};
+  CHECK_THAT(rejection(document), Catch::Contains("/kv_store/spill_medium: expected a KV medium"));
+  document.erase("kv_store");
+  document["peers"] = json::array({{{"id", "node-b"}, {"address", "127.0.0.1:7071"}, {"accept_spill_bytes", 4096}}});
+  const auto peers = parse_policy(document.dump(), "config/x.json");
+  INFO((peers ? std::string() : peers.error().message));
+  REQUIRE(peers);
+  CHECK(peers.value().peers.at(0).accept_spill_bytes == 4096);
+  document["peers"][0]["accept_spill_bytes"] = -5;
+  CHECK_THAT(rejection(document), Catch::Contains("/peers/0/accept_spill_bytes: expected"));
+}
+
 TEST_CASE("the scheduler section: wrr with a 10 ms slice by default, every key in range, read", "[core][policy]") {
   auto document = minimal_policy();
   const auto defaults = parse_policy(document.dump(), "config/x.json");

@@ -162,6 +162,14 @@ TEST_CASE("the budget counts the store, the arena with its socket, and a peer po
   // A key set to 0 commits nothing.
   document["limits"]["peer_buffer_bytes"] = 0;
   CHECK(proxy::memory_budget(parsed_policy(document)).charges.size() == 2);
+
+  // A peer that takes spills: victims wait in memory for their push, up to spill_inflight_bytes.
+  document["peers"][0]["accept_spill_bytes"] = kGiB;
+  document["kv_store"] = {{"spill_inflight_bytes", 32 * kMiB}};
+  budget = proxy::memory_budget(parsed_policy(document));
+  REQUIRE(budget.charges.size() == 3);
+  CHECK(budget.charges[2].pointer == "/kv_store/spill_inflight_bytes");
+  CHECK(budget.total == kGiB + 256 * kMiB + 32 * kMiB + proxy::kMemoryHeadroomBytes);
 }
 
 TEST_CASE("a budget over the limit is refused naming the largest key, the sum and the limit", "[proxy][memory]") {

@@ -83,6 +83,11 @@ TEST_CASE("each policy field a reload changes is named live or restart-required 
       {"/limits/peer_staging", false, [](json& p) { p["limits"]["peer_staging"] = false; }},
       {"/kv_store/eviction", false, [](json& p) { p["kv_store"]["eviction"] = "lru"; }},
       {"/kv_store/recency_tau_s", true, [](json& p) { p["kv_store"]["recency_tau_s"] = 5; }},
+      {"/kv_store/spill_min_utility", true, [](json& p) { p["kv_store"]["spill_min_utility"] = 4; }},
+      {"/kv_store/spill_medium", true, [](json& p) { p["kv_store"]["spill_medium"] = "kv_int8"; }},
+      {"/kv_store/spill_inflight_bytes", true, [](json& p) { p["kv_store"]["spill_inflight_bytes"] = 4096; }},
+      {"/kv_store/prefetch", true, [](json& p) { p["kv_store"]["prefetch"] = false; }},
+      {"/kv_store/prefetch_max_bytes", true, [](json& p) { p["kv_store"]["prefetch_max_bytes"] = 4096; }},
       {"/limits/upstream_timeout_ms", true, [](json& p) { p["limits"]["upstream_timeout_ms"] = 1000; }},
       {"/limits/kv_lookup_timeout_ms", true, [](json& p) { p["limits"]["kv_lookup_timeout_ms"] = 100; }},
       {"/limits/probe_interval_ms", true, [](json& p) { p["limits"]["probe_interval_ms"] = 100; }},
@@ -103,6 +108,7 @@ TEST_CASE("each policy field a reload changes is named live or restart-required 
          p["routes"].push_back({{"id", "b-to-a"}, {"from", "b"}, {"to", "a"}});
        }},
       {"/peers/0/address", true, [](json& p) { p["peers"][0]["address"] = "127.0.0.1:7099"; }},
+      {"/peers/0/accept_spill_bytes", true, [](json& p) { p["peers"][0]["accept_spill_bytes"] = 4096; }},
       {"/cost_model/media/kv_int8", true,
        [](json& p) {
          p["cost_model"] = {{"media", {{"kv_int8", {{"fidelity", 0.9}}}}}};
