@@ -491,6 +491,11 @@ void KvPath::push_one(PushJob& job) {
   if (sent) {
     job.record["frame_bytes"] = sent.value();
     job.record["outcome"] = "pushed";
+    // The link to the destination, as a fetch from it feeds it (the engine prices both ways alike).
+    std::lock_guard lock(engine_mutex_);
+    if (engine_) {
+      feed_link(*engine_, job.peer, static_cast<double>(sent.value()), job.record["seconds"].get<double>());
+    }
     result = retried ? "delta_retry_full" : (skip > 0 ? "delta" : "pushed");
   } else {
     job.record["outcome"] = "failed";
@@ -645,6 +650,11 @@ void KvPath::observe_peer_rtt(const std::string& peer, double seconds) {
   std::lock_guard lock(engine_mutex_);
   if (!engine_) return;
   if (const auto link = engine_->find_link("peer:" + peer)) engine_->observe_rtt(link.value(), seconds);
+}
+
+void KvPath::observe_peer_transfer(const std::string& peer, std::uint64_t bytes, double seconds) {
+  std::lock_guard lock(engine_mutex_);
+  if (engine_) feed_link(*engine_, peer, static_cast<double>(bytes), seconds);
 }
 
 void KvPath::observe_load(const std::string& agent, double requests_waiting) {

@@ -146,6 +146,9 @@ struct LinkQueues::Link {
   metrics::Gauge& reserved_share;
   std::array<metrics::Counter*, decision::kTransferClasses> bytes{};
   std::array<metrics::Histogram*, kAllPurposes.size()> wait{};
+  // sent_bytes_per_s's last reading: the link's granted bytes and when.
+  std::uint64_t rate_mark_bytes = 0;
+  double rate_mark_s = 0.0;
   // Pacing: a token bucket that may go into debt by one grant, so a chunk larger than the
   // bucket still goes; over any interval the link carries at most burst + rate * t + one chunk.
   double tokens = 0.0;
@@ -478,6 +481,20 @@ std::optional<decision::SchedulerStats> LinkQueues::link_stats(const std::string
   const auto it = links_.find(peer);
   if (it == links_.end()) return std::nullopt;
   return it->second->scheduler.stats();
+}
+
+std::uint64_t LinkQueues::sent_bytes_per_s(const std::string& peer) {
+  const std::lock_guard lock(mutex_);
+  const auto it = links_.find(peer);
+  if (it == links_.end()) return 0;
+  Link& link = *it->second;
+  const double now = now_s();
+  const std::uint64_t bytes = link.scheduler.stats().link_bytes;
+  const double elapsed = now - link.rate_mark_s;
+  const std::uint64_t sent = bytes - link.rate_mark_bytes;
+  link.rate_mark_bytes = bytes;
+  link.rate_mark_s = now;
+  return elapsed > 0.0 ? static_cast<std::uint64_t>(static_cast<double>(sent) / elapsed) : 0;
 }
 
 nlohmann::json LinkQueues::state_json(std::size_t events) const {

@@ -29,7 +29,11 @@ PeerLinks::PeerLinks(std::shared_ptr<PolicySource> policy, metrics::Registry& re
       refused_(registry.counter("kvrelay_peer_refused_total",
                                 "Peer connections and requests this node's peer server refused (issue #25): "
                                 "handshake, identity, push, fetch",
-                                {"reason"})) {}
+                                {"reason"})),
+      probes_(registry.counter("kvrelay_peer_bandwidth_probes_total",
+                               "Bandwidth probes of idle links (limits.peer_bandwidth_probe_interval_ms), by peer and "
+                               "result (ok, failed)",
+                               {"peer", "result"})) {}
 
 PeerLinks::~PeerLinks() {
   stop();
@@ -248,6 +252,38 @@ void PeerLinks::probe_all() {
     state.node_state = summary.value().node;
     state.summary_time = std::chrono::steady_clock::now();
   }
+  const auto probe_interval = policy->limits.peer_bandwidth_probe_interval;
+  if (probe_interval.count() > 0) {
+    for (const auto& peer_policy : policy->peers)
+      maybe_probe_bandwidth(peer_policy.id, probe_interval);
+  }
+}
+
+void PeerLinks::maybe_probe_bandwidth(const std::string& peer_id, std::chrono::milliseconds interval) {
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(mutex_);
+    const auto found = peers_.find(peer_id);
+    if (found == peers_.end() || !found->second->reachable) return;
+    PeerState& state = *found->second;
+    const std::uint64_t transfers = state.fetches + state.pushes;
+    if (transfers != state.transfers_at_measure) {  // real traffic measured the link meanwhile
+      state.transfers_at_measure = transfers;
+      state.measured_at = now;
+      return;
+    }
+    if (now - state.measured_at < interval) return;
+    state.measured_at = now;
+  }
+  auto elapsed = with_client(peer_id, kProbe, kProbeTimeout, peer::Deadline::max(),
+                             [](peer::PeerClient& client) { return client.probe_bandwidth(peer::kMaxProbeBytes); });
+  probes_.with({peer_id, elapsed ? "ok" : "failed"}).inc();
+  if (!elapsed) {
+    spdlog::debug("bandwidth probe of peer {}: {}", peer_id, elapsed.error().to_string());
+    return;
+  }
+  const double seconds = std::chrono::duration<double>(elapsed.value()).count();
+  if (on_probe_) on_probe_(peer_id, peer::kMaxProbeBytes, seconds);
 }
 
 void PeerLinks::refresh_certificate_expiry() {
@@ -322,7 +358,8 @@ nlohmann::json PeerLinks::describe() const {
           view["node_state"] = {
               {"store_budget", reported->store_budget},         {"store_used", reported->store_used},
               {"arena_capacity", reported->arena_capacity},     {"arena_in_use", reported->arena_in_use},
-              {"queued_transfers", reported->queued_transfers}, {"spill_accept_left", reported->spill_accept_left}};
+              {"queued_transfers", reported->queued_transfers}, {"spill_accept_left", reported->spill_accept_left},
+              {"link_bytes_per_s", reported->link_bytes_per_s}, {"sent_bytes_per_s", reported->sent_bytes_per_s}};
         }
         if (state.summary_time != std::chrono::steady_clock::time_point{}) {
           view["summary_age_s"] = std::chrono::duration<double>(now - state.summary_time).count();

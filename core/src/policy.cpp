@@ -421,6 +421,7 @@ void read_limits(const json& value, const std::string& pointer, LimitsPolicy& ou
   reader.read_millis("kv_lookup_timeout_ms", out.kv_lookup_timeout, 1, 600'000);
   reader.read_millis("kv_reservation_ms", out.kv_reservation, 1, 3'600'000);
   reader.read_millis("peer_summary_interval_ms", out.peer_summary_interval, 0, 3'600'000);
+  reader.read_millis("peer_bandwidth_probe_interval_ms", out.peer_bandwidth_probe_interval, 0, 86'400'000);
   reader.reject_unknown_keys();
 }
 

@@ -384,6 +384,30 @@ asio::awaitable<Result<SummaryReply>> summary_once(PeerClient::State* state) {
   co_return decode_summary(reply.value().payload);
 }
 
+asio::awaitable<Result<std::chrono::microseconds>> probe_once(PeerClient::State* state, std::uint32_t bytes) {
+  auto& connection = *state->connection;
+  const auto started = std::chrono::steady_clock::now();
+  const auto frame = encode_probe(bytes);
+  if (auto sent =
+          co_await write_all(connection, asio::buffer(frame), asio::const_buffer{}, state->options.read_timeout);
+      !sent) {
+    co_return outcome::failure(sent.error());
+  }
+  std::uint64_t received = 0;
+  while (received < bytes) {
+    auto reply = co_await expect(connection, PeerMessage::kProbeReply, state->options.read_timeout);
+    if (!reply) co_return outcome::failure(reply.error());
+    const auto size = reply.value().payload.size();
+    if (size == 0 || received + size > bytes) {
+      co_return fail(ErrorCode::kProtocol,
+                     fmt::format("probe reply of {} bytes after {} of {}", size, received, bytes));
+    }
+    received += size;
+  }
+  connection.arm(std::chrono::hours(24 * 365));
+  co_return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started);
+}
+
 }  // namespace
 
 PeerClientOptions peer_client_options(const Policy& policy) {
@@ -430,6 +454,16 @@ Result<std::chrono::microseconds> PeerClient::ping() {
   KVRELAY_TRY(auto rtt, state_->run(ping_once(state_.get())));
   if (state_->options.link_estimator) state_->options.link_estimator->add_rtt(state_->remote.node_id, rtt);
   return rtt;
+}
+
+Result<std::chrono::microseconds> PeerClient::probe_bandwidth(std::uint32_t bytes) {
+  if (bytes == 0 || bytes > kMaxProbeBytes) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("a probe of {} bytes, not 1..{}", bytes, kMaxProbeBytes));
+  }
+  KVRELAY_TRY(auto elapsed, state_->run(probe_once(state_.get(), bytes)));
+  if (state_->options.link_estimator)
+    state_->options.link_estimator->add_transfer(state_->remote.node_id, bytes, elapsed);
+  return elapsed;
 }
 
 Result<PeerServerStats> PeerClient::stats() {

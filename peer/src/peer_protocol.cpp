@@ -28,6 +28,8 @@ bool known_peer_message(std::uint16_t type) noexcept {
     case PeerMessage::kPushEncoded:
     case PeerMessage::kSummary:
     case PeerMessage::kSummaryReply:
+    case PeerMessage::kProbe:
+    case PeerMessage::kProbeReply:
       return true;
   }
   return false;
@@ -454,7 +456,7 @@ Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payloa
 std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node) {
   ByteWriter writer;
   writer.put(node.store_budget).put(node.store_used).put(node.arena_capacity).put(node.arena_in_use);
-  writer.put(node.queued_transfers).put(node.spill_accept_left);
+  writer.put(node.queued_transfers).put(node.spill_accept_left).put(node.link_bytes_per_s).put(node.sent_bytes_per_s);
   const auto count = std::min(keys.size(), kMaxSummaryKeys);
   writer.put(static_cast<std::uint32_t>(count));
   for (std::size_t index = 0; index < count; ++index)
@@ -466,8 +468,9 @@ Result<SummaryReply> decode_summary(std::span<const std::byte> payload) {
   ByteReader reader(payload);
   SummaryReply summary;
   NodeState& node = summary.node;
-  for (std::uint64_t* field : {&node.store_budget, &node.store_used, &node.arena_capacity, &node.arena_in_use,
-                               &node.queued_transfers, &node.spill_accept_left}) {
+  for (std::uint64_t* field :
+       {&node.store_budget, &node.store_used, &node.arena_capacity, &node.arena_in_use, &node.queued_transfers,
+        &node.spill_accept_left, &node.link_bytes_per_s, &node.sent_bytes_per_s}) {
     const auto value = reader.get<std::uint64_t>();
     if (!value) return fail(ErrorCode::kTruncated, "summary truncated in its node state");
     *field = *value;
@@ -485,6 +488,24 @@ Result<SummaryReply> decode_summary(std::span<const std::byte> payload) {
   for (std::uint32_t index = 0; index < *count; ++index)
     summary.keys.push_back(*kv_store::decode_key(reader));
   return summary;
+}
+
+std::vector<std::byte> encode_probe(std::uint32_t bytes) {
+  ByteWriter writer;
+  writer.put(bytes);
+  return encode_peer_frame(PeerMessage::kProbe, writer.bytes());
+}
+
+Result<std::uint32_t> decode_probe(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto bytes = reader.get<std::uint32_t>();
+  if (!bytes || reader.remaining() != 0) {
+    return fail(ErrorCode::kProtocol, fmt::format("probe payload of {} bytes, not 4", payload.size()));
+  }
+  if (*bytes == 0 || *bytes > kMaxProbeBytes) {
+    return fail(ErrorCode::kProtocol, fmt::format("probe asks for {} bytes, not 1..{}", *bytes, kMaxProbeBytes));
+  }
+  return *bytes;
 }
 
 }  // namespace kvrelay::peer

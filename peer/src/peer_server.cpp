@@ -66,7 +66,11 @@ struct Session {
   std::string peer_id;
   bool tls = false;
   std::vector<std::byte> staging;  // options.stage_chunks: one chunk, kept warm across replies
+  std::optional<std::chrono::steady_clock::time_point> last_probe;
 };
+
+// A session may ask for a bandwidth probe at most this often: its bytes are filler on the link.
+constexpr std::chrono::seconds kMinProbeGap{1};
 
 // Counts one fetch reply as in progress while it is sent.
 class ActiveFetch {
@@ -361,6 +365,19 @@ Status acceptable_push(const EncodedEntryHeader& header) {
   return ok();
 }
 
+// `bytes` of filler in ProbeReply frames of at most a control payload each.
+asio::awaitable<Status> serve_probe(PeerConnection& connection, std::uint32_t bytes,
+                                    std::chrono::milliseconds timeout) {
+  static const std::vector<std::byte> filler(kMaxControlPayload);
+  for (std::uint32_t sent = 0; sent < bytes;) {
+    const std::uint32_t size = std::min<std::uint32_t>(bytes - sent, kMaxControlPayload);
+    const auto frame = encode_peer_frame(PeerMessage::kProbeReply, std::span(filler).first(size));
+    if (auto written = co_await send_frame(connection, frame, timeout); !written) co_return written;
+    sent += size;
+  }
+  co_return ok();
+}
+
 // The NodeState a summary carries: what this server can read, then what the daemon adds.
 NodeState node_state(const SharedPtr& shared, const Session& session) {
   const auto& options = shared->options;
@@ -476,6 +493,18 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
         const bool sender_records_fidelity = (remote.value().capabilities & kCapFidelity) != 0;
         auto received = co_await receive_pushed(shared, connection, session, header.value(), sender_records_fidelity);
         if (!received) co_return received;
+        continue;
+      }
+      case PeerMessage::kProbe: {
+        auto bytes = decode_probe(payload);
+        if (!bytes) co_return outcome::failure(bytes.error());
+        const auto now = std::chrono::steady_clock::now();
+        if (session.last_probe && now - *session.last_probe < kMinProbeGap) {
+          co_return fail(ErrorCode::kProtocol, "bandwidth probes more often than once a second");
+        }
+        session.last_probe = now;
+        auto served = co_await serve_probe(connection, bytes.value(), options.read_timeout);
+        if (!served) co_return served;
         continue;
       }
       case PeerMessage::kSummary: {

@@ -219,6 +219,9 @@ int run_daemon(const DaemonOptions& options) {
   entry_store->set_spill_sink(spiller);
   peer_links->set_rtt_observer(
       [path = kv_path.get()](const std::string& peer, double seconds) { path->observe_peer_rtt(peer, seconds); });
+  peer_links->set_probe_observer([path = kv_path.get()](const std::string& peer, std::uint64_t bytes, double seconds) {
+    path->observe_peer_transfer(peer, bytes, seconds);
+  });
   auto upstream_prober = std::make_shared<UpstreamProber>(
       io, runtime_policy, *registry, [kv_path](const std::string& agent, const UpstreamLoad& load) {
         if (load.requests_waiting) kv_path->observe_load(agent, *load.requests_waiting);
@@ -311,8 +314,12 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.store_budget_bytes = policy->limits.kv_store_bytes;
     peer_options.gate = link_queues;
     // What each peer may still spill here: its accept_spill_bytes less its spills this store holds.
-    peer_options.node_state = [runtime_policy, entry_store](std::string_view peer_id, peer::NodeState& reported) {
+    peer_options.node_state = [runtime_policy, entry_store, link_queues](std::string_view peer_id,
+                                                                         peer::NodeState& reported) {
       const auto current = runtime_policy->current();
+      // The link toward the asker: its configured rate, and what went to it since the last summary.
+      reported.link_bytes_per_s = static_cast<std::uint64_t>(current->scheduler.link_bytes_per_s);
+      if (link_queues) reported.sent_bytes_per_s = link_queues->sent_bytes_per_s(std::string(peer_id));
       const PeerPolicy* peer = current->find_peer(peer_id);
       const std::uint64_t quota = peer != nullptr ? peer->accept_spill_bytes : 0;
       const std::uint64_t held = entry_store->spilled_in_bytes(peer_id);

@@ -78,6 +78,7 @@ void visit_limits(Visit&& visit) {
   visit(kLive, "/limits/probe_interval_ms", &LimitsPolicy::probe_interval);
   visit(kLive, "/limits/kv_lookup_timeout_ms", &LimitsPolicy::kv_lookup_timeout);
   visit(kLive, "/limits/peer_summary_interval_ms", &LimitsPolicy::peer_summary_interval);
+  visit(kLive, "/limits/peer_bandwidth_probe_interval_ms", &LimitsPolicy::peer_bandwidth_probe_interval);
 }
 
 void diff_agent(Diff& diff, const std::string& at, const AgentPolicy& before, const AgentPolicy& after) {

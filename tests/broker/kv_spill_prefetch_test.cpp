@@ -348,3 +348,32 @@ TEST_CASE("delta push: a publish extending an entry the destination holds sends 
   CHECK(bytes_of(hit->entry) == as_byte_vector(turn2_kv));
   CHECK(decision_of(b, "lookup", "r2")["outcome"] == "hit_local");
 }
+
+TEST_CASE("probes and the global view: an idle link is probed, and summaries carry the peer's link rates",
+          "[proxy][kv_path][probe][process]") {
+  const json model = stories_model_json();
+  Sidecar b("node-b");
+  json b_policy = sidecar_policy(b, json::array({agent_json("reader", "", 1, model)}), json::array(),
+                                 json::array({peer_json("node-a", 1, 0)}));
+  b_policy["scheduler"] = {{"link_bytes_per_s", 1e9}};
+  b.start(b_policy);
+  Sidecar a("node-a");
+  json a_policy = sidecar_policy(a, json::array({agent_json("reader", "node-b", 1, model)}), json::array(),
+                                 json::array({peer_json("node-b", b.peer_port(), 0)}));
+  a_policy["limits"]["peer_bandwidth_probe_interval_ms"] = 100;
+  a.start(a_policy);
+  // No KV moves between them: the prober measures the idle link itself.
+  REQUIRE(wait_until(
+      [&] {
+        return a.metric_sum("kvrelay_peer_bandwidth_probes_total", {"peer=\"node-b\"", "result=\"ok\""}) >= 1.0;
+      },
+      std::chrono::seconds(10)));
+  const auto state = get_json(a, "/admin/state");
+  INFO(state["peers"].dump(2));
+  const auto& view = state["peers"]["peers"][0];
+  CHECK(view["link"]["transfer_samples"].get<int>() >= 1);
+  CHECK(view["link"]["throughput_bytes_per_s"].get<double>() > 0.0);
+  CHECK(view["node_state"]["link_bytes_per_s"] == 1'000'000'000);
+  CHECK(view["node_state"]["sent_bytes_per_s"] == 0);  // B sent A no KV
+  CHECK(a.metric_sum("kvrelay_peer_link_throughput_bytes_per_second", {"peer=\"node-b\""}) > 0.0);
+}

@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   write(dir, "push_window_zero.bin", encode_push_encoded(window_zero));
 
   // Summary v2: node state and keys; a count that lies.
-  NodeState node{1U << 30, 1U << 20, 256U << 20, 64U << 20, 2, 0};
+  NodeState node{1U << 30, 1U << 20, 256U << 20, 64U << 20, 2, 0, 1'000'000'000, 4096};
   const std::vector<kv_store::EntryKey> keys{{1, 1}, {1, 2}};
   write(dir, "summary.bin", cat({encode_peer_frame(PeerMessage::kSummary, {}), encode_summary(keys, node)}));
   {
@@ -188,5 +188,9 @@ int main(int argc, char** argv) {
     std::memcpy(short_state.data() + 8, &length, 4);
     write(dir, "summary_state_truncated.bin", short_state);
   }
+  // Bandwidth probes (version 5): in range, and past kMaxProbeBytes.
+  write(dir, "probe.bin", encode_probe(kMaxProbeBytes));
+  write(dir, "probe_too_large.bin", encode_probe(kMaxProbeBytes + 1));
+  write(dir, "probe_reply.bin", encode_peer_frame(PeerMessage::kProbeReply, std::vector<std::byte>(64)));
   return 0;
 }

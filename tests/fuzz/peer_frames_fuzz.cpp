@@ -65,6 +65,9 @@ void check_payload(PeerMessage type, std::span<const std::byte> payload) {
         require(same(payload_of(encode_summary(summary.value().keys, summary.value().node)), payload));
       }
       break;
+    case PeerMessage::kProbe:
+      if (auto bytes = decode_probe(payload)) require(same(payload_of(encode_probe(bytes.value())), payload));
+      break;
     case PeerMessage::kStatsReply:
       if (auto stats = decode_peer_stats(payload)) require(same(payload_of(encode_peer_stats(stats.value())), payload));
       break;

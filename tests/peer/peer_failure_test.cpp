@@ -443,9 +443,9 @@ class VersionOneSidecar {
 
 TEST_CASE("wire versions: a version 1 peer and this one refuse each other by name, in words each can read",
           "[peer][hostile][fault]") {
-  SECTION("a version 1 or 3 hello to this sidecar gets an error of its version, and the sidecar serves on") {
-    // Version 3's hello has version 4's layout: only the version tells them apart.
-    const std::uint16_t version = GENERATE(std::uint16_t{1}, std::uint16_t{3});
+  SECTION("a version 1, 3 or 4 hello to this sidecar gets an error of its version, and the sidecar serves on") {
+    // Versions 3 and 4 have version 5's hello layout: only the version tells them apart.
+    const std::uint16_t version = GENERATE(std::uint16_t{1}, std::uint16_t{3}, std::uint16_t{4});
     INFO("wire version " << version);
     PeerDaemon daemon;
     asio::io_context io;
@@ -479,8 +479,8 @@ TEST_CASE("wire versions: a version 1 peer and this one refuse each other by nam
     asio::read(socket, asio::buffer(payload));
     const auto error = peer::decode_peer_error(payload);
     CHECK(error.code == ErrorCode::kBadVersion);
-    CHECK_THAT(error.message,
-               Catch::Contains("wire version 4") && Catch::Contains(fmt::format("not version {}", version)));
+    CHECK_THAT(error.message, Catch::Contains(fmt::format("wire version {}", peer::kPeerVersion)) &&
+                                  Catch::Contains(fmt::format("not version {}", version)));
     auto current = peer::PeerClient::connect(daemon.peer_address(), {});
     REQUIRE(current.has_value());
     CHECK(current.value().ping().has_value());
@@ -490,7 +490,8 @@ TEST_CASE("wire versions: a version 1 peer and this one refuse each other by nam
     auto client = peer::PeerClient::connect(old.address(), {});
     REQUIRE_FALSE(client.has_value());
     CHECK(client.error().code == ErrorCode::kBadVersion);
-    CHECK_THAT(client.error().message, Catch::Contains("wire version 1") && Catch::Contains("speaks 4") &&
+    CHECK_THAT(client.error().message, Catch::Contains("wire version 1") &&
+                                           Catch::Contains(fmt::format("speaks {}", peer::kPeerVersion)) &&
                                            Catch::Contains("peer protocol version 2"));
   }
 }

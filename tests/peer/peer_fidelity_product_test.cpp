@@ -398,6 +398,22 @@ TEST_CASE("a spill is filed for its sender within accept_spill_bytes", "[peer][f
   }
 }
 
+TEST_CASE("a bandwidth probe is bounded and rate-limited per connection", "[peer][fidelity][unit]") {
+  InProcessPeer server;
+  auto client = server.client();
+  const auto elapsed = client.probe_bandwidth(peer::kMaxProbeBytes);
+  REQUIRE(elapsed.has_value());
+  CHECK(elapsed.value().count() > 0);
+  CHECK(client.probe_bandwidth(0).error().code == ErrorCode::kInvalidArgument);
+  CHECK(client.probe_bandwidth(peer::kMaxProbeBytes + 1).error().code == ErrorCode::kInvalidArgument);
+  // A second probe within a second on the same connection ends it, with the reason.
+  const auto refused = client.probe_bandwidth(1);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK_THAT(refused.error().message, Catch::Contains("once a second"));
+  auto fresh = server.client();  // the server serves on; a new connection may probe
+  CHECK(fresh.probe_bandwidth(4096).has_value());
+}
+
 TEST_CASE("a summary carries the server's node state", "[peer][fidelity][unit]") {
   InProcessPeer server;
   const auto chain = product_chain(500);

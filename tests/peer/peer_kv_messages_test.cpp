@@ -219,7 +219,7 @@ TEST_CASE("summaries carry the node state and at most one frame of keys, and mus
   std::vector<kvrelay::kv_store::EntryKey> keys;
   for (std::uint64_t index = 0; index < kMaxSummaryKeys + 10; ++index)
     keys.push_back({1, index});
-  const NodeState node{1ULL << 30, 1ULL << 20, 256ULL << 20, 64ULL << 20, 3, 5};
+  const NodeState node{1ULL << 30, 1ULL << 20, 256ULL << 20, 64ULL << 20, 3, 5, 1'000'000'000, 12'345};
   const auto frame = encode_summary(keys, node);
   CHECK(frame.size() - kPeerHeaderBytes <= kMaxControlPayload);
   const auto decoded = decode_summary(payload_of(frame));
@@ -228,6 +228,8 @@ TEST_CASE("summaries carry the node state and at most one frame of keys, and mus
   CHECK(decoded.value().node == node);
   CHECK(decoded.value().node.queued_transfers == 3);
   CHECK(decoded.value().node.spill_accept_left == 5);
+  CHECK(decoded.value().node.link_bytes_per_s == 1'000'000'000);
+  CHECK(decoded.value().node.sent_bytes_per_s == 12'345);
   auto lying = payload_of(encode_summary(std::span(keys.data(), 2), node));
   const std::uint32_t count = 3;
   std::memcpy(lying.data() + kNodeStateBytes, &count, sizeof(count));
@@ -240,6 +242,25 @@ TEST_CASE("summaries carry the node state and at most one frame of keys, and mus
     CHECK(cut.error().code == ErrorCode::kTruncated);
   }
   CHECK(decode_summary(empty).value().keys.empty());
+}
+
+TEST_CASE("a bandwidth probe asks for 1..1 MiB and nothing else", "[proxy][peer][unit]") {
+  const auto frame = encode_probe(kMaxProbeBytes);
+  const auto header = decode_peer_header(std::span<const std::byte, kPeerHeaderBytes>(frame.data(), kPeerHeaderBytes));
+  REQUIRE(header);
+  CHECK(header.value().type == PeerMessage::kProbe);
+  CHECK(decode_probe(payload_of(frame)).value() == kMaxProbeBytes);
+  CHECK(decode_probe(payload_of(encode_probe(1))).value() == 1U);
+  for (const std::uint32_t bytes : {0U, kMaxProbeBytes + 1}) {
+    const auto refused = decode_probe(payload_of(encode_probe(bytes)));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == ErrorCode::kProtocol);
+  }
+  auto longer = payload_of(frame);
+  longer.push_back(std::byte{0});
+  CHECK(decode_probe(longer).error().code == ErrorCode::kProtocol);
+  CHECK_FALSE(decode_probe(std::span(longer.data(), 3)));
+  CHECK(known_peer_message(static_cast<std::uint16_t>(PeerMessage::kProbeReply)));
 }
 
 TEST_CASE("a field that runs past the end fails every field after it (found by fuzz_peer_frames)",
@@ -357,11 +378,11 @@ TEST_CASE("wire versions: only hello, hello reply and error are read across vers
   CHECK(header.value().type == PeerMessage::kError);
   const auto error = decode_peer_error(payload_of(refusal));
   CHECK(error.code == ErrorCode::kBadVersion);
-  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 4"));
-  // A hello that claims another version in its payload is refused by name too: version 3 had
-  // the same hello layout as 4.
-  CHECK(kPeerVersion == 4);
-  for (const std::uint32_t version : {1U, 3U}) {
+  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 5"));
+  // A hello that claims another version in its payload is refused by name too: versions 3 and 4
+  // had the same hello layout as 5.
+  CHECK(kPeerVersion == 5);
+  for (const std::uint32_t version : {1U, 3U, 4U}) {
     Hello old;
     old.protocol_version = version;
     const auto refused = decode_hello(payload_of(encode_hello(PeerMessage::kHello, old)));

@@ -91,6 +91,8 @@ TEST_CASE("each policy field a reload changes is named live or restart-required 
       {"/limits/upstream_timeout_ms", true, [](json& p) { p["limits"]["upstream_timeout_ms"] = 1000; }},
       {"/limits/kv_lookup_timeout_ms", true, [](json& p) { p["limits"]["kv_lookup_timeout_ms"] = 100; }},
       {"/limits/probe_interval_ms", true, [](json& p) { p["limits"]["probe_interval_ms"] = 100; }},
+      {"/limits/peer_bandwidth_probe_interval_ms", true,
+       [](json& p) { p["limits"]["peer_bandwidth_probe_interval_ms"] = 0; }},
       {"/agents/0/upstream", true, [](json& p) { p["agents"][0]["upstream"] = "http://127.0.0.1:9100"; }},
       {"/agents/1/accepts_sparse_kv", true, [](json& p) { p["agents"][1]["accepts_sparse_kv"] = true; }},
       {"/agents/1/model", true, [](json& p) { p["agents"][1]["model"]["weights"] = "v"; }},

@@ -65,6 +65,8 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   void record_peer_kv(const peer::KvBytesEvent& event);
   // A probe's RTT to `peer`, for the engine's link estimates.
   void observe_peer_rtt(const std::string& peer, double seconds);
+  // A bandwidth probe's `bytes` from `peer` in `seconds`, for the engine's link estimates.
+  void observe_peer_transfer(const std::string& peer, std::uint64_t bytes, double seconds);
   // The agent's engine load from its metrics page (UpstreamProber), for the engine's compute term.
   void observe_load(const std::string& agent, double requests_waiting);
   // The agent's recent time per output token (UpstreamProber), pricing a lossy medium's extra decode.

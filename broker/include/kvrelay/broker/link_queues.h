@@ -124,6 +124,9 @@ class LinkQueues final : public peer::LinkGate {
   // The most recent `limit` events, oldest first.
   [[nodiscard]] std::vector<LinkEvent> events(std::size_t limit) const;
   [[nodiscard]] std::optional<decision::SchedulerStats> link_stats(const std::string& peer) const;
+  // Bytes per second granted toward `peer` since the previous call for it (since the link opened
+  // on the first); 0 for a link never used. Summaries to that peer report it (NodeState).
+  [[nodiscard]] std::uint64_t sent_bytes_per_s(const std::string& peer);
   // {"scheduler": settings, "links": {peer: stats}, "events": [the last `events`], "events_dropped"}.
   [[nodiscard]] nlohmann::json state_json(std::size_t events = 64) const;
   [[nodiscard]] const decision::SchedulerConfig& config() const noexcept { return config_; }

@@ -43,6 +43,10 @@ class PeerLinks {
 
   // Called with (peer id, RTT seconds) after each probe; set before start().
   void set_rtt_observer(std::function<void(const std::string&, double)> observer) { on_rtt_ = std::move(observer); }
+  // Called with (peer id, bytes, seconds) after each bandwidth probe; set before start().
+  void set_probe_observer(std::function<void(const std::string&, std::uint64_t, double)> observer) {
+    on_probe_ = std::move(observer);
+  }
   // TLS for every peer connection (issue #25; the policy's peer_tls); set before start().
   void set_tls(std::shared_ptr<peer::PeerTls> tls) { tls_ = std::move(tls); }
   // The codec fidelity factors pushes are stamped with (issue #27); set before start().
@@ -121,7 +125,13 @@ class PeerLinks {
     std::uint64_t fetches = 0;
     std::uint64_t pushes = 0;
     std::uint64_t failures = 0;
+    // The bandwidth probe: when it last ran or a transfer was last measured, and the transfers
+    // counted then.
+    std::chrono::steady_clock::time_point measured_at{};
+    std::uint64_t transfers_at_measure = 0;
   };
+  // Probes the link when it carried no measured transfer for limits.peer_bandwidth_probe_interval_ms.
+  void maybe_probe_bandwidth(const std::string& peer_id, std::chrono::milliseconds interval);
 
   PeerState& state_of(const std::string& peer_id);
   // The slot a call for `purpose` runs on, locked: fetches take a free lane (any_fetch_lane), or
@@ -148,6 +158,7 @@ class PeerLinks {
   std::shared_ptr<peer::LinkEstimator> estimator_ = std::make_shared<peer::LinkEstimator>();
   std::shared_ptr<WarmBufferPool> buffers_;
   std::function<void(const std::string&, double)> on_rtt_;
+  std::function<void(const std::string&, std::uint64_t, double)> on_probe_;
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<PeerState>, std::less<>> peers_;
   metrics::Family<metrics::Gauge>& up_;
@@ -155,6 +166,7 @@ class PeerLinks {
   metrics::Family<metrics::Gauge>& throughput_;
   metrics::Family<metrics::Gauge>& certificate_expiry_;
   metrics::Family<metrics::Counter>& refused_;
+  metrics::Family<metrics::Counter>& probes_;  // {peer, result}
   std::shared_ptr<peer::PeerTls> tls_;
   peer::CodecFactor codec_factor_;
   std::shared_ptr<peer::LinkGate> gate_;

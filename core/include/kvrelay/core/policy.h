@@ -141,6 +141,9 @@ struct LimitsPolicy {
   std::chrono::milliseconds kv_reservation{30'000};
   // How often the sidecar asks each peer which KV chains it holds (0: only on demand).
   std::chrono::milliseconds peer_summary_interval{1'000};
+  // A peer whose link carried no measured transfer this long is sent a bandwidth probe (1 MiB
+  // of filler, at most); 0: never. Checked at each summary round.
+  std::chrono::milliseconds peer_bandwidth_probe_interval{30'000};
 };
 
 // How the KV store chooses what to drop when it needs room (docs/configuration.md, kv_store.*).

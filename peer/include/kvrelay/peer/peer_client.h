@@ -91,6 +91,9 @@ class PeerClient {
   // What the TLS handshake verified of the peer's certificate (empty names: plaintext).
   [[nodiscard]] const PeerCertificate& remote_certificate() const;
   [[nodiscard]] Result<std::chrono::microseconds> ping();
+  // Asks the peer for `bytes` (1..kMaxProbeBytes) of filler and times them to the last byte,
+  // request included; the link estimator gets it as a transfer (issue #27's bandwidth probe).
+  [[nodiscard]] Result<std::chrono::microseconds> probe_bandwidth(std::uint32_t bytes);
 
   // The longest prefix of `request.hashes` the peer holds, as an encoded KV frame filed under
   // `key` (nullopt: the peer holds none). A frame announced larger than `max_frame_bytes` is

@@ -23,8 +23,9 @@ inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-en
 // refuse each other at the hello with a kError that the other side can read (see
 // "Wire versions" in docs/wire-format.md); 1 was the Begin/Chunk protocol of kvrelay <= 0.1, 2
 // moved KV without its token ids, 3 had no route, deadline or fidelity product in a Fetch, no
-// purpose, delta or product in a push and no node state in a summary (issue #27).
-inline constexpr std::uint16_t kPeerVersion = 4;
+// purpose, delta or product in a push and no node state in a summary (issue #27), 4 had no
+// bandwidth probe and no link rates in a summary's node state.
+inline constexpr std::uint16_t kPeerVersion = 5;
 inline constexpr std::size_t kPeerHeaderBytes = 12;
 inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, running checksum
 inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;
@@ -65,7 +66,15 @@ enum class PeerMessage : std::uint16_t {
   kPushEncoded = 15,
   kSummary = 16,
   kSummaryReply = 17,
+  // An active bandwidth probe (issue #27): the asker names how many bytes (1..kMaxProbeBytes),
+  // the server answers with that many filler bytes in ProbeReply frames of at most
+  // kMaxControlPayload each.
+  kProbe = 19,
+  kProbeReply = 20,
 };
+inline constexpr std::uint32_t kMaxProbeBytes = 1U << 20;
+[[nodiscard]] std::vector<std::byte> encode_probe(std::uint32_t bytes);
+[[nodiscard]] Result<std::uint32_t> decode_probe(std::span<const std::byte> payload);
 // A message this version knows (numbers outside it, or retired ones, are protocol errors).
 [[nodiscard]] bool known_peer_message(std::uint16_t type) noexcept;
 // The longest payload a frame of `type` may have.
@@ -198,9 +207,11 @@ struct NodeState {
   std::uint64_t arena_in_use = 0;       // of those, reserved by live blocks
   std::uint64_t queued_transfers = 0;   // peer transfers it has in progress (pushes and fetch replies)
   std::uint64_t spill_accept_left = 0;  // bytes it would still take as spills from the asker
+  std::uint64_t link_bytes_per_s = 0;   // its links' configured rate (scheduler.link_bytes_per_s; 0: unknown)
+  std::uint64_t sent_bytes_per_s = 0;   // what it sent the asker since its previous summary to it, per second
   friend bool operator==(const NodeState&, const NodeState&) = default;
 };
-inline constexpr std::size_t kNodeStateBytes = 6 * 8;
+inline constexpr std::size_t kNodeStateBytes = 8 * 8;
 // SummaryReply: the sender's NodeState, then the keys it holds, most recently used first, as
 // many as fit one frame.
 inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - kNodeStateBytes - 4) / kv_store::kEncodedKeyBytes;
