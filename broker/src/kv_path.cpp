@@ -380,11 +380,11 @@ bool KvPath::prefetch_wanted(const Policy& policy, const RoutePolicy& route, con
     metrics_.prefetches.with({route.id, "too_large"}).inc();
     return false;
   }
-  // Not into a store that has no room for it (its last summary's word).
+  // Not into a store that cannot hold it at all (its last summary's budget). A full store is
+  // the normal state of a cache: its eviction decides what the prefetched entry displaces.
   const auto* to = policy.find_agent(route.to_agent);
   if (const auto state = peers_->node_state(to->node); state && state->store_budget > 0) {
-    const std::uint64_t free = state->store_budget > state->store_used ? state->store_budget - state->store_used : 0;
-    if (free < entry.info.bytes) {
+    if (state->store_budget < entry.info.bytes) {
       metrics_.prefetches.with({route.id, "no_room"}).inc();
       return false;
     }
@@ -491,11 +491,6 @@ void KvPath::push_one(PushJob& job) {
   if (sent) {
     job.record["frame_bytes"] = sent.value();
     job.record["outcome"] = "pushed";
-    // The link to the destination, as a fetch from it feeds it (the engine prices both ways alike).
-    std::lock_guard lock(engine_mutex_);
-    if (engine_) {
-      feed_link(*engine_, job.peer, static_cast<double>(sent.value()), job.record["seconds"].get<double>());
-    }
     result = retried ? "delta_retry_full" : (skip > 0 ? "delta" : "pushed");
   } else {
     job.record["outcome"] = "failed";

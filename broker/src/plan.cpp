@@ -235,7 +235,7 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
   }
   if (!plan.lossless) {
     const double factor = codec_factor(inputs.policy, inputs.codecs, plan.codec);
-    if (plan.route != nullptr) plan.min_fidelity_product = min_source_product(*plan.route, factor);
+    if (plan.route != nullptr) plan.min_fidelity_product = min_reply_product(*plan.route);
     // KV that already went through this codec (a push, say) is what this medium delivers, while
     // its own product keeps the hop above the floor (the best source may be another entry).
     query.fidelity = kv_store::FidelityRule::exact_or_lossy(plan.codec);

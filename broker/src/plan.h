@@ -72,8 +72,8 @@ struct LookupPlan {
   // The effective fidelity product of the best source this node holds, of any fidelity (1 when
   // it is exact, or nothing is held): the chain the engine and the refresh rule start from.
   double chain_product = 1.0;
-  // The least product a peer's lossy answer may carry for the floor to hold (0: any); a fetch
-  // passes it on (FetchInputs.min_fidelity_product once peers filter by it).
+  // The least product a peer's lossy answer may carry for the floor to hold (0: any; the floor,
+  // since answers are stamped after their hop); the fetch sends it (FetchInputs).
   double min_fidelity_product = 0.0;
   std::optional<PlanStop> stop;  // set when nothing is served
 };

@@ -64,10 +64,10 @@ std::string_view refresh_forced_name(RefreshForced forced) noexcept {
   return "lossless";
 }
 
-double min_source_product(const RoutePolicy& route, double factor) {
+double min_reply_product(const RoutePolicy& route) {
+  // The tolerance needs_refresh allows: an answer exactly at the floor passes there too.
   if (route.quality_floor <= 0.0) return 0.0;
-  if (factor <= 0.0) return 1.0;
-  return std::min(1.0, route.quality_floor / factor);
+  return std::clamp(route.quality_floor - kFloorTolerance, 0.0, 1.0);
 }
 
 }  // namespace kvrelay::broker

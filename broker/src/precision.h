@@ -60,8 +60,9 @@ struct PrecisionRefresh {
   bool exact_source = false;  // this node holds an exact prefix to serve
 };
 
-// The least product a peer's lossy answer through a medium of `factor` may carry for the route's
-// floor to hold (floor / factor; 0 without a floor): what a fetch asks peers for.
-[[nodiscard]] double min_source_product(const RoutePolicy& route, double factor);
+// The least product a peer's lossy answer may carry for the route's floor to hold: the floor
+// itself (0 without one), since a peer stamps its answer with the hop's factor already
+// (source x factor). What a fetch asks peers for (FetchRequest.min_fidelity_product).
+[[nodiscard]] double min_reply_product(const RoutePolicy& route);
 
 }  // namespace kvrelay::broker

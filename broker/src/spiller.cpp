@@ -90,6 +90,9 @@ bool Spiller::wants(const kv_store::EntryKey& /*key*/, const kv_store::StoredEnt
   // so KV published without them stays here.
   if (utility && *utility < settings.spill_min_utility) return false;
   if (!entry.chain || entry.info.layout.layers == 0 || !any_spill_peer(*policy)) return false;
+  // Lossy KV through a lossless codec would be filed as exact at the peer: such victims go.
+  const auto codec = codec_for_medium(settings.spill_medium);
+  if (!codec || (!entry.fidelity.is_exact() && codec::fidelity_of(*codecs_, *codec).is_exact())) return false;
   std::uint64_t held = in_flight_bytes_.load();
   do {
     if (held + entry.info.bytes > settings.spill_inflight_bytes) return false;

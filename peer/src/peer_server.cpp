@@ -299,9 +299,12 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
       std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count();
   // A delta joins the prefix this node holds (push_delta.h); a whole entry is filed as it came.
   std::shared_ptr<const kv_store::StoredEntry> head;
+  const auto& frame_header = decoded.value().header;
+  const codec::CodecSpec pushed_codec = codec::frame_codec(*options.codecs, frame_header);
   if (header.skip_tokens > 0) {
+    const bool tail_exact = sender_records_fidelity && codec::fidelity_of(pushed_codec).is_exact();
     auto held = delta_head(*shared->store, header.key.model_id, header.chain, chain_scope(policy.get()),
-                           header.skip_tokens, tail_layout);
+                           header.skip_tokens, tail_layout, tail_exact);
     if (!held) co_return outcome::failure(held.error());
     head = std::move(held).value();
   }
@@ -309,8 +312,6 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   auto entry = head ? join_delta(*head, tail_layout, tail, shared->buffers, options.arena.get())
                     : kv_store::make_stored_entry(tail_layout, tail, options.arena.get());
   if (!entry) co_return outcome::failure(entry.error());
-  const auto& frame_header = decoded.value().header;
-  const codec::CodecSpec pushed_codec = codec::frame_codec(*options.codecs, frame_header);
   // Pushed lossy KV is filed as lossy; the store keeps exact KV it already has under this key.
   Fidelity pushed =
       sender_records_fidelity ? codec::fidelity_of(pushed_codec) : Fidelity::lossy(std::string(kUnverifiedFidelity));

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "kvrelay/core/kv_tokens.h"
 
 namespace kvrelay::peer {
@@ -9,7 +11,7 @@ namespace kvrelay::peer {
 Result<std::shared_ptr<const kv_store::StoredEntry>> delta_head(kv_store::EntryStore& store, std::uint64_t model_id,
                                                                 const kv_store::EntryChain& chain,
                                                                 kv_store::ChainScope scope, std::uint64_t skip_tokens,
-                                                                const KvLayout& tail_layout) {
+                                                                const KvLayout& tail_layout, bool tail_exact) {
   const std::uint64_t block = chain.block_tokens;
   if (block == 0 || skip_tokens % block != 0 || skip_tokens >= chain.tokens.size()) {
     return fail(ErrorCode::kInvalidArgument,
@@ -24,7 +26,11 @@ Result<std::shared_ptr<const kv_store::StoredEntry>> delta_head(kv_store::EntryS
   const bool fits = head && layout.tokens == skip_tokens && layout.layers == tail_layout.layers &&
                     layout.kv_heads == tail_layout.kv_heads && layout.head_dim == tail_layout.head_dim &&
                     layout.dtype == tail_layout.dtype;
-  if (!fits) {
+  const auto prefix_end = chain.tokens.begin() + static_cast<std::ptrdiff_t>(skip_tokens);
+  const bool same_tokens = fits && head->chain != nullptr && head->chain->tenant == chain.tenant &&
+                           head->chain->tokens.size() == skip_tokens &&
+                           std::equal(chain.tokens.begin(), prefix_end, head->chain->tokens.begin());
+  if (!same_tokens || (tail_exact && !head->fidelity.is_exact())) {
     return fail(ErrorCode::kNotFound,
                 fmt::format("prefix_gone: this sidecar no longer holds the first {} tokens the delta leaves out; "
                             "push the whole entry",

@@ -19,10 +19,13 @@
 namespace kvrelay::peer {
 
 // The entry filed under the key of the chain's block skip_tokens / block_tokens - 1: exactly
-// `skip_tokens` tokens of the tail's model shape.
+// `skip_tokens` tokens of the tail's model shape, carrying token ids (KV published without them
+// never leaves its node, so nothing is joined onto it) equal to the chain's first skip_tokens, in
+// the chain's tenant. A lossy head under an exact tail is "prefix_gone" too: the sender then
+// sends the whole exact entry instead of the join filing less exact KV than it could.
 [[nodiscard]] Result<std::shared_ptr<const kv_store::StoredEntry>> delta_head(
     kv_store::EntryStore& store, std::uint64_t model_id, const kv_store::EntryChain& chain, kv_store::ChainScope scope,
-    std::uint64_t skip_tokens, const KvLayout& tail_layout);
+    std::uint64_t skip_tokens, const KvLayout& tail_layout, bool tail_exact);
 
 // `head` followed token-wise by `tail`, as a new entry (in `arena` when it has room).
 [[nodiscard]] Result<std::shared_ptr<kv_store::StoredEntry>> join_delta(const kv_store::StoredEntry& head,

@@ -284,8 +284,9 @@ TEST_CASE("precision: factors, effective products and the crossing", "[broker][p
   RoutePolicy no_floor = route;
   no_floor.quality_floor = 0.0;
   CHECK_FALSE(needs_refresh(no_floor, 0.01, 0.5));
-  CHECK(min_source_product(route, 0.9) == Approx(0.75 / 0.9));
-  CHECK(min_source_product(no_floor, 0.9) == 0.0);
+  // A peer's answer is stamped after its hop: it may carry down to the floor itself.
+  CHECK(min_reply_product(route) == Approx(0.75));
+  CHECK(min_reply_product(no_floor) == 0.0);
 }
 
 TEST_CASE("precision: a forced lossy medium is served while the product stays above the floor, then refreshed",
@@ -304,7 +305,7 @@ TEST_CASE("precision: a forced lossy medium is served while the product stays ab
   CHECK_FALSE(second.choice.refresh);
   CHECK(second.held.entry == chain.hop1);
   CHECK(second.held_already_encoded);
-  CHECK(second.min_fidelity_product == Approx(0.75 / 0.9));
+  CHECK(second.min_fidelity_product == Approx(0.75));
 
   // Hop 3: the best source is the 6-block entry (0.81); 0.81 x 0.9 = 0.729 crosses the floor.
   REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[5]}, chain.hop2));

@@ -29,10 +29,16 @@ TEST_CASE("fidelity product: a join carries the lossy part's product", "[core][f
   const Fidelity joined = Fidelity::exact().then(Fidelity::lossy("int4", 0, 0.9), 64);
   CHECK(joined.exact_tokens == 64);
   CHECK(joined.product == 0.9);
-  // A lossy head stays what it was, whatever follows.
+  // A lossy head followed by exact KV stays what it was; by lossy KV, the smaller product, and
+  // its codec only when both share it (a join of int8 and int4 KV is neither).
   const Fidelity head = Fidelity::lossy("int8", 0, 0.81);
   CHECK(head.then(Fidelity::exact(), 64) == head);
-  CHECK(head.then(Fidelity::lossy("int4", 0, 0.5), 64).product == 0.81);
+  const Fidelity mixed = head.then(Fidelity::lossy("int4", 0, 0.5), 64);
+  CHECK(mixed.product == 0.5);
+  CHECK(mixed.lossy_codec == Fidelity::kMixedCodec);
+  CHECK(mixed.exact_tokens == 0);
+  CHECK(head.then(Fidelity::lossy("int8", 0, 0.9), 64) == head);
+  CHECK(head.then(Fidelity::lossy("int8", 0, 0.7), 64).product == 0.7);
   // Both exact: exact.
   CHECK(Fidelity::exact().then(Fidelity::exact(), 64).product == 1.0);
 }

@@ -121,7 +121,7 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
                   const RequestContext& published_context, const kv_store::EntryKey& key,
                   const std::shared_ptr<const kv_store::StoredEntry>& filed, peer::PushPurpose purpose);
   // Whether a publish prefetches on this (non-push) route: named in next_agents (or, naming none,
-  // kv_store.prefetch), within prefetch_max_bytes, and the destination reported room for it.
+  // kv_store.prefetch), within prefetch_max_bytes, and the destination's store can hold it.
   [[nodiscard]] bool prefetch_wanted(const Policy& policy, const RoutePolicy& route, const RequestContext& context,
                                      const kv_store::StoredEntry& entry);
   // Where a published entry lives from now on: with tenants, moved from the worker's key to its

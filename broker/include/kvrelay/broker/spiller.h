@@ -1,9 +1,9 @@
 #pragma once
 
 // The store's spill sink (issue #27). A budget victim worth keeping (utility at least
-// kv_store.spill_min_utility) is encoded with kv_store.spill_medium's codec and pushed, at
-// background priority, to the peer with the most free store among those that take spills: its
-// policy entry has accept_spill_bytes, and its last summary says it would take this many bytes
+// kv_store.spill_min_utility) is encoded with kv_store.spill_medium's codec and pushed, as a
+// transfer of no route (the link scheduler's lowest normal weight), to the peer with the most free store among those
+// that take spills: its policy entry has accept_spill_bytes, and its last summary says it would take this many bytes
 // from this node. The store keeps a stub; a lookup that meets it fetches the entry back from
 // that peer through the normal fetch stage. At most kv_store.spill_inflight_bytes of victims wait
 // at once; others are dropped as before. One thread, started by the daemon.

@@ -32,12 +32,18 @@ struct Fidelity {
   // The fidelity of the first `tokens` tokens alone.
   [[nodiscard]] Fidelity prefix(std::uint64_t tokens) const { return exact_through(tokens) ? exact() : *this; }
   // This run followed by one of `tail` fidelity starting at token `offset`: exactness ends at the
-  // first lossy token of either.
+  // first lossy token of either. Two lossy runs keep the smaller product, and their codec when
+  // they share it; else kMixedCodec, which no lookup's codec matches (only "any fidelity" reads it).
   [[nodiscard]] Fidelity then(const Fidelity& tail, std::uint64_t offset) const {
-    if (!is_exact()) return *this;
+    if (!is_exact()) {
+      if (tail.is_exact()) return *this;
+      const bool same = tail.lossy_codec == lossy_codec;
+      return lossy(same ? lossy_codec : std::string(kMixedCodec), exact_tokens, std::min(product, tail.product));
+    }
     if (tail.is_exact()) return exact();
     return lossy(tail.lossy_codec, offset + std::min(tail.exact_tokens, UINT64_MAX - offset), tail.product);
   }
+  static constexpr const char* kMixedCodec = "mixed";
   // Never less faithful than `other`: at least as many exact leading tokens.
   [[nodiscard]] bool at_least_as_exact_as(const Fidelity& other) const {
     if (is_exact()) return true;
