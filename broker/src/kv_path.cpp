@@ -202,7 +202,13 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   record["available_tokens"] = max_blocks.value() * request.block_tokens;
 
   // 1. Plan: no I/O.
-  LookupPlan plan = plan_lookup({*policy, request, context, *store_, *codecs_, *this}, max_blocks.value());
+  PlanInputs plan_inputs{*policy, request, context, *store_, *codecs_, *this};
+  plan_inputs.longest_elsewhere = [&]() -> std::optional<std::pair<std::size_t, double>> {
+    const auto held = peers_->longest_held(request.model_id, request.block_hashes);
+    if (!held) return std::nullopt;
+    return std::pair{held->blocks, held->product};
+  };
+  LookupPlan plan = plan_lookup(plan_inputs, max_blocks.value());
   record_plan(record, plan, std::chrono::duration<double>(Clock::now() - started).count(), metrics_);
   if (plan.stop) {
     finish(plan.stop->outcome, 0);

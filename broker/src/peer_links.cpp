@@ -248,7 +248,10 @@ void PeerLinks::probe_all() {
     const auto& keys = summary.value().keys;
     std::lock_guard lock(mutex_);
     auto& state = *peers_[id];
-    state.held = std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash>(keys.begin(), keys.end());
+    const auto& products = summary.value().products;
+    state.held.clear();
+    for (std::size_t index = 0; index < keys.size(); ++index)
+      state.held.emplace(keys[index], index < products.size() ? products[index] : 1.0);
     state.node_state = summary.value().node;
     state.summary_time = std::chrono::steady_clock::now();
   }
@@ -327,6 +330,23 @@ std::size_t PeerLinks::held_prefix_blocks(const std::string& peer_id, std::uint6
     if (found->second->held.contains(kv_store::EntryKey{model_id, keys[blocks - 1]})) return blocks;
   }
   return 0;
+}
+
+std::optional<PeerLinks::HeldElsewhere> PeerLinks::longest_held(std::uint64_t model_id,
+                                                                std::span<const std::uint64_t> hashes) const {
+  std::optional<HeldElsewhere> best;
+  std::lock_guard lock(mutex_);
+  for (const auto& [id, state] : peers_) {
+    for (std::size_t blocks = hashes.size(); blocks > 0; --blocks) {
+      if (best && blocks < best->blocks) break;
+      const auto found = state->held.find(kv_store::EntryKey{model_id, hashes[blocks - 1]});
+      if (found == state->held.end()) continue;
+      if (!best || blocks > best->blocks || found->second > best->product)
+        best = HeldElsewhere{blocks, found->second, id};
+      break;
+    }
+  }
+  return best;
 }
 
 std::optional<peer::NodeState> PeerLinks::node_state(const std::string& peer_id) const {

@@ -206,6 +206,9 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
     any.fidelity = kv_store::FidelityRule::any();
     const auto best = kv_store::longest_held_prefix(inputs.store, any);
     if (best) plan.chain_product = effective_product(best.fidelity(request.block_tokens), inputs.policy, inputs.codecs);
+    // A longer source on a peer is what a fetch would extend: its product is the chain's.
+    const auto elsewhere = inputs.longest_elsewhere ? inputs.longest_elsewhere() : std::nullopt;
+    if (elsewhere && elsewhere->first > best.blocks) plan.chain_product = elsewhere->second;
   }
   plan.choice = choose_medium(inputs.policy, plan.route, inputs.context, max_blocks * request.block_tokens,
                               std::min(plan.held.blocks, max_blocks) * request.block_tokens, inputs.codecs,

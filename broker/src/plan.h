@@ -8,8 +8,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "kvrelay/broker/engine_advisor.h"
 #include "kvrelay/broker/request_context.h"
@@ -85,6 +87,10 @@ struct PlanInputs {
   kv_store::EntryStore& store;
   const codec::CodecRegistry& codecs;
   EngineAdvisor& engine;
+  // The longest prefix of the lookup's chain other nodes hold, in blocks, and its effective
+  // fidelity product (peers' summaries); unset or nullopt: none known. A fetch would extend it,
+  // so the refresh rule reads it when it is longer than this node's best source.
+  std::function<std::optional<std::pair<std::size_t, double>>()> longest_elsewhere{};
 };
 
 // The blocks a lookup may serve: never the whole prompt (its last token is prefilled for

@@ -453,14 +453,17 @@ Result<EncodedEntryHeader> decode_push_encoded(std::span<const std::byte> payloa
   return get_encoded_fields(reader, *id, EntryHeaderKind::kPush);
 }
 
-std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node) {
+std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node,
+                                      std::span<const double> products) {
   ByteWriter writer;
   writer.put(node.store_budget).put(node.store_used).put(node.arena_capacity).put(node.arena_in_use);
   writer.put(node.queued_transfers).put(node.spill_accept_left).put(node.link_bytes_per_s).put(node.sent_bytes_per_s);
   const auto count = std::min(keys.size(), kMaxSummaryKeys);
   writer.put(static_cast<std::uint32_t>(count));
-  for (std::size_t index = 0; index < count; ++index)
+  for (std::size_t index = 0; index < count; ++index) {
     kv_store::encode_key(writer, keys[index]);
+    put_f64(writer, index < products.size() ? products[index] : 1.0);
+  }
   return encode_peer_frame(PeerMessage::kSummaryReply, writer.bytes());
 }
 
@@ -480,13 +483,18 @@ Result<SummaryReply> decode_summary(std::span<const std::byte> payload) {
   if (*count > kMaxSummaryKeys) {
     return fail(ErrorCode::kProtocol, fmt::format("summary announces {} keys, more than {}", *count, kMaxSummaryKeys));
   }
-  if (std::uint64_t{*count} * kv_store::kEncodedKeyBytes != reader.remaining()) {
+  if (std::uint64_t{*count} * kSummaryKeyBytes != reader.remaining()) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("summary announces {} keys but carries {} bytes", *count, reader.remaining()));
   }
   summary.keys.reserve(*count);
-  for (std::uint32_t index = 0; index < *count; ++index)
+  summary.products.reserve(*count);
+  for (std::uint32_t index = 0; index < *count; ++index) {
     summary.keys.push_back(*kv_store::decode_key(reader));
+    const double product = *get_f64(reader);
+    KVRELAY_TRY(check_product(product, false, "summary key fidelity_product"));
+    summary.products.push_back(product);
+  }
   return summary;
 }
 

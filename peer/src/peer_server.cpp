@@ -28,6 +28,7 @@
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/kv_store/prefix_scan.h"
 #include "kvrelay/peer/fetch_encoding.h"
+#include "kvrelay/peer/fidelity_product.h"
 #include "kvrelay/peer/peer_authorization.h"
 
 #include "peer_io.h"
@@ -513,11 +514,16 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
         // Only what this peer may fetch: other tenants' salted hashes are not its to see.
         std::shared_ptr<const Policy> policy;
         const auto grant = session_grant(shared, session, policy);
+        // Each shown key with its entry's effective product, in the same order (the filter runs
+        // on each entry in turn, under the store's lock).
+        std::vector<double> products;
         const auto keys = shared->store->recent_keys(kMaxSummaryKeys, [&](const kv_store::StoredEntry& entry) {
-          return entry.chain != nullptr && (!grant || authorize_fetch(*policy, *grant, entry));
+          const bool shown = entry.chain != nullptr && (!grant || authorize_fetch(*policy, *grant, entry));
+          if (shown) products.push_back(effective_product(entry.fidelity, options.codec_factor));
+          return shown;
         });
         const auto node = node_state(shared, session);
-        answer = encode_summary(keys, node);
+        answer = encode_summary(keys, node, products);
         break;
       }
       default:

@@ -173,6 +173,24 @@ void wait_for_peer(const Sidecar& sidecar, const std::string& peer) {
   REQUIRE(up);
 }
 
+// Until `sidecar`'s last summary from `peer` lists at least `keys` entries: the refresh rule
+// reads the chains peers hold, with their products, from their summaries.
+void wait_for_summary(const Sidecar& sidecar, const std::string& peer, std::size_t keys) {
+  const bool listed = wait_until(
+      [&] {
+        const auto reply = http_request(sidecar.admin_port(), "GET", "/admin/state");
+        if (reply.status != 200) return false;
+        const auto state = json::parse(reply.body);
+        for (const auto& view : state["peers"]["peers"]) {
+          if (view.value("id", "") == peer && view.value("summary_keys", std::size_t{0}) >= keys) return true;
+        }
+        return false;
+      },
+      std::chrono::seconds(10));
+  INFO(sidecar.node_id() << " never saw " << keys << " keys in " << peer << "'s summary");
+  REQUIRE(listed);
+}
+
 }  // namespace
 
 TEST_CASE("precision refresh across three hops through two daemons refreshes the third hop to a1's exact KV",
@@ -209,6 +227,7 @@ TEST_CASE("precision refresh across three hops through two daemons refreshes the
   CHECK(fetch1.value("fidelity_product", 0.0) == Approx(0.9));  // A stamped its hop
   // a2's KV attended over int8 KV: lossy from token 0. B stamps it 0.9.
   (void)on_b.publish(2, kvrelay::Fidelity::lossy("int8"));
+  wait_for_summary(a, "node-b", 1);  // A learns B holds a2's chain (at 0.9)
 
   // Hop 2: a3 on A fetches a2's blocks, already int8 at 0.9, from B: 0.9 x 0.9 = 0.81 >= 0.75.
   const auto hop2 = on_a.look_up(3);
@@ -219,8 +238,8 @@ TEST_CASE("precision refresh across three hops through two daemons refreshes the
   INFO("hop 2 on node-a: " << record2.dump(2));
   CHECK(record2.value("source", "") == "forced");
   CHECK(record2.value("outcome", "") == "hit_peer");
-  // A's own best source is a1's exact entry: the chain it would extend here is exact.
-  CHECK(record2.value("chain_product", 0.0) == Approx(1.0));
+  // The longest source is B's a2 entry (B's summary says 0.9): the chain a fetch extends.
+  CHECK(record2.value("chain_product", 0.0) == Approx(0.9));
   CHECK(record2.value("fidelity_product", 0.0) == Approx(0.81));
   CHECK_FALSE(record2.contains("precision_refresh"));
   const auto fetch2 = fetched_attempt(record2);
@@ -228,6 +247,7 @@ TEST_CASE("precision refresh across three hops through two daemons refreshes the
   CHECK(fetch2.value("fidelity_product", 0.0) == Approx(0.81));
   // a3's KV attended over a2's: A stamps it 0.81.
   (void)on_a.publish(3, kvrelay::Fidelity::lossy("int8"));
+  wait_for_summary(b, "node-a", 2);  // B learns A holds a1's exact chain and a3's (at 0.81)
 
   // Hop 3: a3's blocks carry 0.81; int8 would make 0.729 < 0.75. Refreshed: B serves exact KV,
   // a1's blocks fetched losslessly from A, bit for bit.

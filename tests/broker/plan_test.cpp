@@ -28,8 +28,12 @@ struct PlanBench {
     context = parsed.value();
     auto blocks = servable_blocks(request, context);
     REQUIRE(blocks);
-    return plan_lookup({policy, request, context, store, codecs, engine}, blocks.value());
+    PlanInputs inputs{policy, request, context, store, codecs, engine};
+    inputs.longest_elsewhere = [this] { return elsewhere; };
+    return plan_lookup(inputs, blocks.value());
   }
+  // What peers' summaries say they hold of the lookup's chain: blocks and product.
+  std::optional<std::pair<std::size_t, double>> elsewhere;
   Policy policy;
   FixedEngine engine;
   kv_store::InMemoryEntryStore store{1 << 20};
@@ -329,6 +333,31 @@ TEST_CASE("precision: a forced lossy medium is served while the product stays ab
   CHECK(third.held.entry == chain.exact);
   CHECK(third.held.blocks == 2);
   CHECK_FALSE(third.held_already_encoded);
+}
+
+TEST_CASE("precision: a longer lossy chain on a peer is the one a fetch extends, so its product decides",
+          "[broker][plan][precision]") {
+  PlanBench bench(kForcedInt8);
+  calibrate_int8(bench.policy);
+  const Chain chain;
+  chain.file(bench, true, false);  // here: the exact 2 blocks and the 4-block int8 entry (0.9)
+  // A peer's summary lists a 6-block entry of this chain at 0.81: int8 would make 0.729.
+  bench.elsewhere = std::pair{std::size_t{6}, 0.81};
+  const auto refreshed = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  REQUIRE_FALSE(refreshed.stop);
+  CHECK(refreshed.chain_product == 0.81);
+  CHECK(refreshed.choice.source == "refresh");
+  CHECK(refreshed.choice.medium == "kv_raw");
+  CHECK(refreshed.lossless);
+  CHECK(refreshed.held.entry == chain.exact);  // the exact prefix here; peers are asked for more
+  // A peer's chain no longer than this node's best source changes nothing.
+  bench.elsewhere = std::pair{std::size_t{4}, 0.5};
+  const auto local = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
+  CHECK(local.chain_product == 0.9);
+  CHECK(local.choice.medium == "kv_int8");
+  // A longer exact chain elsewhere: nothing crosses the floor.
+  bench.elsewhere = std::pair{std::size_t{6}, 1.0};
+  CHECK(bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder)).chain_product == 1.0);
 }
 
 TEST_CASE("precision: a treatment's and the engine's lossy media are refreshed too", "[broker][plan][precision]") {

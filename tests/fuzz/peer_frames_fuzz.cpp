@@ -62,7 +62,8 @@ void check_payload(PeerMessage type, std::span<const std::byte> payload) {
       break;
     case PeerMessage::kSummaryReply:
       if (auto summary = decode_summary(payload)) {
-        require(same(payload_of(encode_summary(summary.value().keys, summary.value().node)), payload));
+        const auto& value = summary.value();
+        require(same(payload_of(encode_summary(value.keys, value.node, value.products)), payload));
       }
       break;
     case PeerMessage::kProbe:

@@ -242,6 +242,19 @@ TEST_CASE("summaries carry the node state and at most one frame of keys, and mus
     CHECK(cut.error().code == ErrorCode::kTruncated);
   }
   CHECK(decode_summary(empty).value().keys.empty());
+  // Each key carries its entry's product; without products every key is exact (1).
+  const std::vector<double> products{1.0, 0.81};
+  const auto with_products = decode_summary(payload_of(encode_summary(std::span(keys.data(), 2), node, products)));
+  REQUIRE(with_products);
+  CHECK(with_products.value().products == products);
+  CHECK(decode_summary(payload_of(encode_summary(std::span(keys.data(), 2), node))).value().products ==
+        std::vector<double>{1.0, 1.0});
+  for (const double bad : {0.0, -0.0, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    const std::vector<double> wrong{1.0, bad};
+    const auto refused = decode_summary(payload_of(encode_summary(std::span(keys.data(), 2), node, wrong)));
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == ErrorCode::kProtocol);
+  }
 }
 
 TEST_CASE("a bandwidth probe asks for 1..1 MiB and nothing else", "[proxy][peer][unit]") {

@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -88,6 +89,15 @@ class PeerLinks {
   // largest i such that the key of block i - 1 (`keys`, first block first) is listed; 0 for none.
   [[nodiscard]] std::size_t held_prefix_blocks(const std::string& peer_id, std::uint64_t model_id,
                                                std::span<const std::uint64_t> keys) const;
+  // The longest chain prefix of `hashes` (block 0 first) any peer's last summary lists, with that
+  // entry's effective fidelity product (the most exact peer's at that length); nullopt for none.
+  struct HeldElsewhere {
+    std::size_t blocks = 0;
+    double product = 1.0;
+    std::string peer;
+  };
+  [[nodiscard]] std::optional<HeldElsewhere> longest_held(std::uint64_t model_id,
+                                                          std::span<const std::uint64_t> hashes) const;
   // What the peer said of its resources in its last summary (summary v2); nullopt before one.
   [[nodiscard]] std::optional<peer::NodeState> node_state(const std::string& peer_id) const;
   // Where fetched frames land, and what the KV path decodes and joins them in: kept warm between
@@ -119,7 +129,8 @@ class PeerLinks {
     std::string last_error;
     std::string remote_node;
     std::chrono::system_clock::time_point certificate_not_after{};  // TLS: the peer's, as last seen
-    std::unordered_set<kv_store::EntryKey, kv_store::EntryKeyHash> held;
+    // The keys its last summary listed, with the effective fidelity product of each entry.
+    std::unordered_map<kv_store::EntryKey, double, kv_store::EntryKeyHash> held;
     std::optional<peer::NodeState> node_state;  // from the same summary as `held`
     std::chrono::steady_clock::time_point summary_time{};
     std::uint64_t fetches = 0;

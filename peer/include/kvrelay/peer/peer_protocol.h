@@ -213,13 +213,18 @@ struct NodeState {
 };
 inline constexpr std::size_t kNodeStateBytes = 8 * 8;
 // SummaryReply: the sender's NodeState, then the keys it holds, most recently used first, as
-// many as fit one frame.
-inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - kNodeStateBytes - 4) / kv_store::kEncodedKeyBytes;
+// many as fit one frame, each with the effective fidelity product of the entry filed there (1:
+// exact; version 5), so that an asker's refresh rule sees a peer's lossy chains.
+inline constexpr std::size_t kSummaryKeyBytes = kv_store::kEncodedKeyBytes + 8;
+inline constexpr std::size_t kMaxSummaryKeys = (kMaxControlPayload - kNodeStateBytes - 4) / kSummaryKeyBytes;
 struct SummaryReply {
   NodeState node;
   std::vector<kv_store::EntryKey> keys;
+  std::vector<double> products;  // one per key, in (0, 1]
 };
-[[nodiscard]] std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node);
+// `products`: one per key, or empty for all exact (1).
+[[nodiscard]] std::vector<std::byte> encode_summary(std::span<const kv_store::EntryKey> keys, const NodeState& node,
+                                                    std::span<const double> products = {});
 [[nodiscard]] Result<SummaryReply> decode_summary(std::span<const std::byte> payload);
 
 // ChunkAck: u64 stream id, u32 index of the last chunk received intact.
