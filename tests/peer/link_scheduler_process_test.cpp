@@ -460,8 +460,6 @@ TEST_CASE("Aging lets a low-priority fetch reply through while high-priority one
   REQUIRE(busy);
   REQUIRE(cold_fetch.error.empty());
 
-  const auto state = admin_state(daemon);
-  INFO(state.dump(2));
   // The cold reply's bytes arrived byte for byte, and every hot reply's too.
   CHECK(cold_fetch.exact);
   std::uint64_t hot_frame_bytes = 0;
@@ -475,6 +473,16 @@ TEST_CASE("Aging lets a low-priority fetch reply through while high-priority one
     hot_frame_bytes += run.frame_bytes;
     hot_fetches += run.fetches;
   }
+  // The daemon closes a reply's ticket once its last chunk is acknowledged, which may be just
+  // after the client has the frame: wait until every reply counts as completed.
+  json state;
+  (void)wait_until(
+      [&] {
+        state = admin_state(daemon);
+        return state["links"][kAsker].value("completed", 0) >= hot_fetches + 1;
+      },
+      std::chrono::seconds(10));
+  INFO(state.dump(2));
 
   // The event ring, in seq order: the cold reply's "opened" and "completed", and the hot
   // completions between them.
