@@ -277,6 +277,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
       if (stub && kv.source == stub->peer) {
         record["fetch_back"] = true;
         metrics_.fetch_backs.with({route->id}).inc();
+        ++fetch_backs_;
       }
       peer_product = fetched_product(kv);
       entry = std::move(kv.entry);
@@ -331,6 +332,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   if (prefetched_source && from == "local") {
     record["prefetch_hit"] = true;
     metrics_.prefetch_hits.with({route != nullptr ? route->id : std::string()}).inc();
+    ++prefetch_hits_;
   }
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   Fidelity fidelity = entry->fidelity;
@@ -371,7 +373,10 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
     const bool routed = std::any_of(policy->routes.begin(), policy->routes.end(), [&](const RoutePolicy& route) {
       return route.from_agent == published_context.agent && route.to_agent == next && route.enabled;
     });
-    if (!routed) metrics_.next_agents_ignored.with({}).inc();
+    if (!routed) {
+      metrics_.next_agents_ignored.with({}).inc();
+      ++next_agents_ignored_;
+    }
   }
 }
 
@@ -504,7 +509,12 @@ void KvPath::push_one(PushJob& job) {
     spdlog::warn("KV path: push on route {} to {} failed: {}", job.route, job.peer, sent.error().to_string());
   }
   outcomes.with({job.route, std::string(result)}).inc();
+  if (sent && job.purpose == peer::PushPurpose::kPrefetch) ++prefetches_sent_;
   log_.record(std::move(job.record));
+}
+
+KvPath::StoreTraffic KvPath::store_traffic() const {
+  return {prefetches_sent_.load(), prefetch_hits_.load(), fetch_backs_.load(), next_agents_ignored_.load()};
 }
 
 Result<std::uint64_t> KvPath::send_push(const PushJob& job, std::uint64_t skip_tokens, const Policy& policy) {

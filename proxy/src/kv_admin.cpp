@@ -103,14 +103,21 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
        }},
       {http::verb::get, Access::kRead, "/admin/kv",
        "The KV store (?limit=N, default 20): budget, bytes used, entries, evictions, and the N entries it values "
-       "most (key, bytes, utility, hits, fidelity, origin); spills: counts and the N newest stubs (key, peer)",
-       [store](const HttpRequest& request) {
+       "most (key, bytes, utility, hits, fidelity, origin); spills and fetch-backs, the N newest stubs (key, "
+       "peer); prefetches sent and hit",
+       [store, path](const HttpRequest& request) {
          const auto limit = parse_limit(request.target(), kMaxKvListLimit, kDefaultKvListLimit);
          if (!limit) {
            return make_json_error(http::status::bad_request, "invalid_argument", limit.error().message,
                                   request.version(), request.keep_alive());
          }
-         return make_json_response(http::status::ok, kv_store_json(*store, limit.value()).dump(), request);
+         auto body = kv_store_json(*store, limit.value());
+         const auto traffic = path->store_traffic();
+         body["spill"]["fetch_backs"] = traffic.fetch_backs;
+         body["prefetch"] = {{"sent", traffic.prefetches_sent},
+                             {"hits", traffic.prefetch_hits},
+                             {"next_agents_ignored", traffic.next_agents_ignored}};
+         return make_json_response(http::status::ok, body.dump(), request);
        }},
       {http::verb::delete_, Access::kMutate, "/admin/kv",
        "Drop every KV entry this sidecar holds (benchmarks, incident response); returns what was dropped",

@@ -131,6 +131,20 @@ json decision_of(const Sidecar& sidecar, const std::string& kind, const std::str
   return json();
 }
 
+// The push record of `request_id`: the sender logs it once the receiver's Committed is back,
+// which may be just after the receiver's store lists the entry.
+json push_record_of(const Sidecar& sidecar, const std::string& request_id) {
+  const bool logged = wait_until(
+      [&] {
+        for (const auto& record : sidecar.decisions(64))
+          if (record.value("kind", "") == "push" && record.value("request_id", "") == request_id) return true;
+        return false;
+      },
+      std::chrono::seconds(10));
+  REQUIRE(logged);
+  return decision_of(sidecar, "push", request_id);
+}
+
 json peer_json(const std::string& id, std::uint16_t port, std::uint64_t accept_spill_bytes) {
   return {{"id", id}, {"address", "127.0.0.1:" + std::to_string(port)}, {"accept_spill_bytes", accept_spill_bytes}};
 }
@@ -218,6 +232,7 @@ TEST_CASE("spill: a store victim worth keeping goes to a peer and comes back on 
     CHECK(record["fetch_back"] == true);
     CHECK(record["fetch"][0]["peer"] == "node-b");
     CHECK(a.metric_sum("kvrelay_kv_fetch_backs_total", {"route=\"raw\""}) == 1.0);
+    CHECK(get_json(a, "/admin/kv")["spill"]["fetch_backs"] == 1);
     // Back in A's store: the stub stands for nothing any more, and the next lookup is local.
     CHECK(get_json(a, "/admin/kv")["spill"]["stubs"] == 0);
     REQUIRE(worker.look_up(1, lookup("raw", "local")));
@@ -274,7 +289,7 @@ TEST_CASE("prefetch: a publish goes ahead to the route's remote destination, and
   writer.publish(1, {{"agent", "writer"}, {"request_id", "p1"}});
   REQUIRE(wait_until([&] { return b_entries() == 1; }, std::chrono::seconds(10)));
   CHECK(get_json(b, "/admin/kv")["top"][0]["origin"] == "prefetched");
-  CHECK(decision_of(a, "push", "p1")["purpose"] == "prefetch");
+  CHECK(push_record_of(a, "p1")["purpose"] == "prefetch");
   CHECK(a.metric_sum("kvrelay_kv_prefetches_total", {"route=\"w-r\"", "result=\"pushed\""}) == 1.0);
   const auto hit = reader.look_up(1, {{"agent", "reader"}, {"route", "w-r"}, {"request_id", "r1"}});
   REQUIRE(hit);
@@ -285,6 +300,8 @@ TEST_CASE("prefetch: a publish goes ahead to the route's remote destination, and
   CHECK(record["prefetch_hit"] == true);
   CHECK_FALSE(record.contains("fetch"));
   CHECK(b.metric_sum("kvrelay_kv_prefetch_hits_total", {"route=\"w-r\""}) == 1.0);
+  CHECK(get_json(b, "/admin/kv")["prefetch"]["hits"] == 1);
+  CHECK(get_json(a, "/admin/kv")["prefetch"]["sent"] == 1);
 
   // next_agents naming no route's destination: counted, ignored, and nothing prefetched.
   writer.publish(2, {{"agent", "writer"}, {"request_id", "p2"}, {"next_agents", {"nobody"}}});
@@ -295,7 +312,8 @@ TEST_CASE("prefetch: a publish goes ahead to the route's remote destination, and
   writer.publish(3, {{"agent", "writer"}, {"request_id", "p3"}});
   writer.publish(4, {{"agent", "writer"}, {"request_id", "p4"}, {"next_agents", {"reader"}}});
   REQUIRE(wait_until([&] { return b_entries() == 2; }, std::chrono::seconds(10)));
-  CHECK(a.metric_sum("kvrelay_kv_prefetches_total", {"result=\"pushed\""}) == 2.0);
+  CHECK(wait_until([&] { return a.metric_sum("kvrelay_kv_prefetches_total", {"result=\"pushed\""}) == 2.0; },
+                   std::chrono::seconds(10)));
   CHECK(reader.look_up(4, {{"agent", "reader"}, {"route", "w-r"}, {"request_id", "r4"}}));
   CHECK(decision_of(b, "lookup", "r4")["prefetch_hit"] == true);
 }
@@ -332,7 +350,7 @@ TEST_CASE("delta push: a publish extending an entry the destination holds sends 
   const auto turn2_kv = positional_kv(2 * kSpillTokens, 7);
   writer.publish_ids(turn2, turn2_kv, {{"agent", "writer"}, {"request_id", "t2"}});
   REQUIRE(wait_until([&] { return get_json(b, "/admin/kv")["entries"] == 2; }, std::chrono::seconds(10)));
-  const auto record = decision_of(a, "push", "t2");
+  const auto record = push_record_of(a, "t2");
   INFO(record.dump(2));
   CHECK(record["outcome"] == "pushed");
   CHECK(record["skip_tokens"] == kSpillTokens);

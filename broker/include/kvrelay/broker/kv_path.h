@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -75,6 +76,14 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   kv_store::EntryStoreStats clear_store() { return store_->clear(); }
 
   [[nodiscard]] const DecisionLog& decisions() const { return log_; }
+  // Issue #27's store traffic this path saw since start (GET /admin/kv; metrics have them by route).
+  struct StoreTraffic {
+    std::uint64_t prefetches_sent = 0;      // prefetches a peer filed
+    std::uint64_t prefetch_hits = 0;        // local lookups served from prefetched KV
+    std::uint64_t fetch_backs = 0;          // lookups that fetched a spilled entry back
+    std::uint64_t next_agents_ignored = 0;  // next_agents no route of the agent leads to
+  };
+  [[nodiscard]] StoreTraffic store_traffic() const;
   // Where the link queues log their preemptions and deadline raises ({"kind":"schedule"}).
   [[nodiscard]] DecisionLog& decision_log() { return log_; }
   [[nodiscard]] PeerLinks& peers() { return *peers_; }
@@ -158,6 +167,10 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   EngineUpdate last_engine_update_;                         // what the refresh for engine_policy_ did
   const std::vector<decision::PluginCodec> loaded_codecs_;  // what "codec:<name>" media can use
 
+  std::atomic<std::uint64_t> prefetches_sent_{0};
+  std::atomic<std::uint64_t> prefetch_hits_{0};
+  std::atomic<std::uint64_t> fetch_backs_{0};
+  std::atomic<std::uint64_t> next_agents_ignored_{0};
   std::mutex push_mutex_;
   std::condition_variable push_wake_;
   std::deque<PushJob> push_queue_;
