@@ -34,6 +34,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kPushQueueLimit = 64;
+constexpr std::size_t kPrefetchQueueLimit = 16;
 
 double milliseconds_since(Clock::time_point started) {
   return std::chrono::duration<double, std::milli>(Clock::now() - started).count();
@@ -447,12 +448,15 @@ void KvPath::send_ahead(const Policy& policy, const RoutePolicy& route, const Ag
   if (choice.medium == "tokens") return not_sent("tokens", std::nullopt);
   // A peer could not check its key: KV published without token ids stays on this node.
   if (!entry->chain) return not_sent("no_token_ids", "the worker published this KV without its token ids");
+  // Prefetches wait in their own queue, taken only when no push waits: a push was asked for by
+  // the route, a prefetch is a guess (and holds its entry in memory while it waits).
   std::lock_guard lock(push_mutex_);
-  if (push_queue_.size() >= kPushQueueLimit) {
+  auto& queue = prefetch ? prefetch_queue_ : push_queue_;
+  if (queue.size() >= (prefetch ? kPrefetchQueueLimit : kPushQueueLimit)) {
     outcomes.with({route.id, "dropped"}).inc();
     return;  // the destination will fetch on demand instead
   }
-  push_queue_.push_back(PushJob{route.id, to.node, choice.medium, *push_codec, purpose, key, filed, std::move(record)});
+  queue.push_back(PushJob{route.id, to.node, choice.medium, *push_codec, purpose, key, filed, std::move(record)});
   push_wake_.notify_one();
 }
 
@@ -461,10 +465,11 @@ void KvPath::run_pusher() {
     PushJob job;
     {
       std::unique_lock lock(push_mutex_);
-      push_wake_.wait(lock, [this] { return stopping_ || !push_queue_.empty(); });
+      push_wake_.wait(lock, [this] { return stopping_ || !push_queue_.empty() || !prefetch_queue_.empty(); });
       if (stopping_) return;
-      job = std::move(push_queue_.front());
-      push_queue_.pop_front();
+      auto& queue = push_queue_.empty() ? prefetch_queue_ : push_queue_;
+      job = std::move(queue.front());
+      queue.pop_front();
     }
     push_one(job);
   }

@@ -174,6 +174,7 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   std::mutex push_mutex_;
   std::condition_variable push_wake_;
   std::deque<PushJob> push_queue_;
+  std::deque<PushJob> prefetch_queue_;  // served when push_queue_ is empty
   bool stopping_ = false;
   std::thread pusher_;
 };
