@@ -549,8 +549,16 @@ Result<std::uint64_t> KvPath::send_push(const PushJob& job, std::uint64_t skip_t
   options.skip_tokens = skip_tokens;
   options.source = entry.fidelity;
   options.codec = job.codec;
+  std::chrono::microseconds busy{0};
+  options.busy = &busy;
   KVRELAY_TRY(peers_->push(job.peer, options, std::random_device{}(), job.key, *entry.chain, frame,
                            policy.limits.read_timeout));
+  // The link to the destination, as a fetch from it feeds it: the time the link was busy with it.
+  if (busy.count() > 0) {
+    std::lock_guard lock(engine_mutex_);
+    if (engine_)
+      feed_link(*engine_, job.peer, static_cast<double>(frame.size()), std::chrono::duration<double>(busy).count());
+  }
   metrics_.wire_bytes.with({"pushed", job.medium, job.codec}).inc(static_cast<double>(frame.size()));
   metrics_.raw_bytes.with({"pushed", job.medium}).inc(static_cast<double>(raw_bytes));
   return static_cast<std::uint64_t>(frame.size());

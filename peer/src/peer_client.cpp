@@ -330,7 +330,8 @@ TransferPurpose transfer_purpose(PushPurpose purpose) {
 }
 
 asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, EncodedEntryHeader header,
-                                                std::span<const std::uint8_t> frame) {
+                                                std::span<const std::uint8_t> frame,
+                                                std::chrono::microseconds* busy_out) {
   auto& connection = *state->connection;
   const auto& options = state->options;
   // Issue #27: the push joins the queue of the link to the peer; its ticket holds the link's
@@ -361,12 +362,11 @@ asio::awaitable<Result<bool>> push_encoded_once(PeerClient::State* state, Encode
   if (id.value() != header.id) co_return fail(ErrorCode::kProtocol, fmt::format("committed for push {}", id.value()));
   arm_idle(connection);
   ticket.complete();
-  if (options.link_estimator) {
-    // Busy time only: waiting behind other transfers on the link says nothing of its speed.
-    options.link_estimator->add_transfer(
-        state->remote.node_id, header.frame_bytes,
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started - grant_wait));
-  }
+  // Busy time only: waiting behind other transfers on the link says nothing of its speed.
+  const auto busy =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started - grant_wait);
+  if (options.link_estimator) options.link_estimator->add_transfer(state->remote.node_id, header.frame_bytes, busy);
+  if (busy_out != nullptr) *busy_out = busy;
   co_return true;
 }
 
@@ -515,7 +515,7 @@ Status PeerClient::push_encoded(std::uint64_t transfer_id, const kv_store::Entry
   header.skip_tokens = push.skip_tokens;
   // The codec_factor contract gives lossless codecs 1, so the codec's kind need not be known here.
   header.fidelity_product = stamped_product(push.source, push.codec, false, state_->options.codec_factor);
-  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame)));
+  KVRELAY_TRY(state_->run(push_encoded_once(state_.get(), header, frame, push.busy)));
   return ok();
 }
 

@@ -71,6 +71,9 @@ struct PushOptions {
   // stamped_product(source, codec) (fidelity_product.h). Defaults: exact KV, product 1.
   Fidelity source{};
   std::string codec{};
+  // Set: where a committed push leaves the time the link was busy with it (request to Committed,
+  // without waiting for the link scheduler's grants), which is what the link estimate takes.
+  std::chrono::microseconds* busy = nullptr;
 };
 
 // Client options for talking to `peer` under `policy`: our node id, the policy's read timeout
