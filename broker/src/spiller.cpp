@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -139,8 +140,15 @@ void Spiller::spill(const Job& job) {
                         {"bytes", entry.info.bytes},
                         {"tokens", entry.info.layout.tokens},
                         {"medium", policy->kv_store.spill_medium}};
-  const auto target = choose_spill_target(*policy, entry.info.bytes,
-                                          [this](const std::string& peer) { return peers_->node_state(peer); });
+  const auto target =
+      choose_spill_target(*policy, entry.info.bytes, [this](const std::string& peer) -> std::optional<peer::NodeState> {
+        auto state = peers_->node_state(peer);
+        if (!state) return state;
+        QuotaMark& mark = quota_marks_[peer];
+        if (mark.reported_left != state->spill_accept_left) mark = {state->spill_accept_left, 0};
+        state->spill_accept_left -= std::min(state->spill_accept_left, mark.sent_since);
+        return state;
+      });
   if (!target) {
     record["outcome"] = "no_target";
     record["reason"] = "no peer with accept_spill_bytes reported room for it";
@@ -168,6 +176,7 @@ void Spiller::spill(const Job& job) {
     record["outcome"] = "spilled";
     record["frame_bytes"] = frame.value().size();
     spill_bytes_.with({*target}).inc(static_cast<double>(frame.value().size()));
+    quota_marks_[*target].sent_since += entry.info.bytes;
   } else {
     record["outcome"] = "failed";
     record["error"] = pushed.error().to_string();

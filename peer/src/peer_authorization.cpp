@@ -82,14 +82,10 @@ bool authorize_fetch(const Policy& policy, const PeerGrant& grant, const kv_stor
   return false;
 }
 
-namespace {
-
 std::uint64_t spill_quota(const Policy& policy, const PeerGrant& grant) {
   const PeerPolicy* peer = grant.unrestricted ? nullptr : policy.find_peer(grant.peer_id);
   return peer != nullptr ? peer->accept_spill_bytes : 0;
 }
-
-}  // namespace
 
 Status authorize_spill(const Policy& policy, const PeerGrant& grant) {
   if (spill_quota(policy, grant) > 0) return ok();

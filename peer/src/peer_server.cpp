@@ -332,7 +332,10 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
       co_return allowed;
     }
   }
-  auto put = shared->store->put(header.key, std::move(entry).value());
+  // A spill's quota is checked again as it is filed: concurrent spills from one peer cannot overshoot.
+  auto put = spill ? shared->store->put_spilled(header.key, std::move(entry).value(), spill_quota(*policy, *grant))
+                   : shared->store->put(header.key, std::move(entry).value());
+  if (!put && put.error().code == ErrorCode::kResourceExhausted && spill) count_refused(shared, "spill");
   if (!put && put.error().code != ErrorCode::kAlreadyExists) co_return put;
   {
     const std::lock_guard lock(shared->mutex);

@@ -329,3 +329,32 @@ TEST_CASE("victims the sink does not want, and peers' spills, are dropped", "[kv
   put(*store, 5);
   CHECK(store->stats().stubs == 0);
 }
+
+TEST_CASE("a peer's spills are filed within its quota, checked as they are filed", "[kv_store][spill][unit]") {
+  InMemoryEntryStore store(16 * kEvictEntryBytes);
+  const auto spilled = [](const std::string& peer) {
+    auto entry = share_entry(*evict_entry(kEvictBlockTokens));
+    REQUIRE(entry);
+    entry.value()->origin = EntryOrigin::kSpilledIn;
+    entry.value()->spilled_from = peer;
+    return std::shared_ptr<const StoredEntry>(std::move(entry).value());
+  };
+  const std::uint64_t quota = 2 * kEvictEntryBytes;
+  REQUIRE(store.put_spilled(key_of(1), spilled("node-a"), quota));
+  REQUIRE(store.put_spilled(key_of(2), spilled("node-a"), quota));
+  // A third is over node-a's quota; node-b's spills count apart.
+  const auto over = store.put_spilled(key_of(3), spilled("node-a"), quota);
+  REQUIRE_FALSE(over);
+  CHECK(over.error().code == ErrorCode::kResourceExhausted);
+  CHECK_FALSE(store.get(key_of(3)));
+  REQUIRE(store.put_spilled(key_of(3), spilled("node-b"), quota));
+  // The same key spilled again replaces the old copy without counting it twice.
+  REQUIRE(store.put_spilled(key_of(2), spilled("node-a"), quota));
+  CHECK(store.spilled_in_bytes("node-a") == quota);
+  // This node's own entry under a key is never replaced by a spill.
+  put(store, 9);
+  const auto own = store.put_spilled(key_of(9), spilled("node-b"), quota);
+  REQUIRE_FALSE(own);
+  CHECK(own.error().code == ErrorCode::kAlreadyExists);
+  CHECK(store.get(key_of(9))->origin == EntryOrigin::kPublished);
+}

@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "kvrelay/broker/decision_log.h"
 #include "kvrelay/broker/peer_links.h"
@@ -69,6 +70,14 @@ class Spiller final : public kv_store::SpillSink {
   metrics::Family<metrics::Counter>& spills_;       // {peer, outcome}
   metrics::Family<metrics::Counter>& spill_bytes_;  // {peer}: encoded bytes pushed
   std::atomic<std::uint64_t> in_flight_bytes_{0};
+  // What this spiller pushed each peer since the quota its summary last reported changed (a
+  // summary comes each peer_summary_interval; spills between two must not all assume the old
+  // room). The spill thread's alone.
+  struct QuotaMark {
+    std::uint64_t reported_left = 0;
+    std::uint64_t sent_since = 0;
+  };
+  std::unordered_map<std::string, QuotaMark> quota_marks_;
 
   std::mutex mutex_;
   std::condition_variable wake_;

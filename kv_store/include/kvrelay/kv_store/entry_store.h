@@ -114,6 +114,13 @@ class EntryStore {
   [[nodiscard]] virtual std::vector<Stub> stubs(std::size_t /*limit*/) { return {}; }
   // Bytes of the entries `peer` spilled here that the store holds now (its accept_spill_bytes quota).
   [[nodiscard]] virtual std::uint64_t spilled_in_bytes(std::string_view /*peer*/) { return 0; }
+  // Files an entry a peer spilled here (origin kSpilledIn, spilled_from its id) only if that
+  // peer's spills, this one included and any it replaces excluded, stay within `quota` bytes
+  // (kResourceExhausted otherwise); checked and filed as one step, so concurrent spills cannot
+  // overshoot. An entry of this node's own under the key is never replaced by a spill
+  // (kAlreadyExists). Stores that cannot count check as well as they can.
+  [[nodiscard]] virtual Status put_spilled(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
+                                           std::uint64_t quota);
 };
 
 // A byte-budgeted map; when a put would exceed the budget, or a block does not fit the arena,
@@ -143,6 +150,8 @@ class InMemoryEntryStore final : public EntryStore {
                                                  std::span<const std::uint64_t> hashes) override;
   [[nodiscard]] std::vector<Stub> stubs(std::size_t limit) override;
   [[nodiscard]] std::uint64_t spilled_in_bytes(std::string_view peer) override;
+  [[nodiscard]] Status put_spilled(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
+                                   std::uint64_t quota) override;
 
  private:
   struct Slot {

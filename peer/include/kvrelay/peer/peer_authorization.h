@@ -49,6 +49,8 @@ struct PeerGrant {
 // A spill from the peer (issue #27), before any of it is read: the peer's policy entry here has
 // accept_spill_bytes. Spills always need that quota: an unrestricted grant has none.
 [[nodiscard]] Status authorize_spill(const Policy& policy, const PeerGrant& grant);
+// The peer's accept_spill_bytes here (0: none; always 0 for an unrestricted grant).
+[[nodiscard]] std::uint64_t spill_quota(const Policy& policy, const PeerGrant& grant);
 // The spilled entry, decoded and not yet filed: the peer could fetch it back (authorize_fetch),
 // and with the `held` bytes of its spills this store holds it stays within accept_spill_bytes.
 [[nodiscard]] Status authorize_spilled_entry(const Policy& policy, const PeerGrant& grant,
