@@ -225,7 +225,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   // A prefetched source: a peer sent it ahead on its publish (issue #27). Read before any slicing.
   const bool prefetched_source = plan.held && plan.held.entry->origin == kv_store::EntryOrigin::kPrefetched;
   // A longer entry of this prompt was spilled: the peer holding it is asked first.
-  const auto stub = plan.ask_peers ? store_->longest_stub(request.model_id, request.block_hashes) : std::nullopt;
+  // (Only past the held prefix: those are the blocks the fetch asks for.)
+  const auto stub =
+      plan.ask_peers ? store_->longest_stub(request.model_id, std::span(request.block_hashes).subspan(plan.held.blocks))
+                     : std::nullopt;
   if (stub) {
     record["stub"] = {{"peer", stub->peer}, {"tokens", stub->tokens}, {"fidelity", fidelity_json(stub->fidelity)}};
   }
@@ -264,6 +267,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
     if (stub) inputs.prefer_peer = stub->peer;
     FetchOutcome fetched = fetch_missing(*fetcher_, inputs);
     record["fetch"] = std::move(fetched.attempts);
+    if (stub && stub_gone(*stub, record["fetch"], plan)) {
+      (void)store_->forget_stub(stub->key);
+      record["stub"]["forgotten"] = true;
+    }
     if (fetched.fetched) {
       FetchedKv& kv = *fetched.fetched;
       record_fetched(metrics_, kv, choice.medium, plan.codec, route->id);
@@ -520,6 +527,17 @@ void KvPath::push_one(PushJob& job) {
 
 KvPath::StoreTraffic KvPath::store_traffic() const {
   return {prefetches_sent_.load(), prefetch_hits_.load(), fetch_backs_.load(), next_agents_ignored_.load()};
+}
+
+bool KvPath::stub_gone(const kv_store::Stub& stub, const json& attempts, const LookupPlan& plan) const {
+  // Its peer said it holds none of the chain, to a lookup that asked with the codec the entry went
+  // with (or any lossless one for a lossless spill) and no product floor: the entry is gone there.
+  const bool lossless_spill = !stub.codec.empty() && codec::fidelity_of(*codecs_, stub.codec).is_exact();
+  const bool same_kind = stub.codec == plan.codec || (lossless_spill && plan.lossless);
+  if (!same_kind || plan.min_fidelity_product > 0.0) return false;
+  return std::any_of(attempts.begin(), attempts.end(), [&](const json& attempt) {
+    return attempt.value("peer", "") == stub.peer && attempt.value("result", "") == "holds none";
+  });
 }
 
 Result<std::uint64_t> KvPath::send_push(const PushJob& job, std::uint64_t skip_tokens, const Policy& policy) {

@@ -185,12 +185,12 @@ void Spiller::spill(const Job& job) {
   }
   spills_.with({*target, pushed ? "spilled" : "failed"}).inc();
   log_.record(std::move(record));
-  finish(job, *target, static_cast<bool>(pushed));
+  finish(job, *target, static_cast<bool>(pushed), codec.value_or(""));
 }
 
-void Spiller::finish(const Job& job, const std::string& peer, bool ok) {
+void Spiller::finish(const Job& job, const std::string& peer, bool ok, const std::string& codec) {
   in_flight_bytes_.fetch_sub(job.entry->info.bytes);
-  store_->spill_done(job.key, peer, ok);
+  store_->spill_done(job.key, peer, ok, codec);
 }
 
 }  // namespace kvrelay::broker

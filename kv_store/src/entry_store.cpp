@@ -125,7 +125,7 @@ void InMemoryEntryStore::evict_locked(Entries::iterator found, SpillSink* sink, 
       stubs_.erase(stub_order_.back());
       stub_order_.pop_back();
     }
-    stubs_.emplace(key, Stub{key, {}, entry->fidelity, entry->info.bytes, entry->info.layout.tokens, true});
+    stubs_.emplace(key, Stub{key, {}, entry->fidelity, {}, entry->info.bytes, entry->info.layout.tokens, true});
     stub_order_.push_front(key);
     spills.push_back({key, entry});
   }
@@ -305,12 +305,22 @@ void InMemoryEntryStore::set_spill_sink(std::weak_ptr<SpillSink> sink) {
   spill_sink_ = std::move(sink);
 }
 
-void InMemoryEntryStore::spill_done(const EntryKey& key, const std::string& peer, bool ok) {
+bool InMemoryEntryStore::forget_stub(const EntryKey& key) {
+  std::lock_guard lock(mutex_);
+  const auto found = stubs_.find(key);
+  if (found == stubs_.end()) return false;
+  stub_order_.remove(key);
+  stubs_.erase(found);
+  return true;
+}
+
+void InMemoryEntryStore::spill_done(const EntryKey& key, const std::string& peer, bool ok, const std::string& codec) {
   std::lock_guard lock(mutex_);
   const auto found = stubs_.find(key);
   if (found == stubs_.end() || !found->second.in_flight) return;  // cleared, or the entry came back
   if (ok) {
     found->second.peer = peer;
+    found->second.codec = codec;
     found->second.in_flight = false;
     ++spills_;
     return;

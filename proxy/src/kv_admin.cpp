@@ -62,6 +62,7 @@ nlohmann::json kv_store_json(kv_store::EntryStore& store, std::size_t limit) {
                      {"key", fmt::format("{:016x}", stub.key.context_hash)},
                      {"peer", stub.in_flight ? nlohmann::json() : nlohmann::json(stub.peer)},
                      {"in_flight", stub.in_flight},
+                     {"codec", stub.codec},
                      {"bytes", stub.bytes},
                      {"tokens", stub.tokens},
                      {"fidelity", listing_fidelity(stub.fidelity)}});

@@ -239,6 +239,21 @@ TEST_CASE("spill: a store victim worth keeping goes to a peer and comes back on 
     CHECK(decision_of(a, "lookup", "local")["outcome"] == "hit_local");
   }
 
+  SECTION("a stub whose peer no longer holds the entry is forgotten") {
+    worker.publish(1, writer);
+    for (int read = 0; read < 3; ++read)
+      REQUIRE(worker.look_up(1, lookup("raw", "warm" + std::to_string(read))));
+    worker.publish(2, writer);
+    REQUIRE(wait_until([&] { return get_json(a, "/admin/kv")["spill"]["spills"] == 1; }, std::chrono::seconds(10)));
+    CHECK(get_json(a, "/admin/kv")["stubs"][0]["codec"] == "lossless");
+    REQUIRE(admin_request(b.admin_port(), "DELETE", "/admin/kv").status == 200);  // B drops it
+    CHECK_FALSE(worker.look_up(1, lookup("raw", "lost")));
+    const auto record = decision_of(a, "lookup", "lost");
+    INFO(record.dump(2));
+    CHECK(record["stub"]["forgotten"] == true);
+    CHECK(get_json(a, "/admin/kv")["spill"]["stubs"] == 0);
+  }
+
   SECTION("a lossy spill comes back lossy, and never answers a lossless lookup") {
     a_policy["kv_store"]["spill_medium"] = "kv_int8";
     a.reload(a_policy);

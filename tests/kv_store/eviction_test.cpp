@@ -283,10 +283,11 @@ TEST_CASE("budget victims the sink wants become stubs until their spill ends", "
   CHECK_FALSE(store->longest_stub(kEvictModel, hashes));  // in flight: nowhere to fetch it yet
 
   SECTION("a spill that ends well points the stub at its peer") {
-    store->spill_done(key_of(1), "node-b", true);
+    store->spill_done(key_of(1), "node-b", true, "int8");
     const auto stub = store->longest_stub(kEvictModel, hashes);
     REQUIRE(stub);
     CHECK(stub->peer == "node-b");
+    CHECK(stub->codec == "int8");
     CHECK(stub->bytes == kEvictEntryBytes);
     CHECK(store->stats().spills == 1);
     CHECK(store->stats().spilling_bytes == 0);
@@ -294,6 +295,13 @@ TEST_CASE("budget victims the sink wants become stubs until their spill ends", "
     put(*store, 1);
     CHECK_FALSE(store->longest_stub(kEvictModel, hashes));
     CHECK(store->stats().stubs <= 1);  // 1's put may have spilled another victim
+  }
+  SECTION("a stub whose peer lost the entry is forgotten") {
+    store->spill_done(key_of(1), "node-b", true, "lossless");
+    CHECK(store->forget_stub(key_of(1)));
+    CHECK_FALSE(store->forget_stub(key_of(1)));
+    CHECK_FALSE(store->longest_stub(kEvictModel, hashes));
+    CHECK(store->stats().stubs == 0);
   }
   SECTION("a spill that fails leaves no stub: the victim is gone") {
     store->spill_done(key_of(1), "node-b", false);

@@ -40,6 +40,7 @@
 namespace kvrelay::broker {
 
 class Fetcher;
+struct LookupPlan;
 
 class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
  public:
@@ -122,6 +123,9 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   // One queued push or prefetch: only the blocks the destination's summary does not list, the
   // whole entry again if it answers that the prefix is gone; recorded and counted.
   void push_one(PushJob& job);
+  // Whether a lookup's fetch attempts show that the stub's peer no longer holds the spilled entry.
+  [[nodiscard]] bool stub_gone(const kv_store::Stub& stub, const nlohmann::json& attempts,
+                               const LookupPlan& plan) const;
   // Encodes the entry after `skip_tokens` with the job's codec and pushes it; the frame's bytes.
   [[nodiscard]] Result<std::uint64_t> send_push(const PushJob& job, std::uint64_t skip_tokens, const Policy& policy);
   // A publish's entry sent ahead on `route` to `to`'s node: pushed (the route says push) or

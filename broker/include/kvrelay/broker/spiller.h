@@ -60,7 +60,7 @@ class Spiller final : public kv_store::SpillSink {
   };
   void run();
   void spill(const Job& job);
-  void finish(const Job& job, const std::string& peer, bool ok);
+  void finish(const Job& job, const std::string& peer, bool ok, const std::string& codec = {});
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<kv_store::EntryStore> store_;

@@ -103,7 +103,10 @@ class EntryStore {
 
   // Spill (issue #27). The sink ends a spill it took: `peer` holds the entry now (ok), or the
   // push failed and the victim is gone (an eviction). Stores that do not spill ignore it.
-  virtual void spill_done(const EntryKey& /*key*/, const std::string& /*peer*/, bool /*ok*/) {}
+  virtual void spill_done(const EntryKey& /*key*/, const std::string& /*peer*/, bool /*ok*/,
+                          const std::string& /*codec*/ = {}) {}
+  // Drops the stub under `key` (its peer no longer holds the entry); false when there is none.
+  virtual bool forget_stub(const EntryKey& /*key*/) { return false; }
   // The stub of the longest chain among `hashes` (block 0 first) of `model_id` whose spill has
   // ended, if an entry filed under one of them was spilled.
   [[nodiscard]] virtual std::optional<Stub> longest_stub(std::uint64_t /*model_id*/,
@@ -145,7 +148,8 @@ class InMemoryEntryStore final : public EntryStore {
   [[nodiscard]] std::vector<EntryListing> top(std::size_t limit) override;
   // Budget victims the sink wants are spilled through it (none while unset or expired).
   void set_spill_sink(std::weak_ptr<SpillSink> sink);
-  void spill_done(const EntryKey& key, const std::string& peer, bool ok) override;
+  void spill_done(const EntryKey& key, const std::string& peer, bool ok, const std::string& codec = {}) override;
+  bool forget_stub(const EntryKey& key) override;
   [[nodiscard]] std::optional<Stub> longest_stub(std::uint64_t model_id,
                                                  std::span<const std::uint64_t> hashes) override;
   [[nodiscard]] std::vector<Stub> stubs(std::size_t limit) override;

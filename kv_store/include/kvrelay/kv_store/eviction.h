@@ -85,6 +85,7 @@ struct Stub {
   EntryKey key;
   std::string peer;
   Fidelity fidelity;  // of the entry spilled; its spill medium's codec may add loss on the way
+  std::string codec;  // the codec it went with ("" while in flight)
   std::uint64_t bytes = 0;
   std::uint64_t tokens = 0;
   bool in_flight = true;
