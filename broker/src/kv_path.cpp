@@ -285,7 +285,6 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
       if (stub && kv.source == stub->peer) {
         record["fetch_back"] = true;
         metrics_.fetch_backs.with({route->id}).inc();
-        ++fetch_backs_;
       }
       peer_product = fetched_product(kv);
       entry = std::move(kv.entry);
@@ -340,7 +339,6 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   if (prefetched_source && from == "local") {
     record["prefetch_hit"] = true;
     metrics_.prefetch_hits.with({route != nullptr ? route->id : std::string()}).inc();
-    ++prefetch_hits_;
   }
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
   Fidelity fidelity = entry->fidelity;
@@ -381,10 +379,7 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
     const bool routed = std::any_of(policy->routes.begin(), policy->routes.end(), [&](const RoutePolicy& route) {
       return route.from_agent == published_context.agent && route.to_agent == next && route.enabled;
     });
-    if (!routed) {
-      metrics_.next_agents_ignored.with({}).inc();
-      ++next_agents_ignored_;
-    }
+    if (!routed) metrics_.next_agents_ignored.with({}).inc();
   }
 }
 
@@ -521,12 +516,25 @@ void KvPath::push_one(PushJob& job) {
     spdlog::warn("KV path: push on route {} to {} failed: {}", job.route, job.peer, sent.error().to_string());
   }
   outcomes.with({job.route, std::string(result)}).inc();
-  if (sent && job.purpose == peer::PushPurpose::kPrefetch) ++prefetches_sent_;
   log_.record(std::move(job.record));
 }
 
 KvPath::StoreTraffic KvPath::store_traffic() const {
-  return {prefetches_sent_.load(), prefetch_hits_.load(), fetch_backs_.load(), next_agents_ignored_.load()};
+  // Read from the metric families, which count the same events by route.
+  const auto total = [](const metrics::Family<metrics::Counter>& family, const auto& counted) {
+    std::uint64_t sum = 0;
+    family.for_each([&](const std::vector<std::string>& labels, const metrics::Counter& counter) {
+      if (counted(labels)) sum += static_cast<std::uint64_t>(counter.value());
+    });
+    return sum;
+  };
+  const auto any = [](const std::vector<std::string>&) { return true; };
+  // {route, result}: the results that sent the entry.
+  const auto sent = [](const std::vector<std::string>& labels) {
+    return labels.size() == 2 && (labels[1] == "pushed" || labels[1] == "delta" || labels[1] == "delta_retry_full");
+  };
+  return {total(metrics_.prefetches, sent), total(metrics_.prefetch_hits, any), total(metrics_.fetch_backs, any),
+          total(metrics_.next_agents_ignored, any)};
 }
 
 bool KvPath::stub_gone(const kv_store::Stub& stub, const json& attempts, const LookupPlan& plan) const {
@@ -541,25 +549,15 @@ bool KvPath::stub_gone(const kv_store::Stub& stub, const json& attempts, const L
 }
 
 Result<std::uint64_t> KvPath::send_push(const PushJob& job, std::uint64_t skip_tokens, const Policy& policy) {
-  const auto started = Clock::now();
   const kv_store::StoredEntry& entry = *job.entry;
-  // A whole entry is encoded as stored; a delta, only the tokens after skip_tokens.
-  std::vector<std::uint8_t> whole;
-  std::optional<peer::EncodedFetch> delta;
-  std::span<const std::uint8_t> frame;
-  std::uint64_t raw_bytes = entry.info.bytes;
-  if (skip_tokens == 0) {
-    KVRELAY_TRY(whole, encode_entry(*codecs_, job.codec, entry));
-    frame = whole;
-  } else {
-    KVRELAY_TRY(const auto spec, codec::resolve_codec(*codecs_, job.codec));
-    KVRELAY_TRY(const auto view, kv_store::view_entry(entry));
-    KVRELAY_TRY(delta, peer::encode_for_fetch(entry.info.layout, view.bytes(), skip_tokens, spec, peers_->buffers()));
-    frame = delta->frame();
-    raw_bytes = delta->raw_bytes;
-  }
-  observe_codec(job.codec, entry.info.layout.dtype, raw_bytes, frame.size(),
-                std::chrono::duration<double>(Clock::now() - started).count(), std::nullopt);
+  // The tokens after skip_tokens (all of them for a whole entry), encoded as a fetch reply is.
+  KVRELAY_TRY(const auto spec, codec::resolve_codec(*codecs_, job.codec));
+  KVRELAY_TRY(const auto view, kv_store::view_entry(entry));
+  KVRELAY_TRY(const auto encoded,
+              peer::encode_for_fetch(entry.info.layout, view.bytes(), skip_tokens, spec, peers_->buffers()));
+  const auto frame = encoded.frame();
+  const std::uint64_t raw_bytes = encoded.raw_bytes;
+  observe_codec(job.codec, entry.info.layout.dtype, raw_bytes, frame.size(), encoded.encode_seconds, std::nullopt);
   // The push carries the entry's fidelity product times its codec's factor (issue #27).
   peer::PushOptions options;
   options.route = job.route;
@@ -572,11 +570,7 @@ Result<std::uint64_t> KvPath::send_push(const PushJob& job, std::uint64_t skip_t
   KVRELAY_TRY(peers_->push(job.peer, options, std::random_device{}(), job.key, *entry.chain, frame,
                            policy.limits.read_timeout));
   // The link to the destination, as a fetch from it feeds it: the time the link was busy with it.
-  if (busy.count() > 0) {
-    std::lock_guard lock(engine_mutex_);
-    if (engine_)
-      feed_link(*engine_, job.peer, static_cast<double>(frame.size()), std::chrono::duration<double>(busy).count());
-  }
+  if (busy.count() > 0) observe_peer_transfer(job.peer, frame.size(), std::chrono::duration<double>(busy).count());
   metrics_.wire_bytes.with({"pushed", job.medium, job.codec}).inc(static_cast<double>(frame.size()));
   metrics_.raw_bytes.with({"pushed", job.medium}).inc(static_cast<double>(raw_bytes));
   return static_cast<std::uint64_t>(frame.size());

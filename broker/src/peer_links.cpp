@@ -321,15 +321,22 @@ std::optional<peer::LinkEstimate> PeerLinks::estimate(const std::string& peer_id
   return estimator_->estimate(node);
 }
 
+std::optional<std::pair<std::size_t, double>> PeerLinks::listed_prefix(const PeerState& state, std::uint64_t model_id,
+                                                                       std::span<const std::uint64_t> keys) {
+  for (std::size_t blocks = keys.size(); blocks > 0; --blocks) {
+    if (const auto found = state.held.find(kv_store::EntryKey{model_id, keys[blocks - 1]}); found != state.held.end())
+      return std::pair{blocks, found->second};
+  }
+  return std::nullopt;
+}
+
 std::size_t PeerLinks::held_prefix_blocks(const std::string& peer_id, std::uint64_t model_id,
                                           std::span<const std::uint64_t> keys) const {
   std::lock_guard lock(mutex_);
   const auto found = peers_.find(peer_id);
   if (found == peers_.end()) return 0;
-  for (std::size_t blocks = keys.size(); blocks > 0; --blocks) {
-    if (found->second->held.contains(kv_store::EntryKey{model_id, keys[blocks - 1]})) return blocks;
-  }
-  return 0;
+  const auto listed = listed_prefix(*found->second, model_id, keys);
+  return listed ? listed->first : 0;
 }
 
 std::optional<PeerLinks::HeldElsewhere> PeerLinks::longest_held(std::uint64_t model_id,
@@ -337,14 +344,11 @@ std::optional<PeerLinks::HeldElsewhere> PeerLinks::longest_held(std::uint64_t mo
   std::optional<HeldElsewhere> best;
   std::lock_guard lock(mutex_);
   for (const auto& [id, state] : peers_) {
-    for (std::size_t blocks = hashes.size(); blocks > 0; --blocks) {
-      if (best && blocks < best->blocks) break;
-      const auto found = state->held.find(kv_store::EntryKey{model_id, hashes[blocks - 1]});
-      if (found == state->held.end()) continue;
-      if (!best || blocks > best->blocks || found->second > best->product)
-        best = HeldElsewhere{blocks, found->second, id};
-      break;
-    }
+    const auto listed = listed_prefix(*state, model_id, hashes);
+    if (!listed) continue;
+    const auto [blocks, product] = *listed;
+    if (!best || blocks > best->blocks || (blocks == best->blocks && product > best->product))
+      best = HeldElsewhere{blocks, product, id};
   }
   return best;
 }

@@ -19,12 +19,6 @@ std::string key_hex(const kv_store::EntryKey& key) {
   return fmt::format("{:016x}:{:016x}", key.model_id, key.context_hash);
 }
 
-bool any_spill_peer(const Policy& policy) {
-  for (const auto& peer : policy.peers)
-    if (peer.accept_spill_bytes > 0) return true;
-  return false;
-}
-
 }  // namespace
 
 std::optional<std::string> choose_spill_target(
@@ -90,7 +84,7 @@ bool Spiller::wants(const kv_store::EntryKey& /*key*/, const kv_store::StoredEnt
   // Without a utility (LRU eviction) every victim qualifies; a peer checks a spill's token ids,
   // so KV published without them stays here.
   if (utility && *utility < settings.spill_min_utility) return false;
-  if (!entry.chain || entry.info.layout.layers == 0 || !any_spill_peer(*policy)) return false;
+  if (!entry.chain || entry.info.layout.layers == 0 || !policy->any_peer_accepts_spills()) return false;
   // Lossy KV through a lossless codec would be filed as exact at the peer: such victims go.
   const auto codec = codec_for_medium(settings.spill_medium);
   if (!codec || (!entry.fidelity.is_exact() && codec::fidelity_of(*codecs_, *codec).is_exact())) return false;

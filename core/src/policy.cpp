@@ -113,6 +113,10 @@ const RoutePolicy* Policy::find_route(std::string_view id) const noexcept {
   return found == routes.end() ? nullptr : &*found;
 }
 
+bool Policy::any_peer_accepts_spills() const noexcept {
+  return std::any_of(peers.begin(), peers.end(), [](const PeerPolicy& peer) { return peer.accept_spill_bytes > 0; });
+}
+
 const PeerPolicy* Policy::find_peer(std::string_view id) const noexcept {
   const auto found = std::find_if(peers.begin(), peers.end(), [&](const auto& p) { return p.id == id; });
   return found == peers.end() ? nullptr : &*found;

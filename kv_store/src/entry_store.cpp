@@ -37,21 +37,20 @@ std::vector<EntryKey> indexed_prefix_keys(const EntryKey& key, const StoredEntry
 
 }  // namespace
 
-Status EntryStore::put_spilled(const EntryKey& key, std::shared_ptr<const StoredEntry> entry, std::uint64_t quota) {
-  if (!entry) return fail(ErrorCode::kInvalidArgument, "null entry");
-  const std::uint64_t held = spilled_in_bytes(entry->spilled_from);
-  if (held > quota || entry->info.bytes > quota - held) {
-    return fail(ErrorCode::kResourceExhausted,
-                fmt::format("spills from {} here hold {} of its {} bytes; {} more do not fit", entry->spilled_from,
-                            held, quota, entry->info.bytes));
-  }
-  return put(key, std::move(entry));
+Status EntryStore::put_spilled(const EntryKey& /*key*/, std::shared_ptr<const StoredEntry> /*entry*/,
+                               std::uint64_t /*quota*/) {
+  return fail(ErrorCode::kUnsupported, "this store keeps no peers' spills");
 }
 
 InMemoryEntryStore::InMemoryEntryStore(std::uint64_t byte_budget, std::unique_ptr<EvictionPolicy> eviction)
     : budget_(byte_budget), eviction_(eviction ? std::move(eviction) : std::make_unique<LruEviction>()) {}
 
 Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const StoredEntry> entry) {
+  return put_admitted(key, std::move(entry), {});
+}
+
+Status InMemoryEntryStore::put_admitted(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
+                                        const std::function<Status(const StoredEntry&)>& admit) {
   if (!entry) return fail(ErrorCode::kInvalidArgument, "null entry");
   const auto prefix_keys = indexed_prefix_keys(key, *entry);  // hashed before the lock is taken
   const auto sink = spill_sink_.lock();                       // held past the lock: offered below
@@ -59,7 +58,8 @@ Status InMemoryEntryStore::put(const EntryKey& key, std::shared_ptr<const Stored
   Status filed = ok();
   {
     std::lock_guard lock(mutex_);
-    filed = put_locked(key, std::move(entry), prefix_keys, sink.get(), spills);
+    filed = admit ? admit(*entry) : ok();
+    if (filed) filed = put_locked(key, std::move(entry), prefix_keys, sink.get(), spills);
   }
   for (auto& spill : spills)
     sink->offer(spill.key, std::move(spill.entry));
@@ -332,35 +332,26 @@ void InMemoryEntryStore::spill_done(const EntryKey& key, const std::string& peer
 
 Status InMemoryEntryStore::put_spilled(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
                                        std::uint64_t quota) {
-  if (!entry) return fail(ErrorCode::kInvalidArgument, "null entry");
-  const auto prefix_keys = indexed_prefix_keys(key, *entry);
-  const auto sink = spill_sink_.lock();
-  std::vector<Spill> spills;
-  Status filed = ok();
-  {
-    std::lock_guard lock(mutex_);
+  return put_admitted(key, std::move(entry), [&](const StoredEntry& spilled) -> Status {
     std::uint64_t replaced = 0;
     if (const auto found = entries_.find(key); found != entries_.end()) {
       const StoredEntry& held = *found->second.entry;
-      if (held.origin != EntryOrigin::kSpilledIn || held.spilled_from != entry->spilled_from) {
+      if (held.origin != EntryOrigin::kSpilledIn || held.spilled_from != spilled.spilled_from) {
         return fail(ErrorCode::kAlreadyExists,
                     "this node holds its own entry under that key: a spill does not "
                     "replace it");
       }
       replaced = held.info.bytes;
     }
-    const auto counted = spilled_in_.find(entry->spilled_from);
+    const auto counted = spilled_in_.find(spilled.spilled_from);
     const std::uint64_t held = (counted != spilled_in_.end() ? counted->second : 0) - replaced;
-    if (held > quota || entry->info.bytes > quota - held) {
+    if (held > quota || spilled.info.bytes > quota - held) {
       return fail(ErrorCode::kResourceExhausted,
-                  fmt::format("spills from {} here hold {} of its {} bytes; {} more do not fit", entry->spilled_from,
-                              held, quota, entry->info.bytes));
+                  fmt::format("spills from {} here hold {} of its {} bytes; {} more do not fit", spilled.spilled_from,
+                              held, quota, spilled.info.bytes));
     }
-    filed = put_locked(key, std::move(entry), prefix_keys, sink.get(), spills);
-  }
-  for (auto& spill : spills)
-    sink->offer(spill.key, std::move(spill.entry));
-  return filed;
+    return ok();
+  });
 }
 
 std::optional<Stub> InMemoryEntryStore::longest_stub(std::uint64_t model_id, std::span<const std::uint64_t> hashes) {

@@ -94,20 +94,12 @@ Status authorize_spill(const Policy& policy, const PeerGrant& grant) {
                           policy.node_id));
 }
 
-Status authorize_spilled_entry(const Policy& policy, const PeerGrant& grant, const kv_store::StoredEntry& entry,
-                               std::uint64_t held) {
+Status authorize_spilled_entry(const Policy& policy, const PeerGrant& grant, const kv_store::StoredEntry& entry) {
   KVRELAY_TRY(authorize_spill(policy, grant));
   if (!authorize_fetch(policy, grant, entry)) {
     return fail(ErrorCode::kPermissionDenied,
                 fmt::format("spill from peer {} refused: none of its agents uses this entry's model and tenant",
                             grant.peer_id));
-  }
-  const std::uint64_t quota = spill_quota(policy, grant);
-  if (held > quota || entry.info.bytes > quota - held) {
-    return fail(ErrorCode::kResourceExhausted,
-                fmt::format("spill from peer {} refused: its spills here hold {} of its accept_spill_bytes {}; "
-                            "{} more do not fit",
-                            grant.peer_id, held, quota, entry.info.bytes));
   }
   return ok();
 }

@@ -322,20 +322,23 @@ asio::awaitable<Status> receive_pushed(const SharedPtr& shared, PeerConnection& 
   entry.value()->chain = std::make_shared<const kv_store::EntryChain>(header.chain);
   entry.value()->origin = stored_origin(header.purpose);
   if (spill) {
-    // Held for the sender, within what this node's policy lets its spills take here.
+    // Held for the sender: session_body refused spills before reading them without a policy.
     entry.value()->spilled_from = session.peer_id;
-    auto allowed = grant ? authorize_spilled_entry(*policy, *grant, *entry.value(),
-                                                   shared->store->spilled_in_bytes(session.peer_id))
-                         : fail(ErrorCode::kPermissionDenied, "spill refused: this sidecar has no policy");
-    if (!allowed) {
+    if (auto allowed = authorize_spilled_entry(*policy, *grant, *entry.value()); !allowed) {
       count_refused(shared, "spill");  // decoded, never filed
       co_return allowed;
     }
   }
-  // A spill's quota is checked again as it is filed: concurrent spills from one peer cannot overshoot.
-  auto put = spill ? shared->store->put_spilled(header.key, std::move(entry).value(), spill_quota(*policy, *grant))
+  // A spill is filed only within the sender's quota, checked in the same step.
+  const std::uint64_t quota = spill ? spill_quota(*policy, *grant) : 0;
+  auto put = spill ? shared->store->put_spilled(header.key, std::move(entry).value(), quota)
                    : shared->store->put(header.key, std::move(entry).value());
-  if (!put && put.error().code == ErrorCode::kResourceExhausted && spill) count_refused(shared, "spill");
+  if (!put && put.error().code == ErrorCode::kResourceExhausted && spill) {
+    count_refused(shared, "spill");
+    co_return fail(ErrorCode::kResourceExhausted,
+                   fmt::format("spill from peer {} refused: {} (its accept_spill_bytes {})", session.peer_id,
+                               put.error().message, quota));
+  }
   if (!put && put.error().code != ErrorCode::kAlreadyExists) co_return put;
   {
     const std::lock_guard lock(shared->mutex);
@@ -397,6 +400,13 @@ NodeState node_state(const SharedPtr& shared, const Session& session) {
   {
     const std::lock_guard lock(shared->mutex);
     state.queued_transfers = shared->counters.active_transfers + shared->active_fetches;
+  }
+  // What the asker may still spill here: its quota less its spills this store holds.
+  std::shared_ptr<const Policy> policy;
+  if (const auto grant = session_grant(shared, session, policy)) {
+    const std::uint64_t quota = spill_quota(*policy, *grant);
+    const std::uint64_t held = shared->store->spilled_in_bytes(session.peer_id);
+    state.spill_accept_left = quota > held ? quota - held : 0;
   }
   if (options.node_state) options.node_state(session.peer_id, state);
   return state;

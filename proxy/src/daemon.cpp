@@ -313,17 +313,10 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.codec_factor = codec_factor;
     peer_options.store_budget_bytes = policy->limits.kv_store_bytes;
     peer_options.gate = link_queues;
-    // What each peer may still spill here: its accept_spill_bytes less its spills this store holds.
-    peer_options.node_state = [runtime_policy, entry_store, link_queues](std::string_view peer_id,
-                                                                         peer::NodeState& reported) {
-      const auto current = runtime_policy->current();
-      // The link toward the asker: its configured rate, and what went to it since the last summary.
-      reported.link_bytes_per_s = static_cast<std::uint64_t>(current->scheduler.link_bytes_per_s);
+    // The link toward the asker: its configured rate, and what went to it since the last summary.
+    peer_options.node_state = [runtime_policy, link_queues](std::string_view peer_id, peer::NodeState& reported) {
+      reported.link_bytes_per_s = static_cast<std::uint64_t>(runtime_policy->current()->scheduler.link_bytes_per_s);
       if (link_queues) reported.sent_bytes_per_s = link_queues->sent_bytes_per_s(std::string(peer_id));
-      const PeerPolicy* peer = current->find_peer(peer_id);
-      const std::uint64_t quota = peer != nullptr ? peer->accept_spill_bytes : 0;
-      const std::uint64_t held = entry_store->spilled_in_bytes(peer_id);
-      reported.spill_accept_left = quota > held ? quota - held : 0;
     };
     peer_server = std::make_unique<peer::PeerServer>(io, peer_options, entry_store);
     if (auto listening = peer_server->listen(*policy->listen.peer); !listening) {

@@ -184,9 +184,8 @@ MemoryBudget memory_budget(const Policy& policy) {
   const unsigned peer_pools = (policy.listen.peer ? 1U : 0U) + (policy.peers.empty() ? 0U : 1U);
   charge("/limits/peer_buffer_bytes", policy.limits.peer_buffer_bytes, peer_pools);
   // Victims waiting for their spill push are out of the budget but still in memory.
-  const bool spills = std::any_of(policy.peers.begin(), policy.peers.end(),
-                                  [](const PeerPolicy& peer) { return peer.accept_spill_bytes > 0; });
-  charge("/kv_store/spill_inflight_bytes", policy.kv_store.spill_inflight_bytes, spills ? 1 : 0);
+  charge("/kv_store/spill_inflight_bytes", policy.kv_store.spill_inflight_bytes,
+         policy.any_peer_accepts_spills() ? 1 : 0);
   // The parser bounds each key (2^50 at most), so the sum cannot overflow.
   budget.total = kMemoryHeadroomBytes;
   for (const auto& each : budget.charges)

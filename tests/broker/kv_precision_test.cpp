@@ -17,25 +17,13 @@
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/shm_transport/client.h"
 
+#include "support/hop_chain.h"
 #include "support/kv_path_fixture.h"
 
 using namespace kvrelay::test;
 using nlohmann::json;
 
 namespace {
-
-constexpr std::uint32_t kHopBlockTokens = 16;
-// Each agent's prompt adds 12 blocks: more than the int8 codec keeps exact (its first 4 and last
-// 128 tokens), so int8 KV of a1's prompt differs from a1's bytes.
-constexpr std::uint32_t kStepBlocks = 12;
-constexpr std::uint64_t kPromptStep = std::uint64_t{kStepBlocks} * kHopBlockTokens;
-
-std::string agent_name(int index) {
-  return "a" + std::to_string(index);
-}
-std::string route_into(int index) {
-  return agent_name(index - 1) + "-" + agent_name(index);
-}
 
 json chain_policy(const Sidecar& sidecar) {
   json agents = json::array();
@@ -52,36 +40,6 @@ json chain_policy(const Sidecar& sidecar) {
   json policy = sidecar_policy(sidecar, agents, routes);
   policy["cost_model"] = {{"media", {{"kv_int8", {{"fidelity", 0.9}}}}}};
   return policy;
-}
-
-// One conversation's token ids; agent i's prompt is its first i * kPromptStep.
-std::vector<kvrelay::TokenId> conversation_ids(std::uint64_t count) {
-  std::vector<kvrelay::TokenId> ids(count);
-  for (std::uint64_t index = 0; index < count; ++index)
-    ids[index] = static_cast<kvrelay::TokenId>(3 + (index * 37 + 11) % 500);
-  return ids;
-}
-
-// KV a worker computed: distinct, int8-unfriendly floats per agent (so int8 cannot round-trip them).
-std::vector<float> worker_kv(const kvrelay::KvLayout& layout, int agent) {
-  std::vector<float> kv(layout.total_bytes().value() / sizeof(float));
-  for (std::size_t index = 0; index < kv.size(); ++index)
-    kv[index] = std::sin(0.37F * static_cast<float>(index) + static_cast<float>(agent)) * 3.1F;
-  return kv;
-}
-
-std::vector<std::byte> entry_bytes(const kvrelay::shm::ReadOnlyEntry& entry) {
-  std::vector<std::byte> bytes(entry.info.bytes);
-  REQUIRE(entry.read(0, bytes).has_value());
-  return bytes;
-}
-
-json lookup_of(const Sidecar& sidecar, const std::string& request_id) {
-  for (const auto& record : sidecar.decisions(32)) {
-    if (record.value("kind", "") == "lookup" && record.value("request_id", "") == request_id) return record;
-  }
-  FAIL("no lookup record for " << request_id);
-  return json();
 }
 
 }  // namespace

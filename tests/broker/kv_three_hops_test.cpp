@@ -20,6 +20,7 @@
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/shm_transport/client.h"
 
+#include "support/hop_chain.h"
 #include "support/kv_path_fixture.h"
 
 using namespace kvrelay::test;
@@ -27,21 +28,10 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::uint32_t kHopBlockTokens = 16;
-// Each agent's prompt adds 12 blocks: more than the int8 codec keeps exact (its first 4 and last
-// 128 tokens), so int8 KV of a1's prompt differs from a1's bytes.
-constexpr std::uint32_t kStepBlocks = 12;
-constexpr std::uint64_t kPromptStep = std::uint64_t{kStepBlocks} * kHopBlockTokens;
 constexpr double kInt8Factor = 0.9;
 constexpr double kFloor = 0.75;
 const kvrelay::ModelFingerprint kHopModel{"llama", 5, 4, 8, kvrelay::DType::kFloat32, "stories260K"};
 
-std::string agent_name(int index) {
-  return "a" + std::to_string(index);
-}
-std::string route_into(int index) {
-  return agent_name(index - 1) + "-" + agent_name(index);
-}
 // a1 and a3 live on node-a, a2 and a4 on node-b: every hop crosses the link.
 std::string node_of(int index) {
   return index % 2 == 1 ? "node-a" : "node-b";
@@ -65,38 +55,6 @@ json hops_policy(const Sidecar& sidecar, const std::string& other, std::uint16_t
   json policy = sidecar_policy(sidecar, agents, routes, peers);
   policy["cost_model"] = {{"media", {{"kv_int8", {{"fidelity", kInt8Factor}}}}}};
   return policy;
-}
-
-// One conversation's token ids; agent i's prompt is its first i * kPromptStep.
-std::vector<kvrelay::TokenId> conversation_ids(std::uint64_t count) {
-  std::vector<kvrelay::TokenId> ids(count);
-  for (std::uint64_t index = 0; index < count; ++index)
-    ids[index] = static_cast<kvrelay::TokenId>(3 + (index * 37 + 11) % 500);
-  return ids;
-}
-
-// KV a worker computed: distinct, int8-unfriendly floats per agent (so int8 cannot round-trip them).
-std::vector<float> worker_kv(const kvrelay::KvLayout& layout, int agent) {
-  std::vector<float> kv(layout.total_bytes().value() / sizeof(float));
-  for (std::size_t index = 0; index < kv.size(); ++index)
-    kv[index] = std::sin(0.37F * static_cast<float>(index) + static_cast<float>(agent)) * 3.1F;
-  return kv;
-}
-
-std::vector<std::byte> entry_bytes(const kvrelay::shm::ReadOnlyEntry& entry) {
-  std::vector<std::byte> bytes(entry.info.bytes);
-  REQUIRE(entry.read(0, bytes).has_value());
-  return bytes;
-}
-
-// The newest lookup record of `request_id` on `sidecar`.
-json lookup_of(const Sidecar& sidecar, const std::string& request_id) {
-  const json records = sidecar.decisions(64);
-  for (const auto& record : records) {
-    if (record.value("kind", "") == "lookup" && record.value("request_id", "") == request_id) return record;
-  }
-  FAIL("no lookup record for " << request_id << " on " << sidecar.node_id());
-  return json();
 }
 
 // The record's fetch attempt that fetched, or an empty object.

@@ -33,8 +33,9 @@ constexpr std::uint64_t kModel = 11;
 constexpr const char* kAsker = "node-b";
 
 // Agents on this node only (no policy peers, so loopback peers are not restricted): the routes
-// exist for the weights their fetches get.
-json scheduled_policy(const std::string& mode) {
+// exist for the weights their fetches get, `low` at priority 0 from archiver, `high` at 7 from
+// planner (role_priority 7).
+json two_route_policy(const std::string& low, const std::string& high) {
   const json model = {{"architecture", "llama"}, {"layers", 2},     {"kv_heads", 2},
                       {"head_dim", 64},          {"dtype", "fp16"}, {"weights", "m"}};
   auto policy = basic_daemon_policy();
@@ -47,9 +48,14 @@ json scheduled_policy(const std::string& mode) {
       {{"id", "coder"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 0}},
   });
   policy["routes"] = json::array({
-      {{"id", "bulk"}, {"from", "archiver"}, {"to", "coder"}, {"priority", 0}},
-      {{"id", "urgent"}, {"from", "planner"}, {"to", "coder"}, {"priority", 7}},
+      {{"id", low}, {"from", "archiver"}, {"to", "coder"}, {"priority", 0}},
+      {{"id", high}, {"from", "planner"}, {"to", "coder"}, {"priority", 7}},
   });
+  return policy;
+}
+
+json scheduled_policy(const std::string& mode) {
+  auto policy = two_route_policy("bulk", "urgent");
   // The pacer plays a 48 MB/s NIC so the bulk reply is still early when the urgent one arrives;
   // beta 1 keeps the bulk reply's aging weight from outgrowing the urgent one meanwhile.
   policy["scheduler"] = {{"mode", mode}, {"link_bytes_per_s", 48e6}, {"beta", 1.0}};
@@ -350,21 +356,7 @@ int hot_completions_bound() {
 }
 
 json starvation_policy() {
-  const json model = {{"architecture", "llama"}, {"layers", 2},     {"kv_heads", 2},
-                      {"head_dim", 64},          {"dtype", "fp16"}, {"weights", "m"}};
-  auto policy = basic_daemon_policy();
-  policy["node"]["id"] = "node-a";
-  policy["listen"]["peer"] = "127.0.0.1:0";
-  policy["limits"] = {{"read_timeout_ms", 10000}, {"kv_store_bytes", 256U << 20}, {"peer_summary_interval_ms", 0}};
-  policy["agents"] = json::array({
-      {{"id", "archiver"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 0}},
-      {{"id", "planner"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 7}},
-      {{"id", "coder"}, {"upstream", "http://127.0.0.1:9"}, {"model", model}, {"role_priority", 0}},
-  });
-  policy["routes"] = json::array({
-      {{"id", "cold"}, {"from", "archiver"}, {"to", "coder"}, {"priority", 0}},
-      {{"id", "hot"}, {"from", "planner"}, {"to", "coder"}, {"priority", 7}},
-  });
+  auto policy = two_route_policy("cold", "hot");
   policy["scheduler"] = {{"mode", "wrr"}, {"link_bytes_per_s", kPacedBytesPerS}, {"base", kBase}, {"alpha", kAlpha},
                          {"beta", kBeta}, {"chunk_bytes", kChunkBytes}};
   return policy;

@@ -8,13 +8,14 @@
 #include <regex>
 
 #include "kvrelay/refworker/completion_api.h"
+
 #include "skip.h"
 #include "support/http_client.h"
 #include "support/refworker_process.h"
 
-using nlohmann::json;
 using kvrelay::test::http_request;
 using kvrelay::test::RefworkerUnderTest;
+using nlohmann::json;
 
 namespace {
 
@@ -67,8 +68,8 @@ TEST_CASE("refworker server: greedy completion reproduces the reference and repo
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
-  const json response = post_completion(
-      port, {{"prompt", {1}}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}});
+  const json response =
+      post_completion(port, {{"prompt", {1}}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}});
   const auto& choice = response["choices"][0];
   CHECK(choice["token_ids"].get<std::vector<std::int32_t>>() == kReference);
   CHECK(choice["finish_reason"] == "length");
@@ -76,7 +77,8 @@ TEST_CASE("refworker server: greedy completion reproduces the reference and repo
   CHECK(response["model"] == "stories260K");
   // Token 13 is byte 0x0A; merges render as <id>.
   std::string expected_text;
-  for (const auto id : kReference) expected_text += id == 13 ? std::string("\n") : "<" + std::to_string(id) + ">";
+  for (const auto id : kReference)
+    expected_text += id == 13 ? std::string("\n") : "<" + std::to_string(id) + ">";
   CHECK(choice["text"] == expected_text);
   CHECK(response["usage"]["prompt_tokens"] == 1);
   CHECK(response["usage"]["completion_tokens"] == 32);
@@ -88,9 +90,12 @@ TEST_CASE("refworker server: greedy completion reproduces the reference and repo
   // A longer prompt continues consistently: prompt = BOS + first 10 reference ids.
   std::vector<std::int32_t> prompt{1};
   prompt.insert(prompt.end(), kReference.begin(), kReference.begin() + 10);
-  const json continued = post_completion(
-      port, {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true},
-             {"kv_transfer_params", {{"kvrelay", {{"request_id", "r-1"}, {"agent", "b"}}}}}});
+  const json continued =
+      post_completion(port, {{"prompt", prompt},
+                             {"max_tokens", 8},
+                             {"temperature", 0},
+                             {"ignore_eos", true},
+                             {"kv_transfer_params", {{"kvrelay", {{"request_id", "r-1"}, {"agent", "b"}}}}}});
   CHECK(continued["choices"][0]["token_ids"].get<std::vector<std::int32_t>>() ==
         std::vector<std::int32_t>(kReference.begin() + 10, kReference.begin() + 18));
   CHECK(continued["kvrelay"]["prefill_tokens"] == 11);
@@ -166,15 +171,18 @@ TEST_CASE("refworker server: bad requests get OpenAI-style errors", "[refworker]
   // curl's "Expect: 100-continue" gets an immediate go-ahead, then the answer.
   const std::string body = R"({"prompt":[1],"max_tokens":2,"temperature":0})";
   const auto expect = kvrelay::test::raw_exchange(
-      port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
-            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+      port,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+      "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body);
   CHECK(expect.rfind("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK", 0) == 0);
   CHECK(expect.find("\"token_ids\":[461,461]") != std::string::npos);
   // The server survived all of it.
   CHECK(post_completion(port, {{"prompt", {1}}, {"max_tokens", 2}})["usage"]["completion_tokens"] == 2);
 }
 
-TEST_CASE("refworker server: metrics count tokens and first-token latencies, and SIGTERM exits 0", "[refworker][server]") {
+TEST_CASE("refworker server: metrics count tokens and first-token latencies, and SIGTERM exits 0",
+          "[refworker][server]") {
   StoriesServer stories;
   if (!stories.server) KVRELAY_SKIP("stories260K.bin not found");
   const auto port = stories.server->port();
@@ -182,7 +190,8 @@ TEST_CASE("refworker server: metrics count tokens and first-token latencies, and
   std::uint64_t generated = 0;
   for (int i = 1; i <= 3; ++i) {
     const json response = post_completion(
-        port, {{"prompt", std::vector<int>(static_cast<std::size_t>(i * 5), 1)}, {"max_tokens", i}, {"temperature", 0}});
+        port,
+        {{"prompt", std::vector<int>(static_cast<std::size_t>(i * 5), 1)}, {"max_tokens", i}, {"temperature", 0}});
     prompt_tokens += response["usage"]["prompt_tokens"].get<std::uint64_t>();
     generated += response["usage"]["completion_tokens"].get<std::uint64_t>();
   }
@@ -200,19 +209,18 @@ TEST_CASE("refworker server: metrics count tokens and first-token latencies, and
 
 TEST_CASE("refworker server: requests queue behind the model thread and are all served", "[refworker][server]") {
   // Big enough that one request runs long enough for others to be seen waiting.
-  RefworkerUnderTest server({"--synthetic", "layers=4,dim=256,heads=8,kv_heads=2,ffn=688,vocab=1000,seq_len=1024",
-                             "--seed", "3"});
+  RefworkerUnderTest server(
+      {"--synthetic", "layers=4,dim=256,heads=8,kv_heads=2,ffn=688,vocab=1000,seq_len=1024", "--seed", "3"});
   const auto port = server.port();
   const std::string waiting = "vllm:num_requests_waiting{model_name=\"synthetic\"}";
   std::vector<std::future<json>> requests;
   for (int i = 0; i < 4; ++i) {
     requests.push_back(std::async(std::launch::async, [port] {
-      const auto response =
-          http_request(port, "POST", "/v1/completions",
-                       json{{"prompt", std::vector<int>(64, 7)}, {"max_tokens", 300}, {"temperature", 0},
-                            {"ignore_eos", true}}
-                           .dump(),
-                       {}, std::chrono::seconds(120));
+      const auto response = http_request(
+          port, "POST", "/v1/completions",
+          json{{"prompt", std::vector<int>(64, 7)}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true}}
+              .dump(),
+          {}, std::chrono::seconds(120));
       return response.status == 200 ? json::parse(response.body) : json{{"status", response.status}};
     }));
   }

@@ -12,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -171,10 +170,6 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   EngineUpdate last_engine_update_;                         // what the refresh for engine_policy_ did
   const std::vector<decision::PluginCodec> loaded_codecs_;  // what "codec:<name>" media can use
 
-  std::atomic<std::uint64_t> prefetches_sent_{0};
-  std::atomic<std::uint64_t> prefetch_hits_{0};
-  std::atomic<std::uint64_t> fetch_backs_{0};
-  std::atomic<std::uint64_t> next_agents_ignored_{0};
   std::mutex push_mutex_;
   std::condition_variable push_wake_;
   std::deque<PushJob> push_queue_;

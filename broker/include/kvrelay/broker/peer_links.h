@@ -22,7 +22,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "kvrelay/broker/policy_source.h"
@@ -141,6 +140,10 @@ class PeerLinks {
     std::chrono::steady_clock::time_point measured_at{};
     std::uint64_t transfers_at_measure = 0;
   };
+  // The longest prefix of `keys` (block 0 first) the peer's last summary lists: blocks, product.
+  [[nodiscard]] static std::optional<std::pair<std::size_t, double>> listed_prefix(const PeerState& state,
+                                                                                   std::uint64_t model_id,
+                                                                                   std::span<const std::uint64_t> keys);
   // Probes the link when it carried no measured transfer for limits.peer_bandwidth_probe_interval_ms.
   void maybe_probe_bandwidth(const std::string& peer_id, std::chrono::milliseconds interval);
 

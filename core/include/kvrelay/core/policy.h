@@ -300,6 +300,8 @@ struct Policy {
   [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;
   [[nodiscard]] const RoutePolicy* find_route(std::string_view id) const noexcept;
   [[nodiscard]] const PeerPolicy* find_peer(std::string_view id) const noexcept;
+  // Whether any peer has accept_spill_bytes (issue #27: this node may spill to it).
+  [[nodiscard]] bool any_peer_accepts_spills() const noexcept;
   [[nodiscard]] const TenantPolicy* find_tenant(std::string_view id) const noexcept;
 };
 

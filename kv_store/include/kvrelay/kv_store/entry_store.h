@@ -121,7 +121,7 @@ class EntryStore {
   // peer's spills, this one included and any it replaces excluded, stay within `quota` bytes
   // (kResourceExhausted otherwise); checked and filed as one step, so concurrent spills cannot
   // overshoot. An entry of this node's own under the key is never replaced by a spill
-  // (kAlreadyExists). Stores that cannot count check as well as they can.
+  // (kAlreadyExists). Stores that cannot count peers' spills take none (kUnsupported).
   [[nodiscard]] virtual Status put_spilled(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
                                            std::uint64_t quota);
 };
@@ -176,6 +176,9 @@ class InMemoryEntryStore final : public EntryStore {
     EntryKey key;
     std::shared_ptr<const StoredEntry> entry;
   };
+  // put, with `admit` (unset: none) run under the lock first: its failure files nothing.
+  [[nodiscard]] Status put_admitted(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
+                                    const std::function<Status(const StoredEntry&)>& admit);
   // put's work under the lock; victims the sink wants land in `spills`, offered after it.
   [[nodiscard]] Status put_locked(const EntryKey& key, std::shared_ptr<const StoredEntry> entry,
                                   const std::vector<EntryKey>& prefix_keys, SpillSink* sink,

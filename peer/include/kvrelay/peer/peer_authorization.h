@@ -51,10 +51,11 @@ struct PeerGrant {
 [[nodiscard]] Status authorize_spill(const Policy& policy, const PeerGrant& grant);
 // The peer's accept_spill_bytes here (0: none; always 0 for an unrestricted grant).
 [[nodiscard]] std::uint64_t spill_quota(const Policy& policy, const PeerGrant& grant);
-// The spilled entry, decoded and not yet filed: the peer could fetch it back (authorize_fetch),
-// and with the `held` bytes of its spills this store holds it stays within accept_spill_bytes.
+// The spilled entry, decoded and not yet filed: the peer still has a quota and could fetch it
+// back (authorize_fetch). The quota's room is the store's to check, as it files the entry
+// (EntryStore::put_spilled).
 [[nodiscard]] Status authorize_spilled_entry(const Policy& policy, const PeerGrant& grant,
-                                             const kv_store::StoredEntry& entry, std::uint64_t held);
+                                             const kv_store::StoredEntry& entry);
 
 // Whether a fetch (or a summary) may show `entry`: only entries that carry their token ids, of a
 // model and a tenant that one of the peer's agents uses.

@@ -73,8 +73,9 @@ struct PeerServerOptions {
   // above that is answered "not found". Lossless codecs count 1 whatever it says. Unset: 1.
   CodecFactor codec_factor;
   // Summaries' NodeState: the store's budget (limits.kv_store_bytes; 0: unknown); its use, the
-  // arena's and the transfers in progress are read here. `node_state` may then fill in what only
-  // the daemon knows, per asking peer (unset: spill_accept_left stays 0, no spills yet).
+  // arena's, the transfers in progress and the asker's spill room (its accept_spill_bytes less
+  // its spills held here) are read here. `node_state` may then fill in what only the daemon
+  // knows, per asking peer (its link rates).
   std::uint64_t store_budget_bytes = 0;
   std::function<void(std::string_view peer_id, NodeState& state)> node_state;
   // Issue #27: the link scheduler every fetch reply asks before each chunk (link_gate.h), tagged
