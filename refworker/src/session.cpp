@@ -132,9 +132,12 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
   const std::size_t kv_heads = config.kv_heads;
   const std::size_t head_dim = config.head_dim();
   const std::size_t group = heads / kv_heads;
+  // New tokens take RoPE positions start.. and cache rows first_row..; the two are equal except
+  // in a sparse session, which holds fewer rows than positions.
   const std::size_t start = position_;
-  const std::size_t context = start + count;
-  KVRELAY_TRY(cache_->reserve(context, start));
+  const std::size_t first_row = rows_;
+  const std::size_t context = first_row + count;  // rows the last new token attends over
+  KVRELAY_TRY(cache_->reserve(context, first_row));
 
   // RoPE angles for the new positions, computed as llama2.c does (float pos * float freq).
   const std::size_t half = head_dim / 2;
@@ -167,8 +170,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
     const LayerWeights& w = model_->layer(l);
     float* key_cache = cache_->keys(l);
     float* value_cache = cache_->values(l);
-    float* new_keys = key_cache + start * kv_dim;
-    float* new_values = value_cache + start * kv_dim;
+    float* new_keys = key_cache + first_row * kv_dim;
+    float* new_values = value_cache + first_row * kv_dim;
 
     for (std::size_t t = 0; t < count; ++t)
       rmsnorm(xb.data() + t * dim, x.data() + t * dim, w.rms_att, dim);
@@ -185,10 +188,10 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
                   capture->positions * dim * sizeof(float));
     }
 
-    // Causal attention in blocks of query rows; row t sees keys 0..start+t.
+    // Causal attention in blocks of query rows; row t sees cache rows 0..first_row+t.
     for (std::size_t block = 0; block < count; block += kAttentionBlock) {
       const std::size_t rows = std::min(kAttentionBlock, count - block);
-      const std::size_t visible = start + block + rows;  // keys the last row of the block sees
+      const std::size_t visible = first_row + block + rows;  // keys the last row of the block sees
       for (std::size_t h = 0; h < heads; ++h) {
         const std::size_t kv_head = h / group;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(visible), blas_int(head_dim),
@@ -196,7 +199,7 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
                     blas_int(kv_dim), 0.0F, scores.data(), blas_int(visible));
         for (std::size_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * visible;
-          const std::size_t row_visible = start + block + r + 1;
+          const std::size_t row_visible = first_row + block + r + 1;
           softmax(row, row_visible);
           std::fill(row + row_visible, row + visible, 0.0F);
         }
@@ -223,7 +226,8 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
     for (std::size_t i = 0; i < count * dim; ++i)
       x[i] += xb[i];
   }
-  position_ = context;
+  position_ = start + count;
+  rows_ = context;
 
   std::vector<float> last(dim);
   rmsnorm(last.data(), x.data() + (count - 1) * dim, model_->rms_final(), dim);
@@ -233,6 +237,12 @@ Result<std::vector<float>> InferenceSession::prefill(std::span<const std::int32_
 }
 
 Result<std::vector<float>> InferenceSession::export_kv(std::uint64_t tokens) const {
+  if (sparse()) {
+    return fail(ErrorCode::kUnsupported,
+                fmt::format("cannot export KV from a position-sparse session ({} rows for {} positions): it is not "
+                            "the KV of a token prefix",
+                            rows_, position_));
+  }
   if (tokens > position_) {
     return fail(ErrorCode::kOutOfRange,
                 fmt::format("cannot export KV of {} tokens from a session holding {}", tokens, position_));
@@ -263,31 +273,76 @@ Status InferenceSession::import_kv(const KvLayout& kv_layout, std::span<const fl
   });
 }
 
-Status InferenceSession::import_kv(const KvLayout& kv_layout, const KvReader& read) {
-  if (position_ != 0) {
-    return fail(ErrorCode::kInvalidArgument,
-                fmt::format("KV prefix must be imported into an empty session (it holds {} tokens)", position_));
-  }
+Status InferenceSession::read_rows(const KvLayout& kv_layout, const KvReader& read) {
   KVRELAY_TRY(kv_layout.validate());
   if (kv_layout != layout(kv_layout.tokens)) {
     return fail(ErrorCode::kLayoutMismatch, fmt::format("KV layout {} does not match the model's {}",
                                                         kv_layout.describe(), layout(kv_layout.tokens).describe()));
   }
-  if (kv_layout.tokens > model_->config().seq_len) {
-    return fail(ErrorCode::kOutOfRange, fmt::format("KV prefix of {} tokens exceeds the model's seq_len {}",
-                                                    kv_layout.tokens, model_->config().seq_len));
+  if (kv_layout.tokens > model_->config().seq_len - position_) {  // position_ <= seq_len always
+    return fail(ErrorCode::kOutOfRange, fmt::format("KV of {} tokens at position {} exceeds the model's seq_len {}",
+                                                    kv_layout.tokens, position_, model_->config().seq_len));
   }
+  const std::size_t first_row = static_cast<std::size_t>(rows_);
   const std::size_t tokens = static_cast<std::size_t>(kv_layout.tokens);
-  KVRELAY_TRY(cache_->reserve(tokens, 0));
-  const std::size_t row_floats = tokens * model_->config().kv_dim();
+  KVRELAY_TRY(cache_->reserve(first_row + tokens, first_row));
+  const std::size_t kv_dim = model_->config().kv_dim();
+  const std::size_t row_floats = tokens * kv_dim;
   for (std::size_t tensor = 0; tensor < 2 * cache_->layers(); ++tensor) {
-    float* into = tensor % 2 == 0 ? cache_->keys(tensor / 2) : cache_->values(tensor / 2);
+    float* into = (tensor % 2 == 0 ? cache_->keys(tensor / 2) : cache_->values(tensor / 2)) + first_row * kv_dim;
     KVRELAY_TRY(read(tensor * row_floats, std::span<float>(into, row_floats)));
     if (!all_finite(std::span<const float>(into, row_floats))) {  // checked where it landed, still in cache
-      return fail(ErrorCode::kCorrupt, "KV prefix contains a non-finite value");
+      return fail(ErrorCode::kCorrupt, "imported KV contains a non-finite value");
     }
   }
-  position_ = kv_layout.tokens;
+  return ok();
+}
+
+Status InferenceSession::import_kv(const KvLayout& kv_layout, const KvReader& read) {
+  if (sparse()) {
+    return fail(
+        ErrorCode::kUnsupported,
+        fmt::format("cannot append KV to a position-sparse session ({} rows for {} positions)", rows_, position_));
+  }
+  // Rows beyond rows_ are not the session's until the counts move, so a failed read leaves it as it was.
+  KVRELAY_TRY(read_rows(kv_layout, read));
+  position_ += kv_layout.tokens;
+  rows_ += kv_layout.tokens;
+  return ok();
+}
+
+Status InferenceSession::import_sparse_kv(const KvLayout& kv_layout, std::span<const std::uint32_t> positions,
+                                          std::uint64_t context_tokens, const KvReader& read) {
+  if (position_ != 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                fmt::format("sparse KV must be imported into an empty session (it holds {} tokens)", position_));
+  }
+  if (kv_layout.tokens != positions.size()) {
+    return fail(ErrorCode::kLayoutMismatch, fmt::format("sparse KV layout {} holds {} rows for {} kept positions",
+                                                        kv_layout.describe(), kv_layout.tokens, positions.size()));
+  }
+  if (context_tokens > model_->config().seq_len) {
+    return fail(ErrorCode::kOutOfRange, fmt::format("sparse KV context of {} tokens exceeds the model's seq_len {}",
+                                                    context_tokens, model_->config().seq_len));
+  }
+  for (std::size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] >= context_tokens) {
+      return fail(ErrorCode::kInvalidArgument,
+                  fmt::format("kept position {} is outside the context of {} tokens", positions[i], context_tokens));
+    }
+    if (i > 0 && positions[i] <= positions[i - 1]) {
+      return fail(ErrorCode::kInvalidArgument,
+                  fmt::format("kept positions must be strictly ascending: {} follows {} at index {}", positions[i],
+                              positions[i - 1], i));
+    }
+  }
+  KVRELAY_TRY(read_rows(kv_layout, read));
+  rows_ = positions.size();
+  position_ = context_tokens;
+  if (sparse()) {
+    sparse_positions_.assign(positions.begin(), positions.end());
+    sparse_context_ = context_tokens;
+  }
   return ok();
 }
 
@@ -295,7 +350,26 @@ Status InferenceSession::truncate(std::uint64_t tokens) {
   if (tokens > position_) {
     return fail(ErrorCode::kOutOfRange, fmt::format("cannot truncate a session of {} tokens to {}", position_, tokens));
   }
-  position_ = tokens;  // rows beyond it are overwritten by the next prefill
+  if (!sparse()) {
+    position_ = tokens;  // rows beyond it are overwritten by the next prefill
+    rows_ = tokens;
+    return ok();
+  }
+  if (tokens >= sparse_context_) {
+    // Only rows appended after the import go: the logical-to-row offset is unchanged.
+    rows_ -= position_ - tokens;
+  } else {
+    // Into the imported context: keep the kept positions below `tokens`.
+    const auto kept = std::lower_bound(sparse_positions_.begin(), sparse_positions_.end(), tokens);
+    sparse_positions_.erase(kept, sparse_positions_.end());
+    sparse_context_ = tokens;
+    rows_ = sparse_positions_.size();
+  }
+  position_ = tokens;
+  if (!sparse()) {  // every position below `tokens` is held: a dense chain prefix again
+    sparse_positions_.clear();
+    sparse_context_ = 0;
+  }
   return ok();
 }
 
