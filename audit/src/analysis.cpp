@@ -101,38 +101,32 @@ void apply_holm(std::vector<Effect>& effects) {
     tested[i]->p_holm = adjusted[i];
 }
 
+// One stratum's trials (both readings share the strata; only the grouping differs).
 struct StratumData {
-  StratumReport report;
-  std::map<std::string, std::vector<const Trial*>> by_treatment;
-  std::map<std::string, Arms> arms;  // by treatment, for the stratified bootstrap
+  StratumReport report;  // name, bucket, model pair, trials; effects filled per reading
+  std::vector<const Trial*> trials;
 };
 
-// Overall effect: stratum effects weighted by stratum size (post-stratification), the standard
-// error combined accordingly and Welch-Satterthwaite degrees of freedom.
-Effect overall_effect(const std::string& treatment, const std::string& baseline, const std::vector<StratumData>& strata,
-                      const BootstrapOptions& bootstrap) {
+// One stratum's contribution to a combined (overall) effect.
+struct Part {
+  const Arms* arms;
+  const Effect* effect;
+  double weight;
+};
+
+// Stratum effects combined with the parts' weights (post-stratification): the standard error
+// combined with the same weights and Welch-Satterthwaite degrees of freedom; the bootstrap
+// resamples within each stratum and combines with the weights.
+Effect combine_effects(const std::string& treatment, const std::string& baseline, std::vector<Part> parts,
+                       const BootstrapOptions& bootstrap) {
   Effect effect;
   effect.treatment = treatment;
   effect.baseline = baseline;
-  effect.paired = true;
-  struct Part {
-    const StratumData* stratum;
-    const Effect* effect;
-    double weight;
-  };
-  std::vector<Part> parts;
   double total = 0.0;
-  for (const auto& stratum : strata) {
-    for (const auto& candidate : stratum.report.effects) {
-      if (candidate.treatment != treatment || !candidate.t_test) continue;
-      parts.push_back({&stratum, &candidate, static_cast<double>(stratum.report.trials)});
-      total += static_cast<double>(stratum.report.trials);
-    }
-  }
-  if (parts.empty()) {
-    effect.paired = false;
-    return effect;
-  }
+  for (const auto& part : parts)
+    total += part.weight;
+  if (parts.empty() || !(total > 0.0)) return effect;
+  effect.paired = true;
   double difference = 0.0;
   double variance = 0.0;
   double df_denominator = 0.0;
@@ -153,9 +147,8 @@ Effect overall_effect(const std::string& treatment, const std::string& baseline,
     effect.n_treatment += part.effect->n_treatment;
     effect.n_baseline += part.effect->n_baseline;
     effect.paired = effect.paired && part.effect->paired;
-    const auto& arms = part.stratum->arms.at(treatment);
-    pooled_treatment.insert(pooled_treatment.end(), arms.treatment.begin(), arms.treatment.end());
-    pooled_baseline.insert(pooled_baseline.end(), arms.baseline.begin(), arms.baseline.end());
+    pooled_treatment.insert(pooled_treatment.end(), part.arms->treatment.begin(), part.arms->treatment.end());
+    pooled_baseline.insert(pooled_baseline.end(), part.arms->baseline.begin(), part.arms->baseline.end());
   }
   const double df = df_denominator > 0.0 ? variance * variance / df_denominator : 0.0;
   effect.t_test = t_test_from(difference, std::sqrt(variance), df);
@@ -169,8 +162,7 @@ Effect overall_effect(const std::string& treatment, const std::string& baseline,
     for (std::size_t round = 0; round < bootstrap.resamples; ++round) {
       DifferenceDraw combined;
       for (const auto& part : parts) {
-        const auto& arms = part.stratum->arms.at(treatment);
-        const auto draw = draw_difference(arms.treatment, arms.baseline, arms.paired, generator);
+        const auto draw = draw_difference(part.arms->treatment, part.arms->baseline, part.arms->paired, generator);
         combined.mean += part.weight * draw.mean;
         combined.median += part.weight * draw.median;
         combined.p99 += part.weight * draw.p99;
@@ -183,6 +175,172 @@ Effect overall_effect(const std::string& treatment, const std::string& baseline,
                                        percentile_interval(p99_draws), bootstrap.resamples};
   }
   return effect;
+}
+
+using Grouping = const std::string& (*)(const Trial&);
+
+const std::string& assigned_treatment_of(const Trial& trial) noexcept {
+  return trial.treatment;
+}
+
+struct EffectSet {
+  std::vector<StratumReport> strata;
+  std::vector<Effect> overall;
+};
+
+// Effects per stratum and overall with trials grouped by `group` (assigned: intent-to-treat;
+// delivered: as-treated). Overall weights are the strata's sizes.
+EffectSet effects_by(const std::vector<StratumData>& strata, Grouping group, const std::string& baseline,
+                     const BootstrapOptions& bootstrap) {
+  EffectSet out;
+  std::set<std::string> treatments;
+  std::vector<std::map<std::string, Arms>> arms(strata.size());
+  for (std::size_t i = 0; i < strata.size(); ++i) {
+    std::map<std::string, std::vector<const Trial*>> by_treatment;
+    for (const Trial* trial : strata[i].trials) {
+      by_treatment[group(*trial)].push_back(trial);
+      treatments.insert(group(*trial));
+    }
+    StratumReport report = strata[i].report;
+    report.effects.clear();
+    const auto reference = by_treatment.find(baseline);
+    for (const auto& [treatment, arm] : by_treatment) {
+      if (treatment == baseline || reference == by_treatment.end()) continue;
+      auto compared = arms_of(arm, reference->second);
+      report.effects.push_back(effect_of(treatment, baseline, compared, bootstrap));
+      arms[i].emplace(treatment, std::move(compared));
+    }
+    apply_holm(report.effects);
+    out.strata.push_back(std::move(report));
+  }
+  for (const auto& treatment : treatments) {
+    if (treatment == baseline) continue;
+    std::vector<Part> parts;
+    for (std::size_t i = 0; i < strata.size(); ++i) {
+      for (const auto& candidate : out.strata[i].effects) {
+        if (candidate.treatment != treatment || !candidate.t_test) continue;
+        parts.push_back({&arms[i].at(treatment), &candidate, static_cast<double>(out.strata[i].trials)});
+      }
+    }
+    out.overall.push_back(combine_effects(treatment, baseline, std::move(parts), bootstrap));
+  }
+  apply_holm(out.overall);
+  return out;
+}
+
+DeliverySummary delivery_of(const std::vector<StratumData>& strata) {
+  DeliverySummary summary;
+  for (const auto& stratum : strata) {
+    for (const Trial* trial : stratum.trials) {
+      auto& counts = summary.by_assigned[trial->treatment];
+      ++counts.assigned;
+      ++counts.delivered[delivered_treatment_of(*trial)];
+      if (delivered_as_assigned(*trial)) {
+        ++counts.delivered_as_assigned;
+      } else {
+        ++summary.differing;
+        ++counts.reasons[trial->delivery_reason.empty() ? std::string("unspecified") : trial->delivery_reason];
+      }
+    }
+  }
+  return summary;
+}
+
+// Trials assigned X but delivered Y against trials assigned and delivered Y, per stratum (the
+// paired t-test where the pairs hold, else Student's pooled t-test), combined with weights by the
+// selected trials per stratum.
+SelectionCheck selection_check(const std::vector<StratumData>& strata, const std::string& assigned,
+                               const std::string& delivered) {
+  SelectionCheck check;
+  check.treatment = assigned;
+  check.delivered = delivered;
+  std::vector<std::pair<Arms, Effect>> computed;
+  computed.reserve(strata.size());
+  const BootstrapOptions no_bootstrap{0, 1};
+  for (const auto& stratum : strata) {
+    std::vector<const Trial*> selected;
+    std::vector<const Trial*> reference;
+    for (const Trial* trial : stratum.trials) {
+      if (delivered_treatment_of(*trial) != delivered) continue;
+      if (trial->treatment == assigned) selected.push_back(trial);
+      if (trial->treatment == delivered) reference.push_back(trial);
+    }
+    check.n_selected += selected.size();
+    check.n_reference += reference.size();
+    if (selected.empty() || reference.empty()) continue;
+    auto arms = arms_of(selected, reference);
+    auto effect = effect_of(assigned, delivered, arms, no_bootstrap);
+    // Under the hypothesis checked the two groups are one population, so they share a variance:
+    // the pooled test is exact there, where Welch's, estimating the selected group's variance
+    // from a handful of trials, rejects too often at the small levels Holm asks of it.
+    if (!arms.paired) effect.t_test = student_t_test(arms.treatment, arms.baseline);
+    if (!effect.t_test || !std::isfinite(effect.t_test->p_value)) continue;
+    computed.emplace_back(std::move(arms), std::move(effect));
+  }
+  std::vector<Part> parts;
+  for (const auto& [arms, effect] : computed) {
+    parts.push_back({&arms, &effect, static_cast<double>(effect.n_treatment)});
+  }
+  if (!parts.empty()) check.test = combine_effects(assigned, delivered, std::move(parts), no_bootstrap).t_test;
+  if (check.test && !std::isfinite(check.test->p_value)) check.test.reset();  // e.g. constant outcomes
+  return check;
+}
+
+std::string p_text(double value) {
+  return value < 1e-4 ? fmt::format("{:.1e}", value) : fmt::format("{:.4f}", value);
+}
+
+AsTreated as_treated_of(const std::vector<StratumData>& strata, const DeliverySummary& delivery, std::size_t trials,
+                        const std::string& baseline, const BootstrapOptions& bootstrap) {
+  AsTreated out;
+  out.same_as_intent_to_treat = delivery.differing == 0;
+  if (out.same_as_intent_to_treat) {
+    out.note = "Every trial was delivered as assigned: the as-treated effects are the intent-to-treat effects.";
+    return out;
+  }
+  auto effects = effects_by(strata, &delivered_treatment_of, baseline, bootstrap);
+  out.strata = std::move(effects.strata);
+  out.overall = std::move(effects.overall);
+  for (const auto& [assigned, counts] : delivery.by_assigned) {
+    for (const auto& [delivered, count] : counts.delivered) {
+      if (delivered != assigned) out.selection.push_back(selection_check(strata, assigned, delivered));
+    }
+  }
+  std::vector<double> p_values;
+  std::vector<SelectionCheck*> tested;
+  for (auto& check : out.selection) {
+    if (!check.test) continue;
+    p_values.push_back(check.test->p_value);
+    tested.push_back(&check);
+  }
+  const auto adjusted = holm_adjust(p_values);
+  std::vector<std::string> flagged;
+  for (std::size_t i = 0; i < tested.size(); ++i) {
+    tested[i]->p_holm = adjusted[i];
+    tested[i]->biased = adjusted[i] < 0.05;
+    if (!tested[i]->biased) continue;
+    out.biased = true;
+    flagged.push_back(fmt::format("assigned {} but delivered {}: p = {}, Holm {}", tested[i]->treatment,
+                                  tested[i]->delivered, p_text(tested[i]->test->p_value), p_text(adjusted[i])));
+  }
+  const auto share = fmt::format("{} of {} trials were delivered other than assigned", delivery.differing, trials);
+  if (out.biased) {
+    out.note = fmt::format(
+        "{}, and their outcomes differ from those of the trials assigned what they got ({}): non-delivery "
+        "depends on the outcome, so the as-treated estimate is likely biased; read the intent-to-treat effects.",
+        share, fmt::join(flagged, "; "));
+  } else if (tested.empty()) {
+    out.note = fmt::format(
+        "{}, too few to check whether non-delivery depends on the outcome: the as-treated estimate is unchecked; "
+        "read the intent-to-treat effects first.",
+        share);
+  } else {
+    out.note = fmt::format(
+        "{}; their outcomes do not differ detectably from those of the trials assigned what they got, so there is "
+        "no evidence that the as-treated estimate is biased. Intent-to-treat remains the randomized comparison.",
+        share);
+  }
+  return out;
 }
 
 }  // namespace
@@ -237,7 +395,7 @@ Result<AuditReport> analyze(const TrialSet& trials, const AnalysisOptions& optio
     stratum.report.model_pair = pair;
     stratum.report.name = fmt::format("{} {}", bucket, pair);
     ++stratum.report.trials;
-    stratum.by_treatment[trial.treatment].push_back(&trial);
+    stratum.trials.push_back(&trial);
     by_model_pair[pair][trial.treatment].push_back(&trial);
   }
   if (report.trials > 0 && !treatments.contains(options.baseline)) {
@@ -256,25 +414,16 @@ Result<AuditReport> analyze(const TrialSet& trials, const AnalysisOptions& optio
     const auto pair_b = b.first.first.substr(0, b.first.first.find('\n'));
     return std::tie(pair_a, a.first.second) < std::tie(pair_b, b.first.second);
   });
-  std::vector<StratumData> computed;
-  for (auto& [key, stratum] : ordered) {
-    const auto baseline = stratum->by_treatment.find(options.baseline);
-    for (const auto& [treatment, arm] : stratum->by_treatment) {
-      if (treatment == options.baseline || baseline == stratum->by_treatment.end()) continue;
-      auto arms = arms_of(arm, baseline->second);
-      stratum->report.effects.push_back(effect_of(treatment, options.baseline, arms, options.bootstrap));
-      stratum->arms.emplace(treatment, std::move(arms));
-    }
-    apply_holm(stratum->report.effects);
-    computed.push_back(std::move(*stratum));
-  }
-  for (const auto& treatment : report.treatments) {
-    if (treatment == options.baseline) continue;
-    report.overall.push_back(overall_effect(treatment, options.baseline, computed, options.bootstrap));
-  }
-  apply_holm(report.overall);
-  for (auto& stratum : computed)
-    report.strata.push_back(std::move(stratum.report));
+  std::vector<StratumData> sorted;
+  for (auto& [key, stratum] : ordered)
+    sorted.push_back(std::move(*stratum));
+
+  // Intent-to-treat: by the randomized assignment.
+  auto intent_to_treat = effects_by(sorted, &assigned_treatment_of, options.baseline, options.bootstrap);
+  report.strata = std::move(intent_to_treat.strata);
+  report.overall = std::move(intent_to_treat.overall);
+  report.delivery = delivery_of(sorted);
+  report.as_treated = as_treated_of(sorted, report.delivery, report.trials, options.baseline, options.bootstrap);
 
   for (const auto& [pair, arms] : by_model_pair) {
     const auto baseline = arms.find(options.baseline);

@@ -37,6 +37,68 @@ json break_even_to_json(const BreakEven& estimate) {
           {"n_baseline", estimate.n_baseline}};
 }
 
+json strata_to_json(const std::vector<StratumReport>& strata);
+
+json delivery_to_json(const DeliverySummary& delivery) {
+  json by_assigned = json::object();
+  for (const auto& [assigned, counts] : delivery.by_assigned) {
+    by_assigned[assigned] = {{"assigned", counts.assigned},
+                             {"delivered_as_assigned", counts.delivered_as_assigned},
+                             {"delivered", counts.delivered},
+                             {"reasons", counts.reasons}};
+  }
+  return {{"differing", delivery.differing}, {"by_assigned", std::move(by_assigned)}};
+}
+
+json selection_to_json(const SelectionCheck& check) {
+  const auto& t = check.test;
+  return {{"treatment", check.treatment},
+          {"delivered", check.delivered},
+          {"n_selected", check.n_selected},
+          {"n_reference", check.n_reference},
+          {"mean_diff_ms", t ? number(t->difference) : json()},
+          {"ci95", t ? interval_json(t->ci95) : json()},
+          {"selection_p_value", t ? number(t->p_value) : json()},
+          {"selection_p_holm", check.p_holm ? number(*check.p_holm) : json()},
+          {"biased", check.biased}};
+}
+
+json as_treated_to_json(const AsTreated& as_treated) {
+  json selection = json::array();
+  for (const auto& check : as_treated.selection)
+    selection.push_back(selection_to_json(check));
+  json out{{"same_as_intent_to_treat", as_treated.same_as_intent_to_treat},
+           {"biased", as_treated.biased},
+           {"selection", std::move(selection)},
+           {"note", as_treated.note}};
+  if (!as_treated.same_as_intent_to_treat) {
+    json overall = json::array();
+    for (const auto& effect : as_treated.overall)
+      overall.push_back(effect_to_json(effect));
+    out["strata"] = strata_to_json(as_treated.strata);
+    out["overall"] = std::move(overall);
+  }
+  return out;
+}
+
+json strata_to_json(const std::vector<StratumReport>& strata) {
+  json out = json::array();
+  for (const auto& stratum : strata) {
+    json effects = json::array();
+    for (const auto& effect : stratum.effects) {
+      json entry = effect_to_json(effect);
+      entry["stratum"] = stratum.name;
+      effects.push_back(std::move(entry));
+    }
+    out.push_back({{"stratum", stratum.name},
+                   {"length_bucket", stratum.length_bucket},
+                   {"model_pair", stratum.model_pair},
+                   {"trials", stratum.trials},
+                   {"effects", std::move(effects)}});
+  }
+  return out;
+}
+
 }  // namespace
 
 json effect_to_json(const Effect& effect) {
@@ -72,20 +134,7 @@ json effect_to_json(const Effect& effect) {
 }
 
 json report_to_json(const AuditReport& report) {
-  json strata = json::array();
-  for (const auto& stratum : report.strata) {
-    json effects = json::array();
-    for (const auto& effect : stratum.effects) {
-      json entry = effect_to_json(effect);
-      entry["stratum"] = stratum.name;
-      effects.push_back(std::move(entry));
-    }
-    strata.push_back({{"stratum", stratum.name},
-                      {"length_bucket", stratum.length_bucket},
-                      {"model_pair", stratum.model_pair},
-                      {"trials", stratum.trials},
-                      {"effects", std::move(effects)}});
-  }
+  json strata = strata_to_json(report.strata);
   json overall = json::array();
   for (const auto& effect : report.overall)
     overall.push_back(effect_to_json(effect));
@@ -101,7 +150,9 @@ json report_to_json(const AuditReport& report) {
           {"failed_outcomes", report.failed_outcomes},
           {"strata", std::move(strata)},
           {"overall", std::move(overall)},
-          {"break_even", std::move(break_even)}};
+          {"break_even", std::move(break_even)},
+          {"delivery", delivery_to_json(report.delivery)},
+          {"as_treated", as_treated_to_json(report.as_treated)}};
 }
 
 }  // namespace kvrelay::audit

@@ -128,6 +128,16 @@ std::optional<TTestResult> welch_t_test(std::span<const double> treatment, std::
   return t_test_from(mean(treatment) - mean(baseline), std::sqrt(variance), df);
 }
 
+std::optional<TTestResult> student_t_test(std::span<const double> treatment, std::span<const double> baseline) {
+  if (treatment.empty() || baseline.empty() || treatment.size() + baseline.size() < 3) return std::nullopt;
+  const double n_treatment = static_cast<double>(treatment.size());
+  const double n_baseline = static_cast<double>(baseline.size());
+  const double df = n_treatment + n_baseline - 2.0;
+  const double pooled =
+      ((n_treatment - 1.0) * sample_variance(treatment) + (n_baseline - 1.0) * sample_variance(baseline)) / df;
+  return t_test_from(mean(treatment) - mean(baseline), std::sqrt(pooled * (1.0 / n_treatment + 1.0 / n_baseline)), df);
+}
+
 std::optional<TTestResult> paired_t_test(std::span<const double> treatment, std::span<const double> baseline) {
   if (treatment.size() != baseline.size() || treatment.size() < 2) return std::nullopt;
   std::vector<double> differences(treatment.size());

@@ -76,6 +76,15 @@ class LineReader {
     }
   }
 
+  // "delivered_treatment" (a non-empty string or null: null or absent is delivered as assigned)
+  // and "delivery_reason" (a non-empty string).
+  void delivery(std::optional<std::string>& delivered, std::string& reason) {
+    std::string name;
+    string("delivered_treatment", name, false);
+    if (!name.empty()) delivered = std::move(name);
+    string("delivery_reason", reason, false);
+  }
+
   void count(std::string_view field, std::optional<std::uint64_t>& out) {
     if (!has(field)) return;
     const auto& value = object_.at(std::string(field));
@@ -123,6 +132,13 @@ Result<Trial> read_trial(const json& object, std::string_view source, std::size_
   reader.count("cached_tokens", trial.cached_tokens);
   reader.count("status", trial.status);
   reader.count("repeat", trial.repeat);
+  if (assignment) {
+    // Delivery is known only when the response ends: it belongs in the outcome record.
+    for (const char* field : {"delivered_treatment", "delivery_reason"}) {
+      if (reader.has(field)) reader.problem(field, "nothing on an assignment record (it belongs in the outcome)");
+    }
+  }
+  reader.delivery(trial.delivered_treatment, trial.delivery_reason);
   if (reader.error()) return *reader.error();
   return trial;
 }
@@ -133,9 +149,20 @@ struct PendingOutcome {
   std::optional<std::uint64_t> status;
   std::optional<std::uint64_t> prompt_tokens;
   std::optional<std::uint64_t> cached_tokens;
+  std::optional<std::string> delivered_treatment;
+  std::string delivery_reason;
 };
 
 }  // namespace
+
+const std::string& delivered_treatment_of(const Trial& trial) noexcept {
+  return trial.delivered_treatment && !trial.delivered_treatment->empty() ? *trial.delivered_treatment
+                                                                          : trial.treatment;
+}
+
+bool delivered_as_assigned(const Trial& trial) noexcept {
+  return delivered_treatment_of(trial) == trial.treatment;
+}
 
 std::vector<Treatment> standard_treatments(std::string_view kv_medium) {
   const std::string medium(kv_medium);
@@ -176,6 +203,10 @@ json trial_to_json(const Trial& trial) {
   put("cached_tokens", trial.cached_tokens);
   put("status", trial.status);
   put("repeat", trial.repeat);
+  if (trial.delivered_treatment && !trial.delivered_treatment->empty()) {
+    out["delivered_treatment"] = *trial.delivered_treatment;
+  }
+  put_string("delivery_reason", trial.delivery_reason);
   return out;
 }
 
@@ -186,14 +217,25 @@ std::string trial_line(const Trial& trial) {
 std::string assignment_line(const Trial& trial) {
   json out = trial_to_json(trial);
   out.erase("ttft_ms");
+  out.erase("delivered_treatment");
+  out.erase("delivery_reason");
   out["event"] = "assignment";
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string outcome_line(const std::string& request_id, double ttft_ms, double e2e_ms, unsigned status) {
-  return json{
-      {"event", "outcome"}, {"request_id", request_id}, {"ttft_ms", ttft_ms}, {"e2e_ms", e2e_ms}, {"status", status}}
-      .dump();
+std::string outcome_line(const OutcomeRecord& outcome) {
+  json out{{"event", "outcome"},
+           {"request_id", outcome.request_id},
+           {"ttft_ms", outcome.ttft_ms},
+           {"e2e_ms", outcome.e2e_ms},
+           {"status", outcome.status}};
+  if (outcome.prompt_tokens) out["prompt_tokens"] = *outcome.prompt_tokens;
+  if (outcome.cached_tokens) out["cached_tokens"] = *outcome.cached_tokens;
+  if (outcome.delivered_treatment && !outcome.delivered_treatment->empty()) {
+    out["delivered_treatment"] = *outcome.delivered_treatment;
+  }
+  if (!outcome.delivery_reason.empty()) out["delivery_reason"] = outcome.delivery_reason;
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 Result<TrialSet> parse_trials(std::string_view text, std::string_view source) {
@@ -235,6 +277,7 @@ Result<TrialSet> parse_trials(std::string_view text, std::string_view source) {
       reader.count("status", outcome.status);
       reader.count("prompt_tokens", outcome.prompt_tokens);
       reader.count("cached_tokens", outcome.cached_tokens);
+      reader.delivery(outcome.delivered_treatment, outcome.delivery_reason);
       if (reader.error()) return *reader.error();
       outcomes[request_id] = outcome;
     } else {
@@ -258,6 +301,8 @@ Result<TrialSet> parse_trials(std::string_view text, std::string_view source) {
     trial.e2e_ms = outcome.e2e_ms;
     trial.status = outcome.status;
     if (outcome.cached_tokens) trial.cached_tokens = outcome.cached_tokens;
+    trial.delivered_treatment = outcome.delivered_treatment;
+    trial.delivery_reason = outcome.delivery_reason;
     // A text prompt's length is known only from the worker's answer.
     if (trial.context_tokens == 0 && outcome.prompt_tokens) trial.context_tokens = *outcome.prompt_tokens;
     set.trials.push_back(std::move(trial));

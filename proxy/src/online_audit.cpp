@@ -43,11 +43,16 @@ void OnlineAudit::record_outcome(const std::string& request_id, const AuditOutco
   if (found == pending_.end()) return;
   auto [trial, trials_file] = std::move(found->second);
   pending_.erase(found);
+  trial.delivered_treatment = outcome.delivered_treatment;
+  if (trial.delivered_treatment && trial.delivered_treatment->empty()) trial.delivered_treatment.reset();
+  trial.delivery_reason = outcome.delivery_reason;
+  const bool differing = !audit::delivered_as_assigned(trial);
+  // A trial delivered other than assigned always says why, if only that nobody said.
+  if (differing && trial.delivery_reason.empty()) trial.delivery_reason = "unspecified";
   if (!trials_file.empty()) {
-    auto line = nlohmann::json::parse(audit::outcome_line(request_id, outcome.ttft_ms, outcome.e2e_ms, outcome.status));
-    if (outcome.prompt_tokens) line["prompt_tokens"] = *outcome.prompt_tokens;
-    if (outcome.cached_tokens) line["cached_tokens"] = *outcome.cached_tokens;
-    append_line(trials_file, line.dump());
+    append_line(trials_file,
+                audit::outcome_line({request_id, outcome.ttft_ms, outcome.e2e_ms, outcome.status, outcome.prompt_tokens,
+                                     outcome.cached_tokens, trial.delivered_treatment, trial.delivery_reason}));
   }
   if (outcome.status < 200 || outcome.status >= 300) {
     ++failed_;
@@ -58,8 +63,14 @@ void OnlineAudit::record_outcome(const std::string& request_id, const AuditOutco
   trial.status = outcome.status;
   if (trial.context_tokens == 0 && outcome.prompt_tokens) trial.context_tokens = *outcome.prompt_tokens;
   trial.cached_tokens = outcome.cached_tokens;
+  if (differing) ++differing_;
   if (finished_.size() >= max_trials_) finished_.erase(finished_.begin());  // keep the newest
   finished_.push_back(std::move(trial));
+}
+
+std::size_t OnlineAudit::delivery_differing() const {
+  const std::lock_guard lock(mutex_);
+  return differing_;
 }
 
 audit::TrialSet OnlineAudit::snapshot() const {
@@ -85,6 +96,7 @@ nlohmann::json OnlineAudit::report(const audit::AnalysisOptions& options) const 
   {
     const std::lock_guard lock(mutex_);
     body["not_audited_backlog"] = dropped_;
+    body["delivery_differing_total"] = differing_;
   }
   return body;
 }

@@ -192,3 +192,147 @@ TEST_CASE("Calibration recovers a planted prefill fit and codec quality", "[audi
   CHECK(medium["extra_decode_fraction"].get<double>() == Approx(0.1));
   CHECK(fragment["calibration"]["agents"]["coder"]["trials"] == 7);
 }
+
+TEST_CASE("The audit report when every trial was delivered as assigned: as-treated is intent-to-treat",
+          "[audit][analysis][delivery]") {
+  AnalysisOptions options;
+  options.bootstrap.resamples = 0;
+  const auto report = analyze(replay(6), options);
+  REQUIRE(report);
+  CHECK(report.value().delivery.differing == 0);
+  CHECK(report.value().as_treated.same_as_intent_to_treat);
+  CHECK_FALSE(report.value().as_treated.biased);
+  const json document = report_to_json(report.value());
+  CHECK(document["delivery"]["differing"] == 0);
+  CHECK(document["delivery"]["by_assigned"]["T3"]["assigned"] == 24);
+  CHECK(document["delivery"]["by_assigned"]["T3"]["delivered_as_assigned"] == 24);
+  CHECK(document["delivery"]["by_assigned"]["T3"]["delivered"] == json{{"T3", 24}});
+  CHECK(document["delivery"]["by_assigned"]["T3"]["reasons"] == json::object());
+  const auto& as_treated = document["as_treated"];
+  CHECK(as_treated["same_as_intent_to_treat"] == true);
+  CHECK(as_treated["biased"] == false);
+  CHECK(as_treated["selection"] == json::array());
+  CHECK_FALSE(as_treated.contains("strata"));  // not repeated: the top-level effects are the same
+  CHECK_FALSE(as_treated.contains("overall"));
+  CHECK_THAT(as_treated["note"].get<std::string>(), Catch::Contains("delivered as assigned"));
+  const auto markdown = render_markdown(report.value());
+  CHECK_THAT(markdown, Catch::Contains("## Intent-to-treat overall"));
+  CHECK_THAT(markdown, Catch::Contains("0 trials were delivered other than assigned"));
+  CHECK_THAT(markdown, Catch::Contains("the as-treated effects are the intent-to-treat effects"));
+}
+
+TEST_CASE("The audit report with trials delivered other than assigned: both readings, counts, selection check",
+          "[audit][analysis][delivery]") {
+  // T3 saves ~0.45 ms per token; in the long bucket the T3 lookups of the slowest contexts miss
+  // (delivered T0, slower than any T0 trial there), one more misses in the short bucket, and a
+  // T3 trial gets only the prompt span (a treatment nobody was assigned).
+  auto trials = replay(7);
+  int misses = 0;
+  for (auto& trial : trials.trials) {
+    if (trial.treatment != "T3") continue;
+    if (trial.context_tokens >= 2000 || (trial.context_tokens == 32 && misses == 0)) {
+      trial.delivered_treatment = "T0";
+      trial.delivery_reason = misses % 2 == 0 ? "lookup_miss" : "";
+      trial.ttft_ms = 5.0 + 0.5 * static_cast<double>(trial.context_tokens) + 200.0;
+      ++misses;
+    } else if (trial.context_tokens == 500) {
+      trial.delivered_treatment = "T1";
+      trial.delivery_reason = "span_refused";
+    }
+  }
+  AnalysisOptions options;
+  options.bootstrap.resamples = 100;
+  const auto report = analyze(trials, options);
+  REQUIRE(report);
+  const json document = report_to_json(report.value());
+  const auto& delivery = document["delivery"];
+  CHECK(delivery["differing"] == misses + 2);
+  const auto& t3 = delivery["by_assigned"]["T3"];
+  CHECK(t3["assigned"] == 24);
+  CHECK(t3["delivered_as_assigned"] == 24 - misses - 2);
+  CHECK(t3["delivered"]["T0"] == misses);
+  CHECK(t3["delivered"]["T1"] == 2);
+  CHECK(t3["reasons"]["lookup_miss"] == (misses + 1) / 2);
+  CHECK(t3["reasons"]["unspecified"] == misses / 2);
+  CHECK(t3["reasons"]["span_refused"] == 2);
+  CHECK(delivery["by_assigned"]["T0"]["delivered_as_assigned"] == 24);
+
+  // Intent-to-treat stays by assigned treatment: the top-level effects compare T3 with T0 only.
+  REQUIRE(document["overall"].size() == 1);
+  CHECK(document["overall"][0]["treatment"] == "T3");
+  CHECK(document["overall"][0]["n_treatment"] == 24);
+  const auto& as_treated = document["as_treated"];
+  CHECK(as_treated["same_as_intent_to_treat"] == false);
+  REQUIRE(as_treated["strata"].size() == 3);
+  REQUIRE(as_treated["overall"].size() == 2);  // T1 (delivered only) and T3 against T0
+  CHECK(as_treated["overall"][0]["treatment"] == "T1");
+  CHECK(as_treated["overall"][1]["treatment"] == "T3");
+  CHECK(as_treated["overall"][1]["n_treatment"] == 24 - misses - 2);
+  for (const char* key :
+       {"treatment", "baseline", "n", "mean_diff_ms", "ci95", "p_value", "p_holm", "paired", "ci95_bootstrap"}) {
+    INFO(key);
+    CHECK(as_treated["overall"][1].contains(key));
+  }
+  // The pairs still hold where both arms were delivered: as-treated stays paired.
+  CHECK(as_treated["overall"][1]["paired"] == true);
+  // As-treated T3 is faster than ITT T3 in the long bucket (the missed, slow trials left it).
+  CHECK(as_treated["strata"][2]["effects"][0]["mean_diff_ms"].get<double>() <
+        document["strata"][2]["effects"][0]["mean_diff_ms"].get<double>());
+
+  REQUIRE(as_treated["selection"].size() == 2);
+  const auto& to_t0 = as_treated["selection"][0];
+  CHECK(to_t0["treatment"] == "T3");
+  CHECK(to_t0["delivered"] == "T0");
+  CHECK(to_t0["n_selected"] == misses);
+  CHECK(to_t0["n_reference"] == 24);
+  CHECK(to_t0["mean_diff_ms"].get<double>() == Approx(200.0).margin(10.0));
+  CHECK(to_t0["selection_p_value"].get<double>() < 0.001);
+  CHECK(to_t0["selection_p_holm"].get<double>() < 0.05);
+  CHECK(to_t0["biased"] == true);
+  const auto& to_t1 = as_treated["selection"][1];
+  CHECK(to_t1["delivered"] == "T1");
+  CHECK(to_t1["n_reference"] == 0);  // nobody was assigned T1: nothing to compare with
+  CHECK(to_t1["selection_p_value"].is_null());
+  CHECK(to_t1["biased"] == false);
+  CHECK(as_treated["biased"] == true);
+  const auto note = as_treated["note"].get<std::string>();
+  CHECK_THAT(note, Catch::Contains("as-treated estimate is likely biased"));
+  CHECK_THAT(note, Catch::Contains("read the intent-to-treat effects"));
+  CHECK_THAT(note, Catch::Contains("assigned T3 but delivered T0"));
+
+  const auto markdown = render_markdown(report.value());
+  const auto itt = markdown.find("## Intent-to-treat overall");
+  const auto treated = markdown.find("## As-treated (by delivered treatment)");
+  REQUIRE(itt != std::string::npos);
+  REQUIRE(treated != std::string::npos);
+  CHECK(itt < treated);  // intent-to-treat first
+  CHECK_THAT(markdown, Catch::Contains(fmt::format("{} of 48 trials were delivered other than assigned", misses + 2)));
+  CHECK_THAT(markdown, Catch::Contains("As-treated estimate biased: **likely**"));
+  CHECK_THAT(markdown, Catch::Contains("## As-treated Stratum >=1024 stories->stories"));
+  CHECK_THAT(markdown, Catch::Contains("| T3 | T0 |"));  // the selection check's row
+}
+
+TEST_CASE("The audit report does not flag non-delivery unrelated to the outcome", "[audit][analysis][delivery]") {
+  // Misses spread over T3 trials whose outcome is exactly what T0 would have taken (plus the
+  // same noise): the selection check finds nothing and as-treated recovers T3's own effect.
+  auto trials = replay(8);
+  std::mt19937_64 generator(8);
+  std::normal_distribution<double> noise(0.0, 2.0);
+  std::size_t index = 0;
+  for (auto& trial : trials.trials) {
+    if (trial.treatment != "T3" || index++ % 4 != 0) continue;
+    trial.delivered_treatment = "T0";
+    trial.delivery_reason = "lookup_miss";
+    trial.ttft_ms = 5.0 + 0.5 * static_cast<double>(trial.context_tokens) + noise(generator);
+  }
+  AnalysisOptions options;
+  options.bootstrap.resamples = 0;
+  const auto report = analyze(trials, options);
+  REQUIRE(report);
+  const auto& as_treated = report.value().as_treated;
+  REQUIRE(as_treated.selection.size() == 1);
+  REQUIRE(as_treated.selection[0].test);
+  CHECK(as_treated.selection[0].test->p_value > 0.05);
+  CHECK_FALSE(as_treated.biased);
+  CHECK_THAT(as_treated.note, Catch::Contains("no evidence that the as-treated estimate is biased"));
+}

@@ -51,6 +51,14 @@ def welch(a, b):
     report("welch", mean(a) - mean(b), sqrt(va + vb), df)
 
 
+def student(a, b):
+    a = [mpf(str(x)) for x in a]
+    b = [mpf(str(x)) for x in b]
+    df = mpf(len(a) + len(b) - 2)
+    pooled = ((len(a) - 1) * var(a) + (len(b) - 1) * var(b)) / df
+    report("student", mean(a) - mean(b), sqrt(pooled * (mpf(1) / len(a) + mpf(1) / len(b))), df)
+
+
 def paired(a, b):
     d = [mpf(str(x)) - mpf(str(y)) for x, y in zip(a, b)]
     report("paired", mean(d), sqrt(var(d) / len(d)), mpf(len(d) - 1))
@@ -100,6 +108,8 @@ def wilcoxon_normal(a, b):
 
 print("sleep (Student 1908; R's datasets::sleep)")
 welch(SLEEP_2, SLEEP_1)
+student(SLEEP_2, SLEEP_1)
+student(SLEEP_2, SLEEP_1[:4])  # unequal sizes, where pooling differs from Welch
 paired(SLEEP_2, SLEEP_1)
 wilcoxon_normal(SLEEP_2, SLEEP_1)
 print("depression (Hollander & Wolfe 1973, p. 29)")

@@ -38,6 +38,31 @@ TEST_CASE("Welch t-test matches independent values on the sleep data", "[audit][
   CHECK(result->ci95.high == Approx(3.36548323071171).margin(kTolerance));
 }
 
+// R: t.test(extra ~ group, sleep, var.equal = TRUE): t = -1.8608, df = 18, p = 0.07919,
+// CI -3.363874..0.203874.
+TEST_CASE("Student's pooled t-test matches independent values on the sleep data", "[audit][statistics]") {
+  const auto result = student_t_test(kSleepDrug2, kSleepDrug1);
+  REQUIRE(result);
+  CHECK(result->difference == Approx(1.58).margin(kTolerance));
+  CHECK(result->t == Approx(1.86081346748685).margin(kTolerance));
+  CHECK(result->degrees_of_freedom == 18.0);
+  CHECK(result->p_value == Approx(0.0791867142159381).margin(kTolerance));
+  CHECK(result->ci95.low == Approx(-0.203874032287599).margin(kTolerance));
+  CHECK(result->ci95.high == Approx(3.3638740322876).margin(kTolerance));
+  // Unequal sizes, where pooling differs from Welch.
+  const std::vector<double> first_four(kSleepDrug1.begin(), kSleepDrug1.begin() + 4);
+  const auto unequal = student_t_test(kSleepDrug2, first_four);
+  REQUIRE(unequal);
+  CHECK(unequal->t == Approx(2.71375110624069).margin(kTolerance));
+  CHECK(unequal->degrees_of_freedom == 12.0);
+  CHECK(unequal->p_value == Approx(0.0188242652023611).margin(kTolerance));
+  CHECK(unequal->ci95.low == Approx(0.572637516341216).margin(kTolerance));
+  CHECK(unequal->ci95.high == Approx(5.23736248365878).margin(kTolerance));
+  // One value in an arm is enough when the other has two (the variance comes from the pool).
+  CHECK(student_t_test(std::vector<double>{1.0}, std::vector<double>{2.0, 3.0}));
+  CHECK_FALSE(student_t_test(std::vector<double>{1.0}, std::vector<double>{2.0}));
+}
+
 TEST_CASE("Paired t-test matches independent values on the sleep data", "[audit][statistics]") {
   const auto result = paired_t_test(kSleepDrug2, kSleepDrug1);
   REQUIRE(result);

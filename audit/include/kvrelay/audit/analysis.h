@@ -2,8 +2,17 @@
 
 // Effects of each treatment against the baseline (T0), per stratum (length bucket x model pair)
 // and overall (strata weighted by their size), paired where trials share a pair_id.
+//
+// Two readings of one audit: intent-to-treat (trials grouped by the treatment they were
+// randomly assigned; the primary estimate, unbiased for the effect of *assigning* a treatment
+// whatever was delivered) and as-treated (grouped by the treatment they were delivered; the
+// effect of the treatment itself, but only unbiased when non-delivery is independent of the
+// outcome). A selection check compares trials assigned X but delivered Y with trials assigned
+// and delivered Y: under randomization and outcome-independent non-delivery they are samples of
+// one population, so a difference flags the as-treated estimate as likely biased.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +57,43 @@ struct StratumReport {
   std::vector<Effect> effects;
 };
 
+// How the trials assigned one treatment were delivered.
+struct DeliveryCounts {
+  std::size_t assigned = 0;
+  std::size_t delivered_as_assigned = 0;
+  std::map<std::string, std::size_t> delivered;  // delivered treatment -> trials (sums to assigned)
+  std::map<std::string, std::size_t> reasons;    // reason of the differing ones ("unspecified" if none)
+};
+
+struct DeliverySummary {
+  std::size_t differing = 0;  // trials delivered other than assigned
+  std::map<std::string, DeliveryCounts> by_assigned;
+};
+
+// Trials assigned `treatment` but delivered `delivered` against trials assigned and delivered
+// `delivered` (selected minus reference), stratified like the effects and combined with weights
+// by the selected trials per stratum.
+struct SelectionCheck {
+  std::string treatment;  // assigned
+  std::string delivered;
+  std::size_t n_selected = 0;       // assigned treatment, delivered `delivered`
+  std::size_t n_reference = 0;      // assigned and delivered `delivered`
+  std::optional<TTestResult> test;  // nullopt: too few trials in every stratum
+  std::optional<double> p_holm;     // Holm across the report's selection checks
+  bool biased = false;              // p_holm < 0.05
+};
+
+struct AsTreated {
+  // True when every trial was delivered as assigned: the as-treated effects are then the
+  // intent-to-treat ones and strata/overall stay empty (the report does not repeat them).
+  bool same_as_intent_to_treat = true;
+  std::vector<StratumReport> strata;
+  std::vector<Effect> overall;
+  std::vector<SelectionCheck> selection;
+  bool biased = false;  // some selection check has p_holm < 0.05
+  std::string note;     // one sentence for people: which estimate to read and why
+};
+
 struct AuditReport {
   std::string baseline;
   std::vector<std::string> routes;
@@ -56,9 +102,12 @@ struct AuditReport {
   std::size_t trials = 0;
   std::size_t assignments_without_outcome = 0;
   std::size_t failed_outcomes = 0;
+  // Intent-to-treat: by assigned treatment.
   std::vector<StratumReport> strata;
   std::vector<Effect> overall;
-  std::vector<BreakEven> break_even;
+  std::vector<BreakEven> break_even;  // by assigned treatment
+  DeliverySummary delivery;
+  AsTreated as_treated;
 };
 
 [[nodiscard]] std::string length_bucket_of(std::uint64_t tokens, const std::vector<std::uint64_t>& edges);

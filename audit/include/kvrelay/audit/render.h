@@ -13,7 +13,9 @@ namespace kvrelay::audit {
 
 // Per stratum and overall, each effect as {"treatment", "baseline", "n", "mean_diff_ms", "ci95",
 // "pct_change", "p_value", "p_holm", "paired"} plus fields of their own for the rest
-// (docs/audit.md). Figures that cannot be computed are null.
+// (docs/audit.md). Figures that cannot be computed are null. "strata" and "overall" are the
+// intent-to-treat effects (by assigned treatment); "delivery" counts what was delivered and
+// "as_treated" holds the effects by delivered treatment with the selection checks.
 [[nodiscard]] nlohmann::json report_to_json(const AuditReport& report);
 [[nodiscard]] nlohmann::json effect_to_json(const Effect& effect);
 

@@ -46,6 +46,12 @@ struct WilcoxonResult {
 // Needs two values per arm; otherwise nullopt.
 [[nodiscard]] std::optional<TTestResult> welch_t_test(std::span<const double> treatment,
                                                       std::span<const double> baseline);
+// Student's two-sample t-test with the pooled variance (df = n1 + n2 - 2). Exact under normal
+// errors when both arms share one variance, as they do under the hypothesis that they are
+// samples of one population (the as-treated selection check); needs one value per arm and three
+// in all, otherwise nullopt.
+[[nodiscard]] std::optional<TTestResult> student_t_test(std::span<const double> treatment,
+                                                        std::span<const double> baseline);
 // Paired t-test on treatment[i] - baseline[i]; needs two pairs and equal lengths.
 [[nodiscard]] std::optional<TTestResult> paired_t_test(std::span<const double> treatment,
                                                        std::span<const double> baseline);

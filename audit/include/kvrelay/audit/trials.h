@@ -4,7 +4,9 @@
 // carries at least route, treatment, context_tokens, ttft_ms and pair_id (null for an unpaired
 // trial). The daemon's online audit writes a trial in two lines instead, so the assignment is on
 // disk before the outcome exists: {"event": "assignment", ...} then {"event": "outcome",
-// "request_id", "ttft_ms", ...}; reading joins them by request_id.
+// "request_id", "ttft_ms", ...}; reading joins them by request_id. What was delivered can differ
+// from what was assigned (a lookup misses, a receiver cannot take a span): a trial records both,
+// the delivered treatment and its reason in the outcome record of the two-record form.
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -31,7 +33,7 @@ using Treatment = kvrelay::Treatment;
 
 struct Trial {
   std::string route;
-  std::string treatment;
+  std::string treatment;  // as assigned (randomized): what intent-to-treat groups by
   std::uint64_t context_tokens = 0;
   double ttft_ms = 0.0;
   std::optional<std::string> pair_id;  // trials sharing one are a context under several treatments
@@ -51,7 +53,16 @@ struct Trial {
   std::optional<std::uint64_t> cached_tokens;
   std::optional<std::uint64_t> status;
   std::optional<std::uint64_t> repeat;
+  // What the request actually got, when it differs or was checked: absent means delivered as
+  // assigned. delivery_reason says why (free text, e.g. "lookup_miss") when they differ.
+  std::optional<std::string> delivered_treatment{};
+  std::string delivery_reason{};
 };
+
+// The treatment a trial was delivered: delivered_treatment, or the assigned one when absent (or
+// empty, which the writers treat as absent).
+[[nodiscard]] const std::string& delivered_treatment_of(const Trial& trial) noexcept;
+[[nodiscard]] bool delivered_as_assigned(const Trial& trial) noexcept;
 
 struct TrialSet {
   std::vector<Trial> trials;
@@ -62,9 +73,21 @@ struct TrialSet {
 [[nodiscard]] nlohmann::json trial_to_json(const Trial& trial);
 // One line, no trailing newline.
 [[nodiscard]] std::string trial_line(const Trial& trial);
-// The online audit's two records.
+// The online audit's two records. The assignment carries no outcome and no delivery (both are
+// known only when the response ends); the outcome record carries them.
 [[nodiscard]] std::string assignment_line(const Trial& trial);
-[[nodiscard]] std::string outcome_line(const std::string& request_id, double ttft_ms, double e2e_ms, unsigned status);
+struct OutcomeRecord {
+  std::string request_id;
+  double ttft_ms = 0.0;
+  double e2e_ms = 0.0;
+  unsigned status = 0;
+  // Default member initializers: {request_id, ttft, e2e, status} alone is a complete record.
+  std::optional<std::uint64_t> prompt_tokens{};  // the worker's, for a text prompt's length
+  std::optional<std::uint64_t> cached_tokens{};
+  std::optional<std::string> delivered_treatment{};  // absent: delivered as assigned
+  std::string delivery_reason{};                     // written when non-empty
+};
+[[nodiscard]] std::string outcome_line(const OutcomeRecord& outcome);
 
 // Parses JSON lines (blank lines skipped). Errors name the line and the field:
 // "trials line 3: field 'ttft_ms': expected a non-negative number, got \"fast\"".

@@ -32,6 +32,11 @@ struct AuditOutcome {
   unsigned status = 0;
   std::optional<std::uint64_t> prompt_tokens;  // from the worker's kvrelay stats, when it sent them
   std::optional<std::uint64_t> cached_tokens;
+  // What the request was actually delivered (a lookup missed, the receiver could not take a
+  // span...); nullopt: delivered as assigned. The reason is recorded when they differ.
+  // (Default member initializers keep the five-field aggregate initializations warning-free.)
+  std::optional<std::string> delivered_treatment{};
+  std::string delivery_reason{};
 };
 
 class OnlineAudit {
@@ -46,7 +51,10 @@ class OnlineAudit {
   void record_assignment(const RoutePolicy& route, const std::string& request_id, const Treatment& treatment,
                          audit::Trial covariates);
 
+  // Appends the outcome record (with what was delivered) and finishes the trial in memory.
   void record_outcome(const std::string& request_id, const AuditOutcome& outcome);
+  // Finished (2xx) trials delivered other than assigned, since start (not only those in memory).
+  [[nodiscard]] std::size_t delivery_differing() const;
 
   // The in-memory trials analysed like `kvrelay audit analyze` (Welch: online trials are unpaired).
   [[nodiscard]] nlohmann::json report(const audit::AnalysisOptions& options) const;
@@ -62,6 +70,7 @@ class OnlineAudit {
   std::vector<audit::Trial> finished_;
   std::size_t dropped_ = 0;
   std::size_t failed_ = 0;
+  std::size_t differing_ = 0;
   std::map<std::string, std::unique_ptr<std::ofstream>> files_;
 };
 
