@@ -11,7 +11,10 @@ std::array<std::uint8_t, BuiltinParams::kWireSize> BuiltinParams::serialize() co
   std::memcpy(bytes.data() + 0, &sink_tokens, 4);
   std::memcpy(bytes.data() + 4, &recent_tokens, 4);
   std::memcpy(bytes.data() + 8, &group_size, 4);
-  std::memcpy(bytes.data() + 12, &keep_permille, 4);
+  // A fraction that does not fit its 16 bits is written as a field parse() refuses, never aliased.
+  const std::uint32_t keep =
+      keep_permille > kKeepPermilleMask ? ~std::uint32_t{0} : keep_permille | (per_position ? 0U : kSparsePerHeadBit);
+  std::memcpy(bytes.data() + 12, &keep, 4);
   std::memcpy(bytes.data() + 16, &zstd_level, 4);
   return bytes;
 }
@@ -26,8 +29,14 @@ Result<BuiltinParams> BuiltinParams::parse(const void* data, std::size_t size) {
   std::memcpy(&params.sink_tokens, bytes + 0, 4);
   std::memcpy(&params.recent_tokens, bytes + 4, 4);
   std::memcpy(&params.group_size, bytes + 8, 4);
-  std::memcpy(&params.keep_permille, bytes + 12, 4);
+  std::uint32_t keep = 0;
+  std::memcpy(&keep, bytes + 12, 4);
   std::memcpy(&params.zstd_level, bytes + 16, 4);
+  if ((keep & ~(kKeepPermilleMask | kSparsePerHeadBit)) != 0) {
+    return fail(ErrorCode::kInvalidArgument, fmt::format("keep field {:#x}: bits 17-31 set", keep));
+  }
+  params.keep_permille = keep & kKeepPermilleMask;
+  params.per_position = (keep & kSparsePerHeadBit) == 0;
   if (params.group_size < 2 || params.group_size > kMaxGroupSize || params.group_size % 2 != 0) {
     return fail(ErrorCode::kInvalidArgument,
                 fmt::format("group size {} not even in 2..{}", params.group_size, kMaxGroupSize));

@@ -61,12 +61,17 @@ std::vector<float> load_tensor(const KvLayout& layout, std::span<const std::uint
   return values;
 }
 
-// Attention output of one query over one kv head: softmax(q K^T / sqrt(d)) V, masked positions skipped.
-void attend(const float* query, const std::vector<float>& keys, const std::vector<float>& values, std::size_t tokens,
-            std::size_t row, std::size_t head_offset, std::size_t dim, const std::uint8_t* mask,
-            std::vector<double>& scores, std::vector<double>& out) {
+inline constexpr std::size_t kNoPosition = static_cast<std::size_t>(-1);
+
+// Attention output of one query over one kv head: softmax(q K^T / sqrt(d)) V, masked positions
+// skipped. Returns the most attended position (the first of equal scores; kNoPosition when every
+// position is masked or no score is a number).
+std::size_t attend(const float* query, const std::vector<float>& keys, const std::vector<float>& values,
+                   std::size_t tokens, std::size_t row, std::size_t head_offset, std::size_t dim,
+                   const std::uint8_t* mask, std::vector<double>& scores, std::vector<double>& out) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   double best = -std::numeric_limits<double>::infinity();
+  std::size_t argmax = kNoPosition;
   for (std::size_t t = 0; t < tokens; ++t) {
     if (mask != nullptr && mask[t] == 0) {
       scores[t] = -std::numeric_limits<double>::infinity();
@@ -77,10 +82,13 @@ void attend(const float* query, const std::vector<float>& keys, const std::vecto
     for (std::size_t d = 0; d < dim; ++d)
       dot += static_cast<double>(query[d]) * key[d];
     scores[t] = dot * scale;
-    best = std::max(best, scores[t]);
+    if (scores[t] > best) {
+      best = scores[t];
+      argmax = t;
+    }
   }
   std::fill(out.begin(), out.end(), 0.0);
-  if (best == -std::numeric_limits<double>::infinity()) return;
+  if (best == -std::numeric_limits<double>::infinity()) return argmax;
   double total = 0;
   for (std::size_t t = 0; t < tokens; ++t) {
     const double weight = std::exp(scores[t] - best);  // exp(-inf) == 0 for masked positions
@@ -92,6 +100,7 @@ void attend(const float* query, const std::vector<float>& keys, const std::vecto
   }
   for (double& v : out)
     v /= total;
+  return argmax;
 }
 
 }  // namespace
@@ -127,6 +136,8 @@ Result<QualityReport> compare_kv(const KvLayout& layout, std::span<const std::ui
   ErrorSums all_values;
   double attn_diff = 0;
   double attn_ref = 0;
+  std::size_t top1_same = 0;
+  std::size_t top1_pairs = 0;
   std::vector<double> scores(tokens);
   std::vector<double> out_ref(dim);
   std::vector<double> out_test(dim);
@@ -144,6 +155,7 @@ Result<QualityReport> compare_kv(const KvLayout& layout, std::span<const std::ui
     all_values.merge(values);
     double layer_diff = 0;
     double layer_ref = 0;
+    std::size_t layer_same = 0;
     const std::size_t group = queries.count > 0 ? queries.query_heads / heads : 1;
     for (std::size_t n = 0; n < queries.count; ++n) {
       for (std::size_t qh = 0; qh < queries.query_heads; ++qh) {
@@ -151,8 +163,11 @@ Result<QualityReport> compare_kv(const KvLayout& layout, std::span<const std::ui
         const float* query = queries.data.data() +
                              ((static_cast<std::size_t>(layer) * queries.count + n) * queries.query_heads + qh) * dim;
         const std::uint8_t* mask = kept.empty() ? nullptr : kept.data() + (layer * heads + kv_head) * tokens;
-        attend(query, k_ref, v_ref, tokens, row, kv_head * dim, dim, nullptr, scores, out_ref);
-        attend(query, k_test, v_test, tokens, row, kv_head * dim, dim, mask, scores, out_test);
+        const std::size_t top_ref =
+            attend(query, k_ref, v_ref, tokens, row, kv_head * dim, dim, nullptr, scores, out_ref);
+        const std::size_t top_test =
+            attend(query, k_test, v_test, tokens, row, kv_head * dim, dim, mask, scores, out_test);
+        if (top_test == top_ref && top_ref != kNoPosition) ++layer_same;
         for (std::size_t d = 0; d < dim; ++d) {
           layer_diff += (out_test[d] - out_ref[d]) * (out_test[d] - out_ref[d]);
           layer_ref += out_ref[d] * out_ref[d];
@@ -160,13 +175,19 @@ Result<QualityReport> compare_kv(const KvLayout& layout, std::span<const std::ui
       }
     }
     quality.attn_rel_err = layer_ref > 0 ? std::sqrt(layer_diff / layer_ref) : 0.0;
+    const std::size_t pairs = static_cast<std::size_t>(queries.count) * queries.query_heads;
+    quality.attention_top1_agreement = pairs > 0 ? static_cast<double>(layer_same) / static_cast<double>(pairs) : 1.0;
     attn_diff += layer_diff;
     attn_ref += layer_ref;
+    top1_same += layer_same;
+    top1_pairs += pairs;
     report.layers.push_back(quality);
   }
   report.keys = all_keys.finish();
   report.values = all_values.finish();
   report.attn_rel_err = attn_ref > 0 ? std::sqrt(attn_diff / attn_ref) : 0.0;
+  report.attention_top1_agreement =
+      top1_pairs > 0 ? static_cast<double>(top1_same) / static_cast<double>(top1_pairs) : 1.0;
   return report;
 }
 
@@ -182,9 +203,18 @@ Result<QualityReport> evaluate(const CodecRegistry& registry, const CodecSpec& c
   std::vector<std::uint8_t> decoded(total);
   KVRELAY_TRY(decode_frame(registry, frame, decoded));
   std::vector<std::uint8_t> kept;
-  if (codec.codec->id() == kSparseCodecId && !codec.zstd_stage) {
-    KVRELAY_TRY(auto header, inspect_frame(frame));
-    const std::span<const std::uint8_t> payload(frame.data() + kFrameHeaderSize + header.params.size(),
+  if (codec.codec->id() == kSparseCodecId) {
+    // The kept positions are in the codec's payload; under a zstd stage, read them from the same
+    // encode without it (the selection does not depend on the stage).
+    std::vector<std::uint8_t> plain_frame;
+    if (codec.zstd_stage) {
+      EncodeOptions plain = options;
+      plain.zstd_stage = false;
+      KVRELAY_TRY(plain_frame, encode_frame(*codec.codec, layout, kv, plain));
+    }
+    const auto& unstaged = codec.zstd_stage ? plain_frame : frame;
+    KVRELAY_TRY(auto header, inspect_frame(unstaged));
+    const std::span<const std::uint8_t> payload(unstaged.data() + kFrameHeaderSize + header.params.size(),
                                                 header.payload_length);
     KVRELAY_TRY(kept, sparse_kept_mask(layout, header.params, payload));
   }

@@ -5,6 +5,8 @@
 
 #include <charconv>
 #include <chrono>
+#include <optional>
+#include <string>
 
 namespace kvrelay::proxy {
 
@@ -33,6 +35,115 @@ Result<std::size_t> parse_limit(std::string_view target, std::size_t capacity,
     return limit;
   }
   return std::min(default_limit, capacity);
+}
+
+// A 64-bit id as GET /admin/kv prints it: 1 to 16 hex digits.
+std::optional<std::uint64_t> parse_hex64(std::string_view text) {
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  if (text.empty() || text.size() > 16 || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// GET /admin/kv/sample's query: key=HEX (the context hash) and model=HEX, both optional.
+struct SampleQuery {
+  std::optional<std::uint64_t> key;
+  std::optional<std::uint64_t> model;
+};
+
+Result<SampleQuery> parse_sample_query(std::string_view target) {
+  SampleQuery parsed;
+  const auto query_start = target.find('?');
+  if (query_start == std::string_view::npos) return parsed;
+  std::string_view query = target.substr(query_start + 1);
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const auto equals = pair.find('=');
+    const auto name = pair.substr(0, equals);
+    const auto text = equals == std::string_view::npos ? std::string_view() : pair.substr(equals + 1);
+    if (name != "key" && name != "model") {
+      return fail(ErrorCode::kInvalidArgument, fmt::format("unknown query parameter '{}' (allowed: key, model)", pair));
+    }
+    auto& slot = name == "key" ? parsed.key : parsed.model;
+    slot = parse_hex64(text);
+    if (!slot) {
+      return fail(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: expected 1 to 16 hex digits as GET /admin/kv lists them, got '{}'", name, text));
+    }
+  }
+  if (parsed.model && !parsed.key) return fail(ErrorCode::kInvalidArgument, "model= needs key=");
+  return parsed;
+}
+
+bool holds_exact_kv(const kv_store::StoredEntry& entry) {
+  return entry.info.layout.layers != 0 && entry.fidelity.is_exact();
+}
+
+// GET /admin/kv/sample: one entry's KV bytes as `kvrelay codec eval` reads them.
+HttpResponse kv_sample(kv_store::EntryStore& store, const HttpRequest& request) {
+  const auto error = [&request](http::status status, std::string_view type, const std::string& message) {
+    return make_json_error(status, type, message, request.version(), request.keep_alive());
+  };
+  const auto query = parse_sample_query(request.target());
+  if (!query) return error(http::status::bad_request, "invalid_argument", query.error().message);
+  std::optional<kv_store::EntryKey> key;
+  if (!query.value().key) {
+    const auto recent = store.recent_keys(1, holds_exact_kv);
+    if (recent.empty()) {
+      return error(http::status::not_found, "not_found",
+                   "no KV entry to sample: this sidecar holds no entry of exact KV (publish one first)");
+    }
+    key = recent.front();
+  } else if (query.value().model) {
+    key = kv_store::EntryKey{*query.value().model, *query.value().key};
+  } else {
+    // key= alone: the entry of any model filed under that context hash.
+    std::vector<kv_store::EntryKey> matches;
+    for (const auto& held : store.recent_keys(store.stats().entries, {}))
+      if (held.context_hash == *query.value().key) matches.push_back(held);
+    if (matches.size() > 1) {
+      std::string models;
+      for (const auto& match : matches)
+        models += fmt::format("{}{:016x}", models.empty() ? "" : ", ", match.model_id);
+      return error(http::status::bad_request, "invalid_argument",
+                   fmt::format("key {:016x} is filed under models {}: add model=", *query.value().key, models));
+    }
+    if (!matches.empty()) key = matches.front();
+  }
+  // A read of the entry like any other: it counts as a use (hits, recency).
+  const auto entry = key ? store.get(*key) : nullptr;
+  if (!entry) {
+    const std::uint64_t asked = key ? key->context_hash : query.value().key.value_or(0);
+    return error(http::status::not_found, "not_found",
+                 fmt::format("no entry under key {:016x}{} (GET /admin/kv lists the keys)", asked,
+                             key ? fmt::format(" of model {:016x}", key->model_id) : ""));
+  }
+  const KvLayout& layout = entry->info.layout;
+  if (layout.layers == 0) {
+    return error(http::status::conflict, "not_kv",
+                 fmt::format("entry {:016x} is an opaque blob without a KV layout", key->context_hash));
+  }
+  if (entry->info.bytes > kMaxKvSampleBytes) {
+    return error(http::status::payload_too_large, "too_large",
+                 fmt::format("entry {:016x} holds {} bytes, above the sample limit of {}", key->context_hash,
+                             entry->info.bytes, kMaxKvSampleBytes));
+  }
+  const auto view = kv_store::view_entry(*entry);
+  if (!view) return error(http::status::internal_server_error, "internal", view.error().message);
+  const auto bytes = view.value().bytes();
+  auto response =
+      make_text_response(http::status::ok, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                         "application/octet-stream", request);
+  response.set("X-Kvrelay-Layout",
+               fmt::format("{},{},{},{}", layout.layers, layout.kv_heads, layout.head_dim, dtype_name(layout.dtype)));
+  response.set("X-Kvrelay-Tokens", std::to_string(layout.tokens));
+  response.set("X-Kvrelay-Model", fmt::format("{:016x}", key->model_id));
+  response.set("X-Kvrelay-Key", fmt::format("{:016x}", key->context_hash));
+  response.set("X-Kvrelay-Fidelity",
+               entry->fidelity.is_exact() ? std::string("exact") : "lossy:" + entry->fidelity.lossy_codec);
+  return response;
 }
 
 nlohmann::json listing_fidelity(const Fidelity& fidelity) {
@@ -120,6 +231,11 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
                              {"next_agents_ignored", traffic.next_agents_ignored}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
+      {http::verb::get, Access::kRead, "/admin/kv/sample",
+       "One entry's raw KV (application/octet-stream: K then V, layer by layer, as `kvrelay codec eval` reads "
+       "it) with X-Kvrelay-Layout (L,H,D,DTYPE) and X-Kvrelay-Tokens: ?key=HEX[&model=HEX] as GET /admin/kv "
+       "lists them, default the most recently used entry of exact KV",
+       [store](const HttpRequest& request) { return kv_sample(*store, request); }},
       {http::verb::delete_, Access::kMutate, "/admin/kv",
        "Drop every KV entry this sidecar holds (benchmarks, incident response); returns what was dropped",
        [path](const HttpRequest& request) {

@@ -2,7 +2,8 @@
 
 // Admin rows of the KV path: GET /admin/decisions?limit=N, GET /admin/peers, the store's
 // GET /admin/kv?limit=N (budget, use, evictions, the entries it values most) and DELETE /admin/kv,
-// and GET /admin/state?limit=N (the node's state as one document: agents, memory, links, peers).
+// GET /admin/kv/sample?key=HEX&model=HEX (one entry's raw KV, for `kvrelay codec eval`), and
+// GET /admin/state?limit=N (the node's state as one document: agents, memory, links, peers).
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,8 @@ namespace kvrelay::proxy {
 inline constexpr std::size_t kDefaultDecisionLimit = 50;
 inline constexpr std::size_t kDefaultKvListLimit = 20;
 inline constexpr std::size_t kMaxKvListLimit = 1000;
+// GET /admin/kv/sample copies the entry into its response: larger entries are refused (413).
+inline constexpr std::uint64_t kMaxKvSampleBytes = std::uint64_t{4} << 30;
 
 inline constexpr std::size_t kDefaultStateEvents = 64;
 inline constexpr std::size_t kMaxStateEvents = 1024;  // the link queues' event ring

@@ -173,7 +173,8 @@ TEST_CASE("int4 with larger groups has larger error and int8 beats int4", "[code
   CHECK(eight.values.rel_l2 < small.values.rel_l2 / 8);
 }
 
-TEST_CASE("sparse keeps the top key norms per head exactly and records positions", "[codec][roundtrip]") {
+TEST_CASE("sparse per head (per_position 0) keeps the top key norms per head exactly and records positions",
+          "[codec][roundtrip]") {
   const auto registry = CodecRegistry::with_builtins();
   const auto spec = resolve_codec(registry, "sparse").value();
   for (auto layout : kShapes) {
@@ -181,7 +182,11 @@ TEST_CASE("sparse keeps the top key norms per head exactly and records positions
       layout.dtype = dtype;
       INFO(layout.describe());
       const auto kv = synthetic_kv(layout, 37, 0).value();
-      const auto params = params_with(32, 16);
+      BuiltinParams per_head;
+      per_head.recent_tokens = 16;
+      per_head.per_position = false;
+      const auto wire = per_head.serialize();
+      const std::vector<std::uint8_t> params(wire.begin(), wire.end());
       EncodeOptions options;
       options.params = params;
       const auto frame = encode_frame(*spec.codec, layout, kv, options).value();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvrelay/codec_plugins/builtin_codecs.h"
 #include "kvrelay/codec_plugins/builtin_params.h"
 #include "kvrelay/codec_plugins/device_codecs.h"
 #include "kvrelay/codec_plugins/frame.h"
@@ -71,6 +72,9 @@ void add_codec_params(CLI::App* command, CodecOptions& options) {
   command->add_option("--group", options.params.group_size, "int8/int4 group size");
   command->add_option("--keep", options.keep_fraction, "sparse: fraction of middle tokens kept")
       ->check(CLI::Range(0.0, 1.0));
+  command->add_option("--per-position", options.params.per_position,
+                      "sparse: 1 (default) one set of positions for every layer and kv head, the kv_sparse "
+                      "medium's rule; 0 a set per layer and kv head");
   command->add_option("--zstd-level", options.params.zstd_level, "lossless: zstd level per byte plane");
 }
 
@@ -144,12 +148,27 @@ double fidelity_factor(double attn_rel_err) {
   return std::clamp(1.0 - attn_rel_err, 0.0, 1.0);
 }
 
+// The policy medium that delivers what `codec` measures: the catalogue's (kv_int8 for int8 and
+// int8+zstd, codec:NAME for a plugin), and kv_sparse for `sparse`, whose per-position rule is the
+// one the kv_sparse medium keeps positions by (the catalogue names no codec for it, since its KV
+// moves raw).
+std::string medium_of(const codec::Codec& codec) {
+  if (codec.id() == codec::kSparseCodecId) return "kv_sparse";
+  return decision::medium_for_codec_spec(codec.name());
+}
+
 // cost_model.media for the lossy codecs measured: one entry per medium, the smallest factor of
-// the specs that carry it (int8 and int8+zstd are both kv_int8).
+// the specs that carry it (int8 and int8+zstd are both kv_int8). `sparse` counts for kv_sparse
+// only with its per-position selection, the medium's rule.
 nlohmann::json policy_snippet(const nlohmann::json& measured) {
   nlohmann::json media = nlohmann::json::object();
   for (const auto& codec : measured) {
     if (codec["lossless"].get<bool>()) continue;  // lossless media are exact: factor 1 always
+    if (codec.contains("per_position") && !codec["per_position"].get<bool>()) {
+      std::fprintf(stderr, "note: %s with --per-position 0 is not what kv_sparse delivers; left out of the snippet\n",
+                   codec["codec"].get<std::string>().c_str());
+      continue;
+    }
     const std::string medium = codec["medium"].get<std::string>();
     const double factor = codec["fidelity_factor"].get<double>();
     if (!media.contains(medium) || media[medium]["fidelity"].get<double>() > factor)
@@ -196,30 +215,38 @@ int run_eval(const CodecOptions& options) {
     start = comma + 1;
     auto spec = codec::resolve_codec(registry, name);
     if (!spec) return report(spec.error());
-    auto quality = codec::evaluate(registry, spec.value(), layout.value(), kv.value(), queries,
-                                   params_for(*spec.value().codec, options));
+    const auto params = params_for(*spec.value().codec, options);
+    auto quality = codec::evaluate(registry, spec.value(), layout.value(), kv.value(), queries, params);
     if (!quality) return report(quality.error());
     const auto& q = quality.value();
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& layer : q.layers) {
-      layers.push_back(
-          {{"k", error_json(layer.keys)}, {"v", error_json(layer.values)}, {"attn_rel_err", layer.attn_rel_err}});
+      layers.push_back({{"k", error_json(layer.keys)},
+                        {"v", error_json(layer.values)},
+                        {"attn_rel_err", layer.attn_rel_err},
+                        {"attention_top1_agreement", layer.attention_top1_agreement}});
     }
     const bool lossless = codec::fidelity_of(spec.value()).is_exact();
-    out.push_back({{"codec", q.codec},
-                   {"medium", decision::medium_for_codec_spec(spec.value().codec->name())},
-                   {"lossless", lossless},
-                   {"layout", q.layout.describe()},
-                   {"raw_bytes", q.raw_bytes},
-                   {"encoded_bytes", q.encoded_bytes},
-                   {"ratio", q.ratio},
-                   {"k", error_json(q.keys)},
-                   {"v", error_json(q.values)},
-                   {"attn_rel_err", q.attn_rel_err},
-                   {"fidelity_factor", lossless ? 1.0 : fidelity_factor(q.attn_rel_err)},
-                   {"queries", queries.count},
-                   {"query_heads", queries.query_heads},
-                   {"layers", layers}});
+    nlohmann::json measured{{"codec", q.codec},
+                            {"medium", medium_of(*spec.value().codec)},
+                            {"lossless", lossless},
+                            {"layout", q.layout.describe()},
+                            {"raw_bytes", q.raw_bytes},
+                            {"encoded_bytes", q.encoded_bytes},
+                            {"ratio", q.ratio},
+                            {"k", error_json(q.keys)},
+                            {"v", error_json(q.values)},
+                            {"attn_rel_err", q.attn_rel_err},
+                            {"attention_top1_agreement", q.attention_top1_agreement},
+                            {"fidelity_factor", lossless ? 1.0 : fidelity_factor(q.attn_rel_err)},
+                            {"queries", queries.count},
+                            {"query_heads", queries.query_heads},
+                            {"layers", layers}};
+    if (spec.value().codec->id() == codec::kSparseCodecId) {
+      measured["per_position"] = options.params.per_position;
+      measured["keep_permille"] = codec::BuiltinParams::parse(params.data(), params.size()).value().keep_permille;
+    }
+    out.push_back(std::move(measured));
   }
   std::printf("%s\n", (options.policy_snippet ? policy_snippet(out) : out).dump(2).c_str());
   return 0;

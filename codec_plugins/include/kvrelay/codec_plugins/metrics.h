@@ -27,6 +27,7 @@ struct LayerQuality {
   TensorError keys;
   TensorError values;
   double attn_rel_err = 0;
+  double attention_top1_agreement = 1;  // see QualityReport
 };
 
 // Queries for the attention error, fp32 [layers][count][query_heads][head_dim]. query_heads is a
@@ -47,6 +48,11 @@ struct QualityReport {
   TensorError keys;         // over all layers
   TensorError values;       // over all layers
   double attn_rel_err = 0;  // |O' - O| / |O| over all layers, queries and heads
+  // Of the (layer, query, query head) triples, the fraction whose most attended key position
+  // (argmax of q K^T / sqrt(d); the first of equal scores; positions a sparse codec dropped
+  // excluded on the decoded side) is the same with the decoded KV as with the original. An
+  // attention-level figure, not next-token agreement. 1 when there are no queries.
+  double attention_top1_agreement = 1;
 };
 
 // Compares two KV buffers of `layout`. `kept` (optional, [layers][kv_heads][tokens], 1 = present)
