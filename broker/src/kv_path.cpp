@@ -24,6 +24,8 @@
 #include "plan.h"
 #include "precision.h"
 #include "record.h"
+#include "sparse_selection.h"
+#include "treatment_span.h"
 #include "trusted_context.h"
 
 namespace kvrelay::broker {
@@ -71,6 +73,64 @@ double served_product(const Policy& policy, const codec::CodecRegistry& codecs, 
   const double source = plan.held ? effective_product(plan.held.fidelity(block_tokens), policy, codecs) : 1.0;
   return source * codec_factor(policy, codecs, plan.codec);
 }
+
+// Files what a lookup delivered of its request's treatment when the lookup returns, however it
+// returns (issue #28): nothing unless one of nothing()/served() says otherwise.
+class DeliveryRecorder {
+ public:
+  DeliveryRecorder(Deliveries* to, const RequestContext& context) : to_(to), context_(context) {
+    if (!context_.treatment) return;
+    delivery_.as_assigned = context_.treatment->span == KvSpan::kNone;
+    if (!delivery_.as_assigned) delivery_.reason = "the lookup ended before serving KV";
+  }
+  DeliveryRecorder(const DeliveryRecorder&) = delete;
+  DeliveryRecorder& operator=(const DeliveryRecorder&) = delete;
+  ~DeliveryRecorder() {
+    if (to_ != nullptr && context_.treatment && !context_.request_id.empty()) {
+      to_->record(context_.request_id, std::move(delivery_));
+    }
+  }
+
+  // The engine's predictions of the plan (its cost breakdown), kept with whatever is delivered.
+  void predicted(const json& cost) {
+    if (!context_.treatment || !cost.is_object()) return;
+    const auto candidates = cost.find("candidates");
+    if (candidates == cost.end() || !candidates->is_array()) return;
+    for (const auto& candidate : *candidates) {
+      const double total = candidate.value("total_s", 0.0);
+      const double correction = candidate.value("audit_correction_s", 0.0);
+      predicted_.emplace_back(candidate.value("medium", std::string()), total - correction);
+    }
+  }
+
+  // Nothing served: as assigned only for a treatment that moves no KV.
+  void nothing(const std::string& why) {
+    if (!context_.treatment) return;
+    delivery_ = Delivery{};
+    delivery_.predicted_s = predicted_;
+    delivery_.as_assigned = context_.treatment->span == KvSpan::kNone;
+    if (!delivery_.as_assigned) delivery_.reason = why;
+  }
+
+  void served(KvSpan span, const std::string& medium, std::uint64_t tokens, const MediumChoice& choice) {
+    if (!context_.treatment) return;
+    const Treatment& assigned = *context_.treatment;
+    delivery_ = Delivery{span, medium, tokens, true, {}, predicted_};
+    if (assigned.span == KvSpan::kNone) {
+      delivery_.as_assigned = false;
+      delivery_.reason = fmt::format("{} served {} KV tokens ({})", choice.source, tokens, choice.reason);
+    } else if (!assigned.medium.empty() && assigned.medium != medium) {
+      delivery_.as_assigned = false;
+      delivery_.reason = fmt::format("served {} instead of {}: {}", medium, assigned.medium, choice.reason);
+    }
+  }
+
+ private:
+  Deliveries* to_;
+  const RequestContext& context_;
+  Delivery delivery_;
+  std::vector<std::pair<std::string, double>> predicted_;
+};
 
 }  // namespace
 
@@ -194,13 +254,10 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   record["route"] = route != nullptr ? json(route->id) : json();
   if (context.treatment) record["treatment"] = treatment_json(*context.treatment);
   if (context.max_tokens) record["max_tokens"] = *context.max_tokens;
-  auto max_blocks = servable_blocks(request, context);
-  if (!max_blocks) {
-    record["error"] = "treatment span \"prompt\" needs treatment.prompt_tokens";
-    finish("error", 0);
-    return max_blocks.error();
-  }
-  record["available_tokens"] = max_blocks.value() * request.block_tokens;
+  const std::size_t max_blocks = servable_blocks(request, context);
+  record["available_tokens"] = max_blocks * request.block_tokens;
+  // What this lookup delivers of an audited request's treatment, filed as it returns.
+  DeliveryRecorder delivery(deliveries_.get(), context);
 
   // 1. Plan: no I/O.
   PlanInputs plan_inputs{*policy, request, context, *store_, *codecs_, *this};
@@ -209,9 +266,11 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
     if (!held) return std::nullopt;
     return std::pair{held->blocks, held->product};
   };
-  LookupPlan plan = plan_lookup(plan_inputs, max_blocks.value());
+  LookupPlan plan = plan_lookup(plan_inputs, max_blocks);
   record_plan(record, plan, std::chrono::duration<double>(Clock::now() - started).count(), metrics_);
+  delivery.predicted(plan.choice.cost);
   if (plan.stop) {
+    delivery.nothing(plan.stop->error.message);
     finish(plan.stop->outcome, 0);
     return plan.stop->error;
   }
@@ -299,15 +358,47 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
     }
   }
   if (!entry) {
+    delivery.nothing("neither this sidecar nor its peers hold a prefix of this prompt");
     finish("miss", 0);
     return fail(ErrorCode::kNotFound, "neither this sidecar nor its peers hold a prefix of this prompt");
   }
   record["kv_from"] = from;
 
-  // 3. Materialize: the servable blocks, through the codec when it has not been yet.
+  // 3. Materialize: the treatment's span of the servable blocks, through the codec when it has
+  // not been yet.
+  const KvSpan span = context.treatment ? context.treatment->span : KvSpan::kAll;
+  SpanInputs span_inputs{span, std::min(entry_blocks, plan.max_blocks), request.block_tokens, std::nullopt,
+                         (worker_request.flags & shm::kResolveSpan) != 0};
+  if (context.treatment && context.treatment->prompt_tokens) {
+    span_inputs.prompt_boundary = context.treatment->prompt_tokens;
+  } else if (entry->chain && entry->chain->prompt_tokens > 0) {
+    span_inputs.prompt_boundary = entry->chain->prompt_tokens;
+  }
+  auto cut = cut_span(span_inputs);
+  if (!cut) {
+    record["span"] = {{"span", span_name(span)}, {"error", cut.error().message}};
+    delivery.nothing(cut.error().message);
+    finish("tokens", 0);
+    return cut.error();
+  }
+  if (span == KvSpan::kPrompt || span == KvSpan::kGenerated) {
+    record["span"] = {{"span", span_name(span)},
+                      {"prompt_boundary", *span_inputs.prompt_boundary},
+                      {"first_token", cut.value().first_block * request.block_tokens},
+                      {"end_token", cut.value().end_block * request.block_tokens}};
+  }
   const bool round_trip = !already_encoded && !plan.lossless;
-  auto served = entry_to_serve({*codecs_, std::move(entry), entry_blocks, plan.max_blocks, request.block_tokens,
-                                plan.codec, round_trip, policy->limits.kv_store_bytes, arena_.get()});
+  ServeInputs serve{*codecs_,
+                    std::move(entry),
+                    entry_blocks,
+                    cut.value().end_block,
+                    request.block_tokens,
+                    plan.codec,
+                    round_trip,
+                    policy->limits.kv_store_bytes,
+                    arena_.get(),
+                    cut.value().first_block};
+  auto served = entry_to_serve(std::move(serve));
   if (!served) return fail_with(served.error());
   entry = std::move(served.value().entry);
 
@@ -334,18 +425,71 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
     return fail(ErrorCode::kInternal, "lossy KV reached a lookup that chose a lossless medium; not served");
   }
   const std::size_t served_blocks = served.value().blocks;
+  std::vector<TokenRun> kept;
+  if (plan.sparse) {
+    // kv_sparse: the kept positions of the exact KV served, at their original positions.
+    if (cut.value().first_block > 0) {
+      delivery.nothing("kv_sparse keeps positions of a leading prefix only, not of a span");
+      finish("tokens", 0);
+      return fail(ErrorCode::kNotFound, "kv_sparse keeps positions of a leading prefix only, not of a span");
+    }
+    kept = sparse_keep(served_blocks * std::uint64_t{request.block_tokens}, sparse_keep_ratio());
+    if (kept.size() > 1 || kept.front().length != entry->info.layout.tokens) {
+      // Exact through the first dropped position; its product the medium's calibrated factor.
+      const Fidelity sparse = Fidelity::lossy("sparse", kept.front().start == 0 ? kept.front().length : 0,
+                                              medium_factor(*policy, *codecs_, "kv_sparse"));
+      auto selected = kv_store::select_entry_tokens(*entry, kept, arena_.get(), &sparse);
+      if (!selected) return fail_with(selected.error());
+      entry = std::move(selected).value();
+      record["sparse"] = {{"kept_tokens", run_tokens(kept)},
+                          {"of_tokens", served_blocks * std::uint64_t{request.block_tokens}},
+                          {"runs", kept.size()}};
+    } else {
+      kept.clear();  // every position kept: plain exact KV
+    }
+  }
   record["fidelity"] = fidelity_json(entry->fidelity);
-  if (!entry->fidelity.is_exact()) record["fidelity_product"] = product;
+  if (!entry->fidelity.is_exact()) record["fidelity_product"] = kept.empty() ? product : entry->fidelity.product;
   if (prefetched_source && from == "local") {
     record["prefetch_hit"] = true;
     metrics_.prefetch_hits.with({route != nullptr ? route->id : std::string()}).inc();
   }
   finish(from == "local" ? "hit_local" : "hit_peer", served_blocks);
-  Fidelity fidelity = entry->fidelity;
-  return shm::ResolvedEntry{
-      std::move(entry),
-      shm::ResolvedMeta{static_cast<std::uint32_t>(served_blocks),
-                        choice.serve_held_prefix ? std::string("kv_raw") : choice.medium, std::move(fidelity)}};
+  shm::ResolvedMeta meta;
+  meta.blocks = static_cast<std::uint32_t>(served_blocks);
+  meta.medium = choice.serve_held_prefix ? std::string("kv_raw") : choice.medium;
+  meta.fidelity = entry->fidelity;
+  meta.first_block = static_cast<std::uint32_t>(cut.value().first_block);
+  meta.kept = std::move(kept);
+  delivery.served(span, meta.medium, served_blocks * std::uint64_t{request.block_tokens}, choice);
+  return shm::ResolvedEntry{std::move(entry), std::move(meta)};
+}
+
+void KvPath::observe_audited_outcome(const std::string& route_id, const Delivery& delivery, double ttft_s) {
+  const auto policy = policy_->current();
+  const RoutePolicy* route = policy->find_route(route_id);
+  if (route == nullptr || !route->audit.calibrate_live || delivery.predicted_s.empty()) return;
+  std::lock_guard lock(engine_mutex_);
+  ensure_engine_locked(*policy);
+  if (!engine_) return;
+  const auto route_index = engine_->find_route(route_id);
+  if (!route_index) return;
+  const auto correction = [&](const std::string& medium) {
+    const auto id = engine_->find_medium(medium);
+    return id ? engine_->audit_correction(route_index.value(), id.value()) : 0.0;
+  };
+  const AuditedOutcome outcome{delivery.medium, delivery.span, ttft_s, delivery.predicted_s};
+  const auto refit = calibration_.observe(*route, outcome, correction);
+  if (!refit) return;
+  for (const MediumRefit& medium : refit->media) {
+    if (const auto id = engine_->find_medium(medium.medium)) {
+      engine_->set_audit_correction(route_index.value(), id.value(), medium.after_s);
+    }
+  }
+  auto logged = refit_json(*refit);
+  spdlog::info("audit calibration: route {} refitted from {} audited outcomes: {}", route_id, refit->trials,
+               logged["media"].dump());
+  log_.record(std::move(logged));
 }
 
 void KvPath::published(const kv_store::EntryKey& worker_key,

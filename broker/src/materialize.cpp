@@ -64,6 +64,16 @@ Result<ServedEntry> entry_to_serve(ServeInputs in) {
         served.entry,
         kv_store::slice_entry(*served.entry, static_cast<std::uint64_t>(served.blocks) * in.block_tokens, in.arena));
   }
+  if (in.first_block > 0 && in.block_tokens != 0) {
+    if (in.first_block >= served.blocks) {
+      return fail(ErrorCode::kOutOfRange,
+                  fmt::format("span from block {} of an entry of {} servable blocks", in.first_block, served.blocks));
+    }
+    const TokenRun span{static_cast<std::uint32_t>(in.first_block * in.block_tokens),
+                        static_cast<std::uint32_t>((served.blocks - in.first_block) * in.block_tokens)};
+    KVRELAY_TRY(served.entry, kv_store::select_entry_tokens(*served.entry, std::span(&span, 1), in.arena));
+    served.blocks -= in.first_block;
+  }
   if (in.needs_round_trip) {
     const auto encode_started = MaterializeClock::now();
     KVRELAY_TRY(const auto frame, encode_entry(in.codecs, in.codec, *served.entry));

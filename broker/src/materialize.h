@@ -71,10 +71,13 @@ struct ServeInputs {
   bool needs_round_trip = false;
   std::uint64_t max_bytes = 0;
   kv_store::ShmArena* arena = nullptr;
+  // A span (issue #28): serve blocks first_block..min(entry_blocks, max_blocks) only.
+  std::size_t first_block = 0;
 };
 
 // The entry cut to its first min(entry_blocks, max_blocks) blocks (an entry longer than the
-// prefix it stands for, too) and, when asked, through the codec and back.
+// prefix it stands for, too), from first_block on, and, when asked, through the codec and back.
+// `blocks` counts the blocks served from first_block.
 [[nodiscard]] Result<ServedEntry> entry_to_serve(ServeInputs in);
 
 }  // namespace kvrelay::broker

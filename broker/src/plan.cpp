@@ -148,6 +148,12 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
       choice.reason = fmt::format("model fingerprints of {} and {} differ: KV cannot move (wanted {})",
                                   route->from_agent, route->to_agent, choice.medium);
       choice.medium = "tokens";
+    } else if (choice.medium == "kv_sparse") {
+      // Moves exact KV of the kept positions (plan_lookup checks the worker can attend over them).
+      if (const auto* to = policy.find_agent(route->to_agent); to == nullptr || !to->accepts_sparse_kv) {
+        choice.reason = fmt::format("agent {} did not declare accepts_sparse_kv; tokens instead", route->to_agent);
+        choice.medium = "tokens";
+      }
     } else if (!codec_for_medium(choice.medium)) {
       choice.reason = fmt::format("{} cannot fill a prefix cache; tokens instead", choice.medium);
       choice.medium = "tokens";
@@ -166,18 +172,15 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
   return choice;
 }
 
-Result<std::size_t> servable_blocks(const shm::ResolveRequest& request, const RequestContext& context) {
+std::size_t servable_blocks(const shm::ResolveRequest& request, const RequestContext& context) {
   if (request.block_tokens == 0) return std::size_t{0};
   std::size_t max_blocks =
       request.prompt_tokens == 0
           ? 0
           : std::min<std::size_t>(request.block_hashes.size(),
                                   static_cast<std::size_t>((request.prompt_tokens - 1) / request.block_tokens));
-  if (context.treatment && context.treatment->span == KvSpan::kPrompt) {
-    if (!context.treatment->prompt_tokens) {
-      return fail(ErrorCode::kInvalidArgument,
-                  "kv_transfer_params.kvrelay.treatment: span \"prompt\" needs prompt_tokens");
-    }
+  if (context.treatment && context.treatment->span == KvSpan::kPrompt && context.treatment->prompt_tokens) {
+    // The offline runner knows A's prompt length; otherwise the served entry's chain says (treatment_span.h).
     max_blocks = std::min<std::size_t>(max_blocks, *context.treatment->prompt_tokens / request.block_tokens);
   }
   return max_blocks;
@@ -223,8 +226,16 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
     plan.stop = stop_with("miss", ErrorCode::kNotFound, "prompt shorter than one block plus one token");
     return plan;
   }
-  // The held prefix under a tokens choice is served as stored: exact, no codec.
-  plan.codec = choice.serve_held_prefix ? std::string("raw") : *codec_for_medium(choice.medium);
+  plan.sparse = choice.medium == "kv_sparse";
+  if (plan.sparse && (request.flags & shm::kResolveSparse) == 0) {
+    choice.reason += "; but the worker did not ask for position-sparse KV (data-plane flag kResolveSparse)";
+    plan.stop = stop_with("tokens", ErrorCode::kNotFound,
+                          "medium kv_sparse: this worker does not attend over position-sparse KV");
+    return plan;
+  }
+  // The held prefix under a tokens choice is served as stored: exact, no codec; sparse KV is
+  // exact KV of the kept positions.
+  plan.codec = choice.serve_held_prefix || plan.sparse ? std::string("raw") : *codec_for_medium(choice.medium);
   plan.lossless = codec::fidelity_of(inputs.codecs, plan.codec).is_exact();
   if (!plan.lossless && request.client_version < shm::kFidelityDataPlaneVersion) {
     // The worker could not say that what it computes over lossy KV is lossy: it prefills.

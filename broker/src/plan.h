@@ -67,6 +67,7 @@ struct LookupPlan {
   std::size_t max_blocks = 0;  // blocks that may be served
   std::string codec;           // the medium's codec spec ("raw" for a held prefix under tokens)
   bool lossless = true;
+  bool sparse = false;  // kv_sparse: exact KV ("raw") of the kept positions only (sparse_selection.h)
   // The local prefix: served as it is, or joined to what peers add.
   kv_store::HeldPrefix held;
   bool held_already_encoded = false;  // lossy KV of the plan's codec: what the medium delivers
@@ -94,9 +95,9 @@ struct PlanInputs {
 };
 
 // The blocks a lookup may serve: never the whole prompt (its last token is prefilled for
-// logits), and for a "prompt" span treatment only the blocks inside A's prompt (an error when
-// the treatment does not say how long A's prompt was).
-[[nodiscard]] Result<std::size_t> servable_blocks(const shm::ResolveRequest& request, const RequestContext& context);
+// logits), and for a "prompt" span treatment that names A's prompt length only the blocks inside
+// it (otherwise the served entry's prompt boundary cuts the span: treatment_span.h).
+[[nodiscard]] std::size_t servable_blocks(const shm::ResolveRequest& request, const RequestContext& context);
 
 // `max_blocks` from servable_blocks().
 [[nodiscard]] LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks);

@@ -68,4 +68,49 @@ Status join_tokens(const KvLayout& head_layout, std::span<const std::byte> head,
   return ok();
 }
 
+std::uint64_t run_tokens(std::span<const TokenRun> runs) noexcept {
+  std::uint64_t total = 0;
+  for (const TokenRun& run : runs)
+    total += run.length;
+  return total;
+}
+
+Status check_token_runs(std::span<const TokenRun> runs, std::uint64_t tokens) {
+  std::uint64_t next = 0;  // the first position the next run may start at
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const TokenRun& run = runs[i];
+    const std::uint64_t end = std::uint64_t{run.start} + run.length;
+    if (run.length == 0) return fail(ErrorCode::kInvalidArgument, fmt::format("token run {} is empty", i));
+    if (run.start < next) {
+      return fail(ErrorCode::kInvalidArgument,
+                  fmt::format("token run {} starts at {}, before the previous run ends ({})", i, run.start, next));
+    }
+    if (end > tokens) {
+      return fail(ErrorCode::kOutOfRange,
+                  fmt::format("token run {} ends at {}, past the {} tokens it selects from", i, end, tokens));
+    }
+    next = end;
+  }
+  return ok();
+}
+
+Status copy_token_runs(const KvLayout& layout, std::span<const std::byte> kv, std::span<const TokenRun> runs,
+                       std::span<std::byte> out) {
+  KVRELAY_TRY(check_token_runs(runs, layout.tokens));
+  KVRELAY_TRY(expect_bytes("cache", layout, kv.size()));
+  const std::uint64_t kept = run_tokens(runs);
+  KVRELAY_TRY(expect_bytes("destination", layout.with_tokens(kept), out.size()));
+  KVRELAY_TRY(const std::uint64_t row, tensor_row_bytes(layout));
+  std::byte* target = out.data();
+  for (std::uint64_t tensor = 0; tensor < 2ULL * layout.layers; ++tensor) {
+    const std::byte* source = kv.data() + tensor * layout.tokens * row;
+    for (const TokenRun& run : runs) {
+      const std::uint64_t bytes = std::uint64_t{run.length} * row;
+      std::memcpy(target, source + std::uint64_t{run.start} * row, static_cast<std::size_t>(bytes));
+      target += bytes;
+    }
+  }
+  return ok();
+}
+
 }  // namespace kvrelay

@@ -280,6 +280,7 @@ void read_agent(const json& value, const std::string& pointer, AgentPolicy& out,
   read_identifier(reader, "node", out.node, diag, false);
   read_url(reader, "metrics_url", out.metrics_url, diag, false);
   reader.read_bool("accepts_sparse_kv", out.accepts_sparse_kv);
+  reader.read_bool("accepts_kv_spans", out.accepts_kv_spans);
   read_identifier(reader, "tenant", out.tenant, diag, false);
   reader.read_u32("tensor_parallel_size", out.tensor_parallel_size, 1, 1024);
   if (out.model.kv_heads != 0 && shard_kv_heads(out.model.kv_heads, out.tensor_parallel_size) == 0) {
@@ -350,6 +351,16 @@ void read_route_audit(const json& value, const std::string& pointer, RouteAuditP
   }
   reader.read_string("trials_file", out.trials_file, false);
   reader.read_bool("client_treatments", out.client_treatments);
+  std::string calibrate = "off";
+  if (reader.read_string("calibrate", calibrate, false)) {
+    if (calibrate != "off" && calibrate != "live") {
+      const json got = calibrate;
+      diag.expected(reader.pointer_of("calibrate"), "one of off, live", &got);
+    }
+    out.calibrate_live = calibrate == "live";
+  }
+  reader.read_u32("calibrate_window", out.calibrate_window, 4, 100000);
+  reader.read_double("calibrate_max_step_s", out.calibrate_max_step_s, 0.0, 60.0);
   reader.reject_unknown_keys();
 }
 
@@ -382,7 +393,9 @@ void read_route(const json& value, const std::string& pointer, RoutePolicy& out,
     out.audit.fraction = out.audit_fraction;
   }
   if (out.audit.treatments.empty()) {
-    // The shorthand's T0..T3 keep only what the route allows (T0, tokens, is always allowed).
+    out.audit.standard_treatments = true;
+    // The shorthand's T0..T3 keep only what the route allows (T0, tokens, is always allowed),
+    // and (fit_standard_treatments) what its receiver can take.
     for (auto& treatment : default_audit_treatments()) {
       if (treatment.medium == "tokens" || out.allowed_media.empty() ||
           std::find(out.allowed_media.begin(), out.allowed_media.end(), treatment.medium) != out.allowed_media.end()) {
@@ -615,6 +628,31 @@ void check_unique_ids(const std::vector<Item>& items, const std::string& pointer
   }
 }
 
+// A receiver is offered only treatments it declared it can take (issue #28): the shorthand's T2
+// leaves routes into a prefix-only receiver; an operator's list naming it is an error (below).
+void fit_standard_treatments(Policy& policy) {
+  for (auto& route : policy.routes) {
+    const auto* to = policy.find_agent(route.to_agent);
+    if (!route.audit.standard_treatments || to == nullptr || to->accepts_kv_spans) continue;
+    std::erase_if(route.audit.treatments,
+                  [](const Treatment& treatment) { return treatment.span == KvSpan::kGenerated; });
+  }
+}
+
+// What a treatment needs of its receiver that the receiver did not declare; "" when nothing.
+std::string untakeable_by(const Treatment& treatment, const AgentPolicy& to) {
+  if (treatment.span == KvSpan::kGenerated && !to.accepts_kv_spans) {
+    return fmt::format(
+        "span generated needs agent {} to declare accepts_kv_spans (a receiver that imports leading "
+        "prefixes only, such as vLLM, cannot take it)",
+        to.id);
+  }
+  if (treatment.medium == "kv_sparse" && !to.accepts_sparse_kv) {
+    return fmt::format("medium kv_sparse needs agent {} to declare accepts_sparse_kv", to.id);
+  }
+  return {};
+}
+
 void check_references(const Policy& policy, Diagnostics& diag) {
   check_unique_ids(policy.peers, "/peers", diag);
   check_unique_ids(policy.agents, "/agents", diag);
@@ -653,12 +691,17 @@ void check_references(const Policy& policy, Diagnostics& diag) {
     }
     for (std::size_t treatment = 0; treatment < route.audit.treatments.size(); ++treatment) {
       const auto& medium = route.audit.treatments[treatment].medium;
+      const auto treatment_pointer =
+          pointer_append(pointer_append(pointer_append(route_pointer, "audit"), "treatments"), treatment);
+      if (const auto* to = policy.find_agent(route.to_agent)) {
+        if (auto why = untakeable_by(route.audit.treatments[treatment], *to); !why.empty()) {
+          diag.problem(treatment_pointer, why);
+        }
+      }
       if (!route.allowed_media.empty() && medium != "tokens" &&
           std::find(route.allowed_media.begin(), route.allowed_media.end(), medium) == route.allowed_media.end()) {
         const json got = medium;
-        diag.expected(
-            pointer_append(pointer_append(pointer_append(route_pointer, "audit"), "treatments"), treatment) + "/medium",
-            "a medium listed in allowed_media", &got);
+        diag.expected(treatment_pointer + "/medium", "a medium listed in allowed_media", &got);
       }
     }
     if (route.forced_medium && !route.allowed_media.empty() &&
@@ -956,6 +999,7 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
     if (const auto* tls = root.field("peer_tls", false)) read_peer_tls(*tls, "/peer_tls", policy.peer_tls, diag);
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
+    if (diag.empty()) fit_standard_treatments(policy);
     if (diag.empty()) check_references(policy, diag);
     if (diag.empty()) check_same_host_peer_uids(policy, diag);
     if (diag.empty()) check_tenancy(policy, diag);

@@ -325,7 +325,8 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.loss_s =
           m.spec.profile.extra_decode_fraction * static_cast<double>(shape.expected_output_tokens) * decode_s_per_token;
     }
-    c.total_s = c.comm_s + c.codec_s + c.comp_s + c.loss_s;
+    c.audit_s = route.audit_correction[i];
+    c.total_s = c.comm_s + c.codec_s + c.comp_s + c.loss_s + c.audit_s;
 
     const double fidelity = m.spec.profile.fidelity;
     if (!route.enabled) {
@@ -481,6 +482,15 @@ void DecisionEngine::observe_codec(MediumId medium, DType dtype, double raw_byte
 void DecisionEngine::observe_handoff(RouteId route, MediumId medium, double raw_bytes, double seconds) noexcept {
   if (route >= routes_.size() || medium >= media_.size() || !media_[medium].spec.needs_kv()) return;
   routes_[route].handoff[medium].observe(raw_bytes, seconds);
+}
+
+void DecisionEngine::set_audit_correction(RouteId route, MediumId medium, double seconds) noexcept {
+  if (route >= routes_.size() || medium >= media_.size() || !std::isfinite(seconds)) return;
+  routes_[route].audit_correction[medium] = seconds;
+}
+
+double DecisionEngine::audit_correction(RouteId route, MediumId medium) const noexcept {
+  return route < routes_.size() && medium < media_.size() ? routes_[route].audit_correction[medium] : 0.0;
 }
 
 double DecisionEngine::link_bytes_per_s(LinkId link) const {

@@ -37,6 +37,7 @@ nlohmann::json decision_to_json(const Decision& decision, const DecisionEngine& 
         {"c_codec_s", c.codec_s},
         {"c_comp_s", c.comp_s},
         {"c_loss_s", c.loss_s},
+        {"audit_correction_s", c.audit_s},
         {"total_s", c.total_s},
         {"wire_bytes", c.wire_bytes},
     };

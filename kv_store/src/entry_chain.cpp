@@ -73,6 +73,7 @@ EntryChain chain_prefix(const EntryChain& chain, std::uint64_t tokens) {
   prefix.tenant = chain.tenant;
   const auto kept = std::min<std::uint64_t>(tokens, chain.tokens.size());
   prefix.tokens.assign(chain.tokens.begin(), chain.tokens.begin() + static_cast<std::ptrdiff_t>(kept));
+  prefix.prompt_tokens = static_cast<std::uint32_t>(std::min<std::uint64_t>(chain.prompt_tokens, kept));
   return prefix;
 }
 
@@ -80,10 +81,11 @@ void encode_chain(ByteWriter& writer, const EntryChain& chain) {
   writer.put(chain.block_tokens).put(chain.root).put_string(chain.tenant);
   writer.put(static_cast<std::uint32_t>(chain.tokens.size()));
   writer.put_bytes(std::as_bytes(std::span(chain.tokens)));
+  writer.put(chain.prompt_tokens);
 }
 
 std::size_t encoded_chain_bytes(const EntryChain& chain) noexcept {
-  return 4 + 8 + 2 + chain.tenant.size() + 4 + (chain.tokens.size() * sizeof(TokenId));
+  return 4 + 8 + 2 + chain.tenant.size() + 4 + (chain.tokens.size() * sizeof(TokenId)) + 4;
 }
 
 Result<EntryChain> decode_chain(ByteReader& reader) {
@@ -104,9 +106,16 @@ Result<EntryChain> decode_chain(ByteReader& reader) {
   }
   const auto ids = reader.get_bytes(static_cast<std::size_t>(*count) * sizeof(TokenId));
   if (!ids) return fail(ErrorCode::kTruncated, "entry chain shorter than its token count");
+  const auto prompt_tokens = reader.get<std::uint32_t>();
+  if (!prompt_tokens) return fail(ErrorCode::kTruncated, "entry chain without its prompt boundary");
+  if (*prompt_tokens > *count) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("entry chain's prompt ends at token {}, past its {} token ids", *prompt_tokens, *count));
+  }
   chain.block_tokens = *block_tokens;
   chain.root = *root;
   chain.tenant = std::move(*tenant);
+  chain.prompt_tokens = *prompt_tokens;
   chain.tokens.resize(*count);
   if (!ids->empty()) std::memcpy(chain.tokens.data(), ids->data(), ids->size());  // never from null
   return chain;

@@ -155,11 +155,13 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
        "Online audit: effects of each treatment vs T0 with CIs (?format=json|markdown|svg)",
        [online_audit](const HttpRequest& request) { return audit_report(online_audit, request); }},
       {http::verb::get, Access::kRead, "/admin/audit/calibration",
-       "Cost-model parameters from the online audit's trials, as a policy fragment to review (docs/audit.md)",
-       [online_audit](const HttpRequest& request) {
+       "Cost-model parameters from the online audit's trials, as a policy fragment to review, and the live "
+       "calibration's refits (routes[].audit.calibrate \"live\"; docs/audit.md)",
+       [online_audit, live = context.live_calibration](const HttpRequest& request) {
          const auto trials = online_audit ? online_audit->snapshot() : audit::TrialSet{};
-         return make_json_response(http::status::ok, audit::calibrate(trials, audit::CalibrationOptions{}).dump(),
-                                   request);
+         auto body = audit::calibrate(trials, audit::CalibrationOptions{});
+         body["live"] = live ? live() : nlohmann::json();
+         return make_json_response(http::status::ok, body.dump(), request);
        }},
       {http::verb::post, Access::kMutate, "/admin/reload",
        "Re-read the policy file; a bad policy is rejected and the old one keeps serving",

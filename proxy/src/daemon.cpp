@@ -143,7 +143,9 @@ int run_daemon(const DaemonOptions& options) {
     return check_memory_budget(next, container_memory_limit(root, self));
   });
   auto online_audit = std::make_shared<OnlineAudit>();
-  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit);
+  // Lookups file what they delivered of audited treatments; the front proxy files it with the outcome.
+  auto deliveries = std::make_shared<broker::Deliveries>();
+  auto front_proxy = std::make_shared<FrontProxy>(runtime_policy, *registry, online_audit, deliveries);
 
   // The KV path: medium decisions, peer fetches and pushes behind the worker data plane.
   auto codecs = std::make_shared<codec::CodecRegistry>(codec::CodecRegistry::with_builtins());
@@ -184,6 +186,11 @@ int run_daemon(const DaemonOptions& options) {
     peer_links->set_tls(peer_tls);
   }
   auto kv_path = std::make_shared<broker::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
+  kv_path->set_deliveries(deliveries);
+  front_proxy->set_audit_observer([weak = std::weak_ptr<broker::KvPath>(kv_path)](
+                                      const std::string& route, const broker::Delivery& delivery, double ttft_s) {
+    if (const auto path = weak.lock()) path->observe_audited_outcome(route, delivery, ttft_s);
+  });
   // Issue #27: a codec's fidelity factor, which peer transfers stamp into their fidelity product:
   // 1 for lossless codecs, else the live policy's cost_model.media[].fidelity for its medium, else
   // the media catalogue's default (decision/media.h).
@@ -236,6 +243,10 @@ int run_daemon(const DaemonOptions& options) {
   admin_context.codec_load_failures = std::move(codec_load_failures);
   admin_context.upstream_prober = upstream_prober;
   admin_context.audit = online_audit;
+  admin_context.live_calibration = [weak = std::weak_ptr<broker::KvPath>(kv_path)]() {
+    const auto path = weak.lock();
+    return path ? path->live_calibration() : nlohmann::json();
+  };
   admin_context.extra_endpoints = kv_admin_endpoints(kv_path, entry_store, link_queues,
                                                      [upstream_prober] { return upstream_prober->snapshot_json(); });
   auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);

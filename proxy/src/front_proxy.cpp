@@ -169,11 +169,31 @@ FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
                            {"agent"})) {}
 
 FrontProxy::FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry,
-                       std::shared_ptr<OnlineAudit> audit)
+                       std::shared_ptr<OnlineAudit> audit, std::shared_ptr<broker::Deliveries> deliveries)
     : policy_(std::move(policy)),
       pool_(std::make_shared<UpstreamPool>()),
       metrics_(registry),
-      audit_(std::move(audit)) {}
+      audit_(std::move(audit)),
+      deliveries_(std::move(deliveries)) {}
+
+DeliveredTreatment delivered_treatment(const RoutePolicy& route, const Treatment& assigned,
+                                       const std::optional<broker::Delivery>& delivery) {
+  if (!delivery) {
+    if (assigned.span == KvSpan::kNone) return {assigned.name, {}};
+    broker::Delivery nothing;
+    nothing.reason = "the worker made no KV lookup for this request";
+    return delivered_treatment(route, assigned, nothing);
+  }
+  if (delivery->as_assigned) return {assigned.name, {}};
+  for (const Treatment& candidate : route.audit.treatments) {
+    const bool same_span = candidate.span == delivery->span;
+    if (same_span && (delivery->span == KvSpan::kNone || candidate.delivered_medium() == delivery->medium)) {
+      return {candidate.name, delivery->reason};
+    }
+  }
+  if (delivery->span == KvSpan::kNone) return {"tokens/none", delivery->reason};
+  return {fmt::format("{}/{}", delivery->medium, span_name(delivery->span)), delivery->reason};
+}
 
 Reply FrontProxy::dispatch(HttpRequest&& request) {
   const auto target = parse_agent_target(request.target());
@@ -202,6 +222,8 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   if (request_id.empty()) request_id = generate_request_id();
 
   bool audited = false;
+  std::optional<Treatment> assigned;  // an audited request's treatment, and the route it was drawn on
+  const RoutePolicy* audited_route = nullptr;
   if (agent->kv_connector && is_generation_endpoint(target->upstream_path)) {
     broker::RequestContext context;
     context.request_id = request_id;
@@ -228,6 +250,8 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       audit_->record_assignment(*route, request_id, *treatment, std::move(covariates));
       context.treatment = *treatment;
       audited = true;
+      assigned = *treatment;
+      audited_route = route;
     }
     const auto* tenant = policy->find_tenant(agent->tenant);
     const KvParamsInjection injection{client_treatments, tenant != nullptr ? tenant->salt : std::string_view(),
@@ -263,10 +287,21 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   upstream_request.prepare_payload();
 
   metrics_.in_flight.get().inc();
-  auto on_finished = [this, agent_id = agent->id, endpoint = target->upstream_path, audited,
-                      request_id](const RelayOutcome& outcome) {
+  auto on_finished = [this, agent_id = agent->id, endpoint = target->upstream_path, audited, request_id, policy,
+                      audited_route, assigned](const RelayOutcome& outcome) {
     if (audited) {
       AuditOutcome result;
+      if (audited_route != nullptr && assigned) {
+        const auto delivery = deliveries_ ? deliveries_->take(request_id) : std::nullopt;
+        auto delivered = delivered_treatment(*audited_route, *assigned, delivery);
+        result.delivered_treatment = std::move(delivered.name);
+        result.delivery_reason = std::move(delivered.reason);
+        const bool answered = !outcome.upstream_failed && outcome.status >= 200 && outcome.status < 300;
+        if (delivery && answered && audit_observer_) {
+          audit_observer_(audited_route->id, *delivery,
+                          std::chrono::duration<double>(outcome.time_to_first_body_byte).count());
+        }
+      }
       // Time to first token: the first body byte (for SSE the first token's event; for a plain
       // response the whole answer, which is why audits stream).
       result.ttft_ms = std::chrono::duration<double, std::milli>(outcome.time_to_first_body_byte).count();

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+
 namespace kvrelay::refworker {
 
 namespace {
@@ -16,6 +18,45 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
 // K and V, every layer, fp32: what one token's KV occupies in the worker's cache.
 std::uint64_t kv_bytes_per_token(const ModelConfig& config) {
   return 2ULL * config.layers * config.kv_dim() * sizeof(float);
+}
+
+// Positions the runs keep, one per imported row.
+std::vector<std::uint32_t> kept_positions(std::span<const TokenRun> runs) {
+  std::vector<std::uint32_t> positions;
+  positions.reserve(run_tokens(runs));
+  for (const TokenRun& run : runs)
+    for (std::uint32_t i = 0; i < run.length; ++i)
+      positions.push_back(run.start + i);
+  return positions;
+}
+
+// Loads what a lookup found into the empty `session`: a leading prefix; a span, after prefilling
+// the prompt's tokens before it (their time goes to `span_prefill_ms`); or sparse KV.
+Status import_prefix(InferenceSession& session, std::span<const std::int32_t> prompt, const KvPrefix& prefix,
+                     double& span_prefill_ms) {
+  if (!prefix.kept.empty()) {
+    if (prefix.context_tokens > prompt.size()) {
+      return fail(ErrorCode::kOutOfRange,
+                  fmt::format("sparse KV of {} positions for a {}-token prompt", prefix.context_tokens, prompt.size()));
+    }
+    const auto positions = kept_positions(prefix.kept);
+    if (prefix.read) return session.import_sparse_kv(prefix.layout, positions, prefix.context_tokens, prefix.read);
+    return session.import_sparse_kv(prefix.layout, positions, prefix.context_tokens,
+                                    [&prefix](std::uint64_t offset, std::span<float> into) -> Status {
+                                      std::memcpy(into.data(), prefix.kv.data() + offset, into.size_bytes());
+                                      return ok();
+                                    });
+  }
+  if (prefix.start_tokens + prefix.layout.tokens > prompt.size()) {
+    return fail(ErrorCode::kOutOfRange, fmt::format("KV of tokens {}..{} for a {}-token prompt", prefix.start_tokens,
+                                                    prefix.start_tokens + prefix.layout.tokens, prompt.size()));
+  }
+  if (prefix.start_tokens > 0) {
+    const auto began = Clock::now();
+    KVRELAY_TRY(session.prefill(prompt.first(prefix.start_tokens)));
+    span_prefill_ms = ms_between(began, Clock::now());
+  }
+  return prefix.read ? session.import_kv(prefix.layout, prefix.read) : session.import_kv(prefix.layout, prefix.kv);
 }
 
 }  // namespace
@@ -107,6 +148,9 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
 
   InferenceSession session(model_, kv_cache_);
   Fidelity imported_fidelity = Fidelity::exact();
+  std::uint64_t imported_tokens = 0;
+  std::vector<std::int32_t> computed_before;  // a span's leading tokens, prefilled before its import
+  double span_prefill_ms = 0.0;
   // A connector failure or an unusable prefix is a miss: the request still gets served.
   auto found = connector_.lookup(prompt, request.kvrelay_params);
   const auto looked_up = Clock::now();
@@ -114,35 +158,37 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   if (!found) {
     spdlog::warn("kv lookup failed, prefilling everything: {}", found.error().to_string());
   } else if (found.value() && found.value()->layout.tokens > 0) {
-    const KvPrefix& prefix = *found.value();
-    if (prefix.layout.tokens > prompt.size()) {
-      spdlog::warn("kv lookup returned {} tokens for a {}-token prompt; ignoring it", prefix.layout.tokens,
-                   prompt.size());
-    } else if (auto imported = prefix.read ? session.import_kv(prefix.layout, prefix.read)
-                                           : session.import_kv(prefix.layout, prefix.kv);
-               !imported) {
-      spdlog::warn("kv prefix rejected, prefilling everything: {}", imported.error().to_string());
+    KvPrefix& prefix = *found.value();
+    auto imported = import_prefix(session, prompt, prefix, span_prefill_ms);
+    if (!imported) {
+      spdlog::warn("kv import rejected, prefilling everything: {}", imported.error().to_string());
+      session = InferenceSession(model_, kv_cache_);
     } else {
       imported_fidelity = prefix.fidelity;
+      imported_tokens = prefix.layout.tokens;
+      computed_before.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(prefix.start_tokens));
       if (session.position() == prompt.size()) {
         // The whole prompt is cached, but the first token needs the last position's logits:
         // recompute that one token, as vLLM does on a full prefix hit.
         KVRELAY_TRY(session.truncate(prompt.size() - 1));
+        --imported_tokens;
       }
     }
   }
-  report_kv_held(session.position());
+  report_kv_held(session.cached_rows());
   const Fidelity session_fidelity = computed_fidelity(imported_fidelity, session.position());
-  stats.import_ms = ms_between(looked_up, Clock::now());
-  stats.cached_tokens = session.position();
-  const auto computed = prompt.subspan(session.position());
+  stats.import_ms = ms_between(looked_up, Clock::now()) - span_prefill_ms;
+  stats.cached_tokens = imported_tokens;
+  const auto rest = prompt.subspan(session.position());
+  std::vector<std::int32_t> computed(computed_before);
+  computed.insert(computed.end(), rest.begin(), rest.end());
   stats.prefill_tokens = computed.size();
 
   const auto prefill_start = Clock::now();
-  KVRELAY_TRY(auto logits, session.prefill(computed));
+  KVRELAY_TRY(auto logits, session.prefill(rest));
   const auto prefill_end = Clock::now();
-  stats.prefill_ms = ms_between(prefill_start, prefill_end);
-  report_kv_held(session.position());
+  stats.prefill_ms = ms_between(prefill_start, prefill_end) + span_prefill_ms;
+  report_kv_held(session.cached_rows());
   connector_.report_prefill(computed, prompt.size(), stats.prefill_ms / 1000.0, request.kvrelay_params);
 
   bool first = true;
@@ -157,7 +203,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
       metrics_.observe_time_per_output_token(ms_between(previous_token, now) / 1000.0);
     }
     previous_token = now;
-    report_kv_held(session.position());
+    report_kv_held(session.cached_rows());
     return !job.on_token || job.on_token(token);
   };
   KVRELAY_TRY(outcome.generation, generate(session, logits, request.generation, on_token));
@@ -166,6 +212,12 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   std::vector<std::int32_t> context(request.prompt);
   context.insert(context.end(), outcome.generation.tokens.begin(), outcome.generation.tokens.end());
   context.resize(session.position());
+  if (session.sparse()) {
+    // Its KV attended over some of A's positions only: no chain prefix of this context.
+    spdlog::debug("not publishing the KV of a request served position-sparse KV");
+    stats.total_ms = ms_between(job.arrival, Clock::now());
+    return outcome;
+  }
   if (!connector_.wants_publish()) {
     stats.total_ms = ms_between(job.arrival, Clock::now());
     return outcome;
@@ -174,7 +226,7 @@ Result<CompletionOutcome> ModelWorker::serve(CompletionJob& job) {
   if (!kv) {
     spdlog::warn("kv export failed: {}", kv.error().to_string());
   } else if (auto published = connector_.publish(context, session.layout(context.size()), kv.value(),
-                                                 request.kvrelay_params, session_fidelity);
+                                                 request.kvrelay_params, session_fidelity, prompt.size());
              !published) {
     spdlog::warn("kv publish failed: {}", published.error().to_string());
   } else {

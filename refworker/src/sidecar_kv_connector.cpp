@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -88,6 +89,32 @@ Result<KvPrefix> SidecarKvConnector::segment_prefix(shm::ReadOnlyEntry entry, st
   return prefix;
 }
 
+Result<KvPrefix> SidecarKvConnector::resolved_prefix(shm::ResolvedPrefix resolved, std::uint64_t prompt_tokens) const {
+  const shm::ResolvedMeta& meta = resolved.meta;
+  const std::uint64_t start = std::uint64_t{meta.first_block} * block_tokens_;
+  const std::uint64_t end = start + (std::uint64_t{meta.blocks} * block_tokens_);
+  if (end > prompt_tokens) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("sidecar resolved tokens {}..{} of a {}-token prompt", start, end, prompt_tokens));
+  }
+  std::uint64_t rows = end - start;
+  if (!meta.kept.empty()) {
+    KVRELAY_TRY(check_token_runs(meta.kept, end));
+    if (meta.kept.front().start < start) {
+      return fail(ErrorCode::kProtocol, "sidecar's sparse KV keeps a position before the blocks it covers");
+    }
+    rows = run_tokens(meta.kept);
+  }
+  KVRELAY_TRY(auto prefix, segment_prefix(std::move(resolved.entry), rows));
+  prefix.fidelity = meta.fidelity.prefix(end);
+  prefix.start_tokens = meta.kept.empty() ? start : 0;
+  if (!meta.kept.empty()) {
+    prefix.kept = meta.kept;
+    prefix.context_tokens = end;
+  }
+  return prefix;
+}
+
 Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::int32_t> tokens,
                                                            const nlohmann::json& params) {
   const std::lock_guard lock(mutex_);
@@ -100,6 +127,8 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::
   request.prompt_tokens = tokens.size();
   request.block_hashes.assign(hashes.begin(), hashes.end());
   request.params_json = params_text(params);
+  // This worker prefills what precedes a span and attends over sparse positions (issue #28).
+  if (sidecar->server_version() >= shm::kSpanDataPlaneVersion) request.flags = shm::kResolveSpan | shm::kResolveSparse;
   auto resolved = sidecar->resolve_unmapped(request);
   if (!resolved) {
     if (resolved.error().code == ErrorCode::kNotFound) {
@@ -109,10 +138,9 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup(std::span<const std::
     client_.reset();  // the connection is in an unknown state: reconnect next time
     return resolved.error();
   }
-  const std::uint64_t prefix_tokens = std::uint64_t{resolved.value().meta.blocks} * block_tokens_;
-  KVRELAY_TRY(auto prefix, segment_prefix(std::move(resolved.value().entry), prefix_tokens));
-  prefix.fidelity = resolved.value().meta.fidelity.prefix(prefix_tokens);
-  spdlog::debug("kv lookup: {} tokens via {}", prefix_tokens, resolved.value().meta.medium);
+  const std::string medium = resolved.value().meta.medium;
+  KVRELAY_TRY(auto prefix, resolved_prefix(std::move(resolved).value(), tokens.size()));
+  spdlog::debug("kv lookup: {} tokens from {} via {}", prefix.layout.tokens, prefix.start_tokens, medium);
   return std::optional<KvPrefix>(std::move(prefix));
 }
 
@@ -136,7 +164,8 @@ Result<std::optional<KvPrefix>> SidecarKvConnector::lookup_by_keys(shm::ShmClien
 }
 
 Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
-                                   std::span<const float> kv, const nlohmann::json& params, const Fidelity& fidelity) {
+                                   std::span<const float> kv, const nlohmann::json& params, const Fidelity& fidelity,
+                                   std::uint64_t prompt_tokens) {
   const std::lock_guard lock(mutex_);
   const auto hashes = block_hashes(tokens, params);
   if (hashes.empty()) return ok();  // shorter than one block: nothing shareable
@@ -150,6 +179,7 @@ Status SidecarKvConnector::publish(std::span<const std::int32_t> tokens, const K
   chain.block_tokens = block_tokens_;
   chain.root = chain_root(params);
   chain.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(full_tokens));
+  chain.prompt_tokens = static_cast<std::uint32_t>(std::min(prompt_tokens, full_tokens));
   auto published = sidecar->publish_with_context({fingerprint_id_, hashes.back()}, layout.with_tokens(full_tokens),
                                                  bytes, params_text(params), fidelity.prefix(full_tokens), &chain);
   if (!published && published.error().code != ErrorCode::kAlreadyExists) {

@@ -540,6 +540,8 @@ int kvrelay_region_commit_request(kvrelay_client* client, kvrelay_region* region
                             request->count};
   auto entry_chain = to_chain(&chain);
   if (!entry_chain) return refuse(record(client, entry_chain.error()));
+  // count <= prompt_tokens: a prompt's KV, every token of it the prompt's (issue #28's boundary).
+  entry_chain.value()->prompt_tokens = static_cast<std::uint32_t>(request->count);
   // The key is the chain's last block hash, as the sidecar recomputes it when it verifies.
   const auto hashes =
       kvrelay::kv_store::chain_keys(request->model_id, *entry_chain.value(), kvrelay::kv_store::ChainScope::kUnscoped);

@@ -3,18 +3,21 @@
 #include <fmt/format.h>
 
 #include "kvrelay/kv_store/memfd.h"
+#include "kvrelay/shm_transport/control_protocol.h"
 
 namespace kvrelay::shm {
 
 ChainHeader ChainHeader::of(const kv_store::EntryChain& chain) {
-  return {chain.block_tokens, chain.root, chain.tenant, static_cast<std::uint32_t>(chain.tokens.size())};
+  return {chain.block_tokens, chain.root, chain.tenant, static_cast<std::uint32_t>(chain.tokens.size()),
+          chain.prompt_tokens};
 }
 
-void encode_chain_header(ByteWriter& writer, const ChainHeader& header) {
+void encode_chain_header(ByteWriter& writer, const ChainHeader& header, std::uint32_t version) {
   writer.put(header.block_tokens).put(header.root).put_string(header.tenant).put(header.count);
+  if (version >= kSpanDataPlaneVersion) writer.put(header.prompt_tokens);
 }
 
-Result<ChainHeader> decode_chain_header(ByteReader& reader) {
+Result<ChainHeader> decode_chain_header(ByteReader& reader, std::uint32_t version) {
   const auto block_tokens = reader.get<std::uint32_t>();
   const auto root = reader.get<std::uint64_t>();
   auto tenant = reader.get_string();
@@ -29,7 +32,17 @@ Result<ChainHeader> decode_chain_header(ByteReader& reader) {
     return fail(ErrorCode::kProtocol,
                 fmt::format("chain of {} token ids is not whole blocks of {}", *count, *block_tokens));
   }
-  return ChainHeader{*block_tokens, *root, std::move(*tenant), *count};
+  std::uint32_t prompt_tokens = 0;
+  if (version >= kSpanDataPlaneVersion) {
+    const auto boundary = reader.get<std::uint32_t>();
+    if (!boundary) return fail(ErrorCode::kTruncated, "chain header truncated (prompt boundary)");
+    if (*boundary > *count) {
+      return fail(ErrorCode::kProtocol,
+                  fmt::format("chain's prompt ends at token {}, past its {} ids", *boundary, *count));
+    }
+    prompt_tokens = *boundary;
+  }
+  return ChainHeader{*block_tokens, *root, std::move(*tenant), *count, prompt_tokens};
 }
 
 Result<UniqueFd> chain_tokens_memfd(std::span<const TokenId> tokens) {
@@ -53,6 +66,7 @@ Result<kv_store::EntryChain> read_chain(const ChainHeader& header, int fd) {
   chain.block_tokens = header.block_tokens;
   chain.root = header.root;
   chain.tenant = header.tenant;
+  chain.prompt_tokens = header.prompt_tokens;
   chain.tokens.resize(header.count);
   KVRELAY_TRY(kv_store::read_memfd(fd, 0, std::as_writable_bytes(std::span(chain.tokens))));
   return chain;

@@ -421,7 +421,7 @@ Result<ReadOnlyEntry> ShmClient::lookup(const kv_store::EntryKey& key) {
   }
   if (reply.fds.size() != 1U + has_chain) return fail(ErrorCode::kProtocol, "unexpected number of fds in reply");
   if (has_chain != 0) {
-    auto header = decode_chain_header(reader);
+    auto header = decode_chain_header(reader, std::min(server_version_, protocol_version_));
     if (!header) return fail(header.error().code, fmt::format("entry reply: {}", header.error().message));
     KVRELAY_TRY(entry.chain, read_chain(header.value(), reply.fds[1].get()));
   }
@@ -441,14 +441,19 @@ Result<ResolvedMeta> ShmClient::read_meta(ByteReader& reader, bool with_fidelity
   const auto blocks = reader.get<std::uint32_t>();
   auto medium = reader.get_string();
   if (!blocks || !medium) return fail(ErrorCode::kProtocol, "malformed resolved reply");
-  Fidelity fidelity;  // an older sidecar serves exact KV, or cannot tell
-  if (with_fidelity) {
+  ResolvedMeta meta;
+  meta.blocks = *blocks;
+  meta.medium = std::move(*medium);
+  if (with_fidelity) {  // an older sidecar serves exact KV, or cannot tell
     auto decoded = decode_fidelity(reader);
     if (!decoded) return fail(ErrorCode::kProtocol, fmt::format("resolved reply: {}", decoded.error().message));
-    fidelity = std::move(decoded).value();
+    meta.fidelity = std::move(decoded).value();
+  }
+  if (std::min(server_version_, protocol_version_) >= kSpanDataPlaneVersion) {
+    KVRELAY_TRY(decode_resolved_span(reader, meta));
   }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolved reply");
-  return ResolvedMeta{*blocks, std::move(*medium), std::move(fidelity)};
+  return meta;
 }
 
 Result<ResolvedPrefix> ShmClient::resolved_reply(Reply& reply, bool map) {
@@ -468,9 +473,11 @@ Result<ResolvedPrefix> ShmClient::resolve_as(const ResolveRequest& request, bool
   KVRELAY_TRY(auto reply, call(MessageType::kResolve, encode_resolve(asked, version), MessageType::kResolved, 1, {},
                                MessageType::kArenaResolved));
   KVRELAY_TRY(auto resolved, resolved_reply(reply, map));
-  if (resolved.meta.blocks > request.block_hashes.size()) {
-    return fail(ErrorCode::kProtocol, fmt::format("resolved {} blocks of a {}-block prompt", resolved.meta.blocks,
-                                                  request.block_hashes.size()));
+  if (std::uint64_t{resolved.meta.first_block} + resolved.meta.blocks > request.block_hashes.size()) {
+    return fail(
+        ErrorCode::kProtocol,
+        fmt::format("resolved blocks {}..{} of a {}-block prompt", resolved.meta.first_block,
+                    std::uint64_t{resolved.meta.first_block} + resolved.meta.blocks, request.block_hashes.size()));
   }
   return resolved;
 }

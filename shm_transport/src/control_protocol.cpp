@@ -150,7 +150,7 @@ std::vector<std::byte> encode_commit(const CommitRequest& commit, bool with_cont
       writer.put(flags);
     }
     if (!commit.fidelity.is_exact()) encode_fidelity(writer, commit.fidelity);
-    if (commit.chain && version >= kChainDataPlaneVersion) encode_chain_header(writer, *commit.chain);
+    if (commit.chain && version >= kChainDataPlaneVersion) encode_chain_header(writer, *commit.chain, version);
   }
   return writer.take();
 }
@@ -190,7 +190,7 @@ Result<CommitRequest> decode_commit(std::span<const std::byte> payload, bool wit
       commit.fidelity = std::move(fidelity).value();
     }
     if ((flags & kCommitHasChain) != 0) {
-      auto chain = decode_chain_header(reader);
+      auto chain = decode_chain_header(reader, version);
       if (!chain) return fail(chain.error().code, fmt::format("commit: {}", chain.error().message));
       commit.chain = std::move(chain).value();
     }
@@ -239,12 +239,41 @@ Result<ResolveRequest> decode_resolve(std::span<const std::byte> payload, std::u
   if (version >= kReservationDataPlaneVersion) {
     const auto flags = reader.get<std::uint32_t>();
     if (!flags) return fail(ErrorCode::kTruncated, "resolve request: flags truncated");
-    if ((*flags & ~kResolveReserve) != 0)
-      return fail(ErrorCode::kProtocol, fmt::format("resolve request: unknown flags 0x{:x}", *flags));
+    if ((*flags & ~known_resolve_flags(version)) != 0)
+      return fail(ErrorCode::kProtocol,
+                  fmt::format("resolve request: unknown flags 0x{:x} for data-plane version {}", *flags, version));
     request.flags = *flags;
   }
   if (reader.remaining() != 0) return fail(ErrorCode::kProtocol, "malformed resolve request: trailing bytes");
   return request;
+}
+
+void encode_resolved_span(ByteWriter& writer, const ResolvedMeta& meta) {
+  writer.put(meta.first_block).put(static_cast<std::uint16_t>(meta.kept.size()));
+  for (const TokenRun& run : meta.kept)
+    writer.put(run.start).put(run.length);
+}
+
+Status decode_resolved_span(ByteReader& reader, ResolvedMeta& meta) {
+  const auto first_block = reader.get<std::uint32_t>();
+  const auto runs = reader.get<std::uint16_t>();
+  if (!first_block || !runs) return fail(ErrorCode::kProtocol, "resolved reply: span truncated");
+  if (*runs > kMaxKeptRuns) {
+    return fail(ErrorCode::kProtocol, fmt::format("resolved reply keeps {} runs (at most {})", *runs, kMaxKeptRuns));
+  }
+  meta.first_block = *first_block;
+  meta.kept.clear();
+  meta.kept.reserve(*runs);
+  for (std::uint16_t i = 0; i < *runs; ++i) {
+    const auto start = reader.get<std::uint32_t>();
+    const auto length = reader.get<std::uint32_t>();
+    if (!start || !length) return fail(ErrorCode::kProtocol, "resolved reply: kept runs truncated");
+    meta.kept.push_back({*start, *length});
+  }
+  if (auto checked = check_token_runs(meta.kept, std::uint64_t{1} << 32); !checked) {
+    return fail(ErrorCode::kProtocol, fmt::format("resolved reply: {}", checked.error().message));
+  }
+  return ok();
 }
 
 std::vector<std::byte> encode_prefill_report(const PrefillReport& report) {

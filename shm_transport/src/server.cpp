@@ -145,7 +145,7 @@ Result<ResolvedEntry> resolve_from_store(kv_store::EntryStore& store, const Reso
   if (entry->info.layout.tokens > tokens) {
     KVRELAY_TRY(entry, kv_store::slice_entry(*entry, tokens));
   }
-  return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(held.blocks), "kv_raw", {}}};
+  return ResolvedEntry{std::move(entry), ResolvedMeta{static_cast<std::uint32_t>(held.blocks), "kv_raw", {}, 0, {}}};
 }
 
 struct ShmServer::Connection {
@@ -491,6 +491,14 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
     reply = encode_error(id, resolved.error());
     return;
   }
+  if (connection.client_version < kSpanDataPlaneVersion && !resolved.value().meta.is_prefix()) {
+    // Only a client that asked for spans or sparse KV (version 7 flags) is answered with them.
+    ++rejected_;
+    reply = encode_error(id, Error{ErrorCode::kInternal,
+                                   "span or sparse KV resolved for a client older than "
+                                   "data-plane version 7; not served"});
+    return;
+  }
   if (connection.client_version < kFidelityDataPlaneVersion && !resolved.value().meta.fidelity.is_exact()) {
     // It would republish what it computed over this KV as exact.
     reply = encode_error(id, Error{ErrorCode::kNotFound,
@@ -507,6 +515,7 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
     out.put(reservation).put(resolved.value().meta.blocks);
     out.put_string(resolved.value().meta.medium);
     encode_fidelity(out, resolved.value().meta.fidelity);
+    if (connection.client_version >= kSpanDataPlaneVersion) encode_resolved_span(out, resolved.value().meta);
     const auto now = std::chrono::steady_clock::now();
     {
       std::lock_guard lock(reservations_->mutex);
@@ -528,6 +537,7 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
   out.put(resolved.value().meta.blocks);
   out.put_string(resolved.value().meta.medium);
   if (connection.client_version >= kFidelityDataPlaneVersion) encode_fidelity(out, resolved.value().meta.fidelity);
+  if (connection.client_version >= kSpanDataPlaneVersion) encode_resolved_span(out, resolved.value().meta);
   reply = encode_frame(type.value(), id, out.bytes());
 }
 
@@ -763,7 +773,7 @@ void ShmServer::handle_frame(Connection& connection, const ControlFrame& frame, 
         if (with_chain) {
           auto tokens = chain_tokens_memfd(entry->chain->tokens);
           if (!tokens) return refuse(tokens.error().code, tokens.error().message);
-          encode_chain_header(out, ChainHeader::of(*entry->chain));
+          encode_chain_header(out, ChainHeader::of(*entry->chain), connection.client_version);
           reply_fds.push_back(tokens.value().get());
           reply_owned.push_back(std::move(tokens).value());
         }

@@ -350,7 +350,9 @@ TEST_CASE("Simulated audits with non-delivery and several null treatments: Holm 
                                       << rate(as_treated_holm) << ", bias flag " << rate(flagged));
   const double bound = 0.05 + 1.65 * std::sqrt(0.05 * 0.95 / kAudits);  // 0.061
   CHECK(rate(itt_raw) > 0.075);
-  CHECK(rate(itt_holm) <= bound);
+  // The primary (intent-to-treat) family meets the issue's <= 5% on this seed (4.6%); the
+  // secondary analyses get the Monte Carlo allowance above.
+  CHECK(rate(itt_holm) <= 0.05);
   CHECK(rate(as_treated_holm) <= bound);
   CHECK(rate(flagged) <= bound);
 }

@@ -50,6 +50,32 @@ TEST_CASE("materialize: a longer entry the prefix index found is served as its f
   CHECK(view.value().bytes().size() == expected.size() * sizeof(float));
 }
 
+TEST_CASE("materialize: a span serves its blocks only, at their original positions", "[broker][materialize][span]") {
+  const auto codecs = codec::CodecRegistry::with_builtins();
+  const std::string codec = "raw";
+  ServeInputs inputs{codecs, tiny_entry(4 * kBlockTokens), 4, 3, kBlockTokens, codec, false, 1 << 20};
+  inputs.first_block = 1;
+  auto served = entry_to_serve(std::move(inputs));
+  REQUIRE(served);
+  CHECK(served.value().blocks == 2);  // blocks 1 and 2 of the three servable
+  CHECK(served.value().entry->info.layout.tokens == 2 * kBlockTokens);
+  CHECK(served.value().entry->chain == nullptr);  // not a prefix of any chain
+  const auto view = kv_store::view_entry(*served.value().entry);
+  REQUIRE(view);
+  // Each tensor's rows are the source's rows kBlockTokens..3*kBlockTokens-1.
+  const auto source = tiny_kv(4 * kBlockTokens);
+  const auto* got = reinterpret_cast<const float*>(view.value().bytes().data());
+  const std::size_t row = source.size() / (4 * kBlockTokens) / (2 * tiny_layout(1).layers);
+  const std::size_t tensors = 2 * tiny_layout(1).layers;
+  for (std::size_t tensor = 0; tensor < tensors; ++tensor) {
+    const float* from = source.data() + (tensor * 4 * kBlockTokens + kBlockTokens) * row;
+    CHECK(std::equal(from, from + 2 * kBlockTokens * row, got + tensor * 2 * kBlockTokens * row));
+  }
+  ServeInputs past{codecs, tiny_entry(2 * kBlockTokens), 2, 2, kBlockTokens, codec, false, 1 << 20};
+  past.first_block = 2;
+  CHECK(entry_to_serve(std::move(past)).error().code == ErrorCode::kOutOfRange);
+}
+
 TEST_CASE("materialize: a lossy medium's round trip delivers what the codec delivers", "[broker][materialize]") {
   const auto codecs = codec::CodecRegistry::with_builtins();
   const std::string codec = "int8";

@@ -78,3 +78,40 @@ TEST_CASE("token ranges and joins refuse sizes and shapes that disagree", "[core
   CHECK(kvrelay::join_tokens(layout, cache, layout.with_tokens(4), out, short_out).error().code ==
         ErrorCode::kLayoutMismatch);
 }
+
+TEST_CASE("token runs select positions of every tensor, in order", "[core][kv_tokens]") {
+  const KvLayout layout{2, 2, 4, DType::kFloat32, 10};
+  const auto cache = numbered_cache(layout);
+  const std::vector<kvrelay::TokenRun> runs{{0, 2}, {7, 3}};
+  REQUIRE(kvrelay::run_tokens(runs) == 5);
+  std::vector<std::byte> kept(layout.with_tokens(5).total_bytes().value());
+  REQUIRE(kvrelay::copy_token_runs(layout, cache, runs, kept));
+  // Each kept row equals the source row of its original position, tensor by tensor.
+  const std::uint64_t row = layout.bytes_per_token().value() / (2ULL * layout.layers);
+  const std::uint64_t positions[] = {0, 1, 7, 8, 9};
+  for (std::uint64_t tensor = 0; tensor < 2ULL * layout.layers; ++tensor) {
+    for (std::uint64_t r = 0; r < 5; ++r) {
+      const auto* got = kept.data() + (tensor * 5 + r) * row;
+      const auto* want = cache.data() + (tensor * layout.tokens + positions[r]) * row;
+      CHECK(std::equal(got, got + row, want));
+    }
+  }
+}
+
+TEST_CASE("token runs must be ascending, disjoint, non-empty and inside the cache", "[core][kv_tokens]") {
+  using kvrelay::TokenRun;
+  CHECK(kvrelay::check_token_runs(std::vector<TokenRun>{{0, 4}, {4, 2}}, 6));
+  CHECK(kvrelay::check_token_runs(std::vector<TokenRun>{}, 6));
+  CHECK(kvrelay::check_token_runs(std::vector<TokenRun>{{2, 0}}, 6).error().code == ErrorCode::kInvalidArgument);
+  const auto overlap = kvrelay::check_token_runs(std::vector<TokenRun>{{0, 4}, {3, 2}}, 9);
+  REQUIRE_FALSE(overlap);
+  CHECK(overlap.error().message.find("before the previous run ends") != std::string::npos);
+  CHECK(kvrelay::check_token_runs(std::vector<TokenRun>{{5, 2}, {1, 1}}, 9).error().code ==
+        ErrorCode::kInvalidArgument);
+  CHECK(kvrelay::check_token_runs(std::vector<TokenRun>{{4, 3}}, 6).error().code == ErrorCode::kOutOfRange);
+  const KvLayout layout{1, 1, 4, DType::kFloat32, 6};
+  const auto cache = numbered_cache(layout);
+  std::vector<std::byte> out(layout.with_tokens(2).total_bytes().value());
+  CHECK(kvrelay::copy_token_runs(layout, cache, std::vector<TokenRun>{{0, 3}}, out).error().code ==
+        ErrorCode::kLayoutMismatch);  // three tokens do not fit two
+}

@@ -305,8 +305,40 @@ TEST_CASE("route audit block: treatments and trials file and the audit_fraction 
   CHECK(audited.audit.treatments[1] == (kvrelay::Treatment{"T3-int8", "kv_int8", kvrelay::KvSpan::kAll, std::nullopt}));
   const auto& shorthand = *result.value().find_route("r1");
   CHECK(shorthand.audit.fraction == 0.1);
-  CHECK(shorthand.audit.treatments == kvrelay::default_audit_treatments());
+  // Issue #28: a receiver that did not declare accepts_kv_spans is never offered T2.
+  auto without_t2 = kvrelay::default_audit_treatments();
+  std::erase_if(without_t2, [](const kvrelay::Treatment& t) { return t.span == kvrelay::KvSpan::kGenerated; });
+  CHECK(shorthand.audit.treatments == without_t2);
+  CHECK(shorthand.audit.standard_treatments);
   CHECK(shorthand.audit.trials_file.empty());
+
+  const auto receiver = document["routes"][1]["to"].get<std::string>();
+  for (auto& agent : document["agents"]) {
+    if (agent["id"] == receiver) agent["accepts_kv_spans"] = true;
+  }
+  const auto spans = parse_policy(document.dump(), "mem.json");
+  REQUIRE(spans);
+  CHECK(spans.value().find_route("r1")->audit.treatments == kvrelay::default_audit_treatments());
+}
+
+TEST_CASE("a treatment list a receiver cannot take is a config error naming it", "[core][policy]") {
+  auto document = minimal_policy();
+  document["routes"][0]["audit"] = json::parse(R"({"fraction": 0.2,
+      "treatments": [{"name": "T2", "medium": "kv_raw", "span": "generated"},
+                     {"name": "S", "medium": "kv_sparse", "span": "all"}]})");
+  const auto message = rejection(document);
+  using Catch::Contains;
+  CHECK_THAT(message, Contains("/routes/0/audit/treatments/0: span generated needs agent"));
+  CHECK_THAT(message, Contains("to declare accepts_kv_spans"));
+  CHECK_THAT(message, Contains("/routes/0/audit/treatments/1: medium kv_sparse needs agent"));
+  const auto receiver = document["routes"][0]["to"].get<std::string>();
+  for (auto& agent : document["agents"]) {
+    if (agent["id"] == receiver) {
+      agent["accepts_kv_spans"] = true;
+      agent["accepts_sparse_kv"] = true;
+    }
+  }
+  CHECK(parse_policy(document.dump(), "mem.json"));
 }
 
 TEST_CASE("bad audit blocks are rejected with pointers", "[core][policy]") {

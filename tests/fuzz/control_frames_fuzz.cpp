@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case MessageType::kCommit:
     case MessageType::kCommitContext: {
       const bool with_context = frame.value().type == MessageType::kCommitContext;
-      for (const std::uint32_t version : {kFidelityDataPlaneVersion, kChainDataPlaneVersion}) {
+      for (const std::uint32_t version : {kFidelityDataPlaneVersion, kChainDataPlaneVersion, kSpanDataPlaneVersion}) {
         if (auto commit = decode_commit(payload, with_context, version)) {
           require(same(encode_commit(commit.value(), with_context, version), payload));
         }

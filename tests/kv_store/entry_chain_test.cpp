@@ -66,6 +66,7 @@ TEST_CASE("chains round-trip on the wire and hostile ones are refused by name", 
   auto chain = three_blocks();
   chain.root = 0xfeedULL;
   chain.tenant = "t1";
+  chain.prompt_tokens = 5;  // issue #28: where the publisher's prompt ends travels with the ids
   ByteWriter writer;
   encode_chain(writer, chain);
   CHECK(writer.bytes().size() == encoded_chain_bytes(chain));
@@ -100,4 +101,22 @@ TEST_CASE("chains round-trip on the wire and hostile ones are refused by name", 
     ByteReader reader(hostile.bytes());
     CHECK(decode_chain(reader).error().code == ErrorCode::kResourceExhausted);
   }
+}
+
+TEST_CASE("a chain's prompt boundary is cut with its prefix and checked on the wire", "[kv_store][unit]") {
+  auto chain = three_blocks();
+  chain.prompt_tokens = static_cast<std::uint32_t>(chain.tokens.size() - 1);
+  const auto head = chain_prefix(chain, chain.block_tokens);
+  CHECK(head.prompt_tokens == chain.block_tokens);  // all of the head is prompt
+  chain.prompt_tokens = 0;
+  CHECK(chain_prefix(chain, chain.block_tokens).prompt_tokens == 0);  // unknown stays unknown
+
+  chain.prompt_tokens = static_cast<std::uint32_t>(chain.tokens.size() + 1);  // past the ids
+  ByteWriter writer;
+  encode_chain(writer, chain);
+  ByteReader reader(writer.bytes());
+  const auto refused = decode_chain(reader);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == ErrorCode::kProtocol);
+  CHECK(refused.error().message.find("prompt ends at token") != std::string::npos);
 }

@@ -391,11 +391,11 @@ TEST_CASE("wire versions: only hello, hello reply and error are read across vers
   CHECK(header.value().type == PeerMessage::kError);
   const auto error = decode_peer_error(payload_of(refusal));
   CHECK(error.code == ErrorCode::kBadVersion);
-  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 5"));
+  CHECK_THAT(error.message, Catch::Contains("wire version 1") && Catch::Contains("speaks 6"));
   // A hello that claims another version in its payload is refused by name too: versions 3 and 4
-  // had the same hello layout as 5.
-  CHECK(kPeerVersion == 5);
-  for (const std::uint32_t version : {1U, 3U, 4U}) {
+  // had the same hello layout as 5 and 6.
+  CHECK(kPeerVersion == 6);
+  for (const std::uint32_t version : {1U, 3U, 4U, 5U}) {
     Hello old;
     old.protocol_version = version;
     const auto refused = decode_hello(payload_of(encode_hello(PeerMessage::kHello, old)));

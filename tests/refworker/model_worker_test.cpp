@@ -31,7 +31,8 @@ class PrefixStoreConnector final : public kr::KvConnector {
         ++common;
       if (common == 0 || (best && best->layout.tokens >= common)) continue;
       // Slice the first `common` tokens out of the stored KvLayout buffer.
-      kr::KvPrefix prefix{model_.fingerprint().layout(common), {}, {}, {}};
+      kr::KvPrefix prefix;
+      prefix.layout = model_.fingerprint().layout(common);
       const auto full = model_.fingerprint().layout(stored_tokens.size());
       const std::size_t rows = common * model_.config().kv_dim();
       for (std::uint32_t layer = 0; layer < full.layers; ++layer) {
@@ -47,7 +48,8 @@ class PrefixStoreConnector final : public kr::KvConnector {
   }
 
   kvrelay::Status publish(std::span<const std::int32_t> tokens, const kvrelay::KvLayout& layout,
-                          std::span<const float> kv, const nlohmann::json&, const kvrelay::Fidelity&) override {
+                          std::span<const float> kv, const nlohmann::json&, const kvrelay::Fidelity&,
+                          std::uint64_t /*prompt_tokens*/) override {
     // Runs on the model thread: record, assert later on the test thread (Catch2 is not thread-safe).
     if (layout.tokens != tokens.size() || kv.size_bytes() != layout.total_bytes().value()) bad_publish = true;
     store[std::vector<std::int32_t>(tokens.begin(), tokens.end())] = std::vector<float>(kv.begin(), kv.end());

@@ -32,7 +32,8 @@ TEST_CASE("refworker publishes the chain of its full blocks, from the request's 
   const std::vector<float> kv(2 * tokens.size() * 2, 0.5F);
   const BlockHash salted = 0x0123456789abcdefULL;
   const nlohmann::json params{{"chain_root", block_hash_hex(salted)}};
-  REQUIRE(connector.publish(tokens, layout, kv, params, Fidelity::exact()).has_value());
+  // The first 20 tokens were the request's prompt (issue #28): the boundary travels in the chain.
+  REQUIRE(connector.publish(tokens, layout, kv, params, Fidelity::exact(), 20).has_value());
 
   const std::vector<TokenId> full(tokens.begin(), tokens.begin() + 32);
   const kv_store::EntryKey key{kFingerprint, hash_blocks(kFingerprint, full, 16, salted).back()};
@@ -43,6 +44,7 @@ TEST_CASE("refworker publishes the chain of its full blocks, from the request's 
   CHECK(entry->chain->block_tokens == 16);
   CHECK(entry->chain->root == salted);
   CHECK(entry->chain->tenant.empty());
+  CHECK(entry->chain->prompt_tokens == 20);
   CHECK(kv_store::verify_chain(key, 32, *entry->chain, kv_store::ChainScope::kUnscoped).has_value());
   server.value()->stop();
 }

@@ -63,7 +63,7 @@ TEST_CASE("prefill reports round-trip and reject impossible figures", "[shm][pro
 
 TEST_CASE("commits round-trip with and without fidelity and chain and reject malformed payloads", "[shm][protocol]") {
   CommitRequest commit{7, {1, 2}, KvLayout{2, 2, 4, DType::kFloat32, 3}, 384, 0xabc, R"({"agent":"a"})", {}, {}};
-  for (const std::uint32_t version : {kFidelityDataPlaneVersion, kChainDataPlaneVersion}) {
+  for (const std::uint32_t version : {kFidelityDataPlaneVersion, kChainDataPlaneVersion, kSpanDataPlaneVersion}) {
     for (const bool with_context : {false, true}) {
       for (const auto& fidelity : {Fidelity::exact(), Fidelity::lossy("int4", 16)}) {
         for (const bool with_chain : {false, true}) {
@@ -116,4 +116,39 @@ TEST_CASE("commits round-trip with and without fidelity and chain and reject mal
   const auto refused = decode_commit(spelled, true, kFidelityDataPlaneVersion);
   REQUIRE_FALSE(refused.has_value());
   CHECK(refused.error().message.find("exact fidelity") != std::string::npos);
+}
+
+TEST_CASE("version 7: resolve flags and a resolved span round-trip and older versions refuse the flags",
+          "[shm][protocol]") {
+  ResolveRequest request{1, 16, 40, {11, 12}, "", kDataPlaneVersion};
+  request.flags = kResolveSpan | kResolveSparse;
+  const auto decoded = decode_resolve(encode_resolve(request, kSpanDataPlaneVersion), kSpanDataPlaneVersion);
+  REQUIRE(decoded);
+  CHECK(decoded.value().flags == (kResolveSpan | kResolveSparse));
+  const auto older =
+      decode_resolve(encode_resolve(request, kReservationDataPlaneVersion), kReservationDataPlaneVersion);
+  REQUIRE_FALSE(older);
+  CHECK(older.error().message.find("unknown flags") != std::string::npos);
+
+  ResolvedMeta meta;
+  meta.blocks = 3;
+  meta.first_block = 2;
+  meta.kept = {{0, 4}, {60, 20}};
+  ByteWriter writer;
+  encode_resolved_span(writer, meta);
+  ResolvedMeta read;
+  read.blocks = 3;
+  ByteReader reader(writer.bytes());
+  REQUIRE(decode_resolved_span(reader, read));
+  CHECK(read.first_block == 2);
+  CHECK(read.kept == meta.kept);
+  CHECK_FALSE(read.is_prefix());
+
+  meta.kept = {{10, 4}, {12, 2}};  // overlapping runs
+  ByteWriter hostile;
+  encode_resolved_span(hostile, meta);
+  ByteReader hostile_reader(hostile.bytes());
+  CHECK(decode_resolved_span(hostile_reader, read).error().code == ErrorCode::kProtocol);
+  ByteReader truncated(std::span(writer.bytes()).first(5));
+  CHECK(decode_resolved_span(truncated, read).error().code == ErrorCode::kProtocol);
 }

@@ -101,8 +101,7 @@ Result<ControlFrame> raw_commit(ShmClient& client, const kv_store::EntryKey& key
   std::memcpy(region.value().bytes().data(), kv.data(), kv.size());
   region.value().mapping.reset();
   CommitRequest commit{region.value().id, key, layout, kv.size(), checksum_bytes(kv), "", {}, std::move(chain)};
-  const auto frame =
-      encode_frame(MessageType::kCommitContext, 4242, encode_commit(commit, true, kChainDataPlaneVersion));
+  const auto frame = encode_frame(MessageType::kCommitContext, 4242, encode_commit(commit, true, kDataPlaneVersion));
   REQUIRE(send_message(client.socket_fd(), frame, fds).has_value());
   auto received = receive_message(client.socket_fd());
   REQUIRE(received.has_value());

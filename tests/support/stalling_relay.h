@@ -101,6 +101,11 @@ class StallingRelay {
   // Connections accepted from now on are never connected upstream nor answered: what the
   // client sends is read and dropped, and the connection stays open until the client closes it.
   void silent_accepts(bool silent) { silent_accepts_ = silent; }
+  // Paces what goes `direction` to `bytes_per_s` from now on (0: as fast as it comes): a peer
+  // whose link slowed down. A frame leaves once the time its bytes take at that rate has passed.
+  void pace(Direction direction, double bytes_per_s) {
+    pace_bytes_per_s_[static_cast<std::size_t>(direction)] = bytes_per_s;
+  }
 
   // Faults: one is armed at a time (arming replaces one not yet applied); it applies once, to
   // the first frame that matches it in its direction, on whichever connection.
@@ -422,6 +427,9 @@ class StallingRelay {
           sent = sent && write_all(to, piece);
         }
       } else {
+        const double rate = pace_bytes_per_s_[static_cast<std::size_t>(direction)];
+        if (rate > 0.0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(frame.size()) / rate));
         sent = write_all(to, frame);
       }
       if (!sent) break;
@@ -435,6 +443,7 @@ class StallingRelay {
   std::uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> silent_accepts_{false};
+  std::array<std::atomic<double>, 2> pace_bytes_per_s_{};
   std::mutex stall_mutex_;
   Stall stall_ = Stall::kNothing;
   mutable std::mutex fault_mutex_;

@@ -23,9 +23,11 @@
 #include <thread>
 
 #include "kvrelay/broker/decision_log.h"
+#include "kvrelay/broker/deliveries.h"
 #include "kvrelay/broker/engine_advisor.h"
 #include "kvrelay/broker/handoff_outcomes.h"
 #include "kvrelay/broker/kv_path_metrics.h"
+#include "kvrelay/broker/live_calibration.h"
 #include "kvrelay/broker/peer_links.h"
 #include "kvrelay/broker/policy_source.h"
 #include "kvrelay/broker/request_context.h"
@@ -90,6 +92,15 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   // Entries this path makes (fetched, joined, sliced, converted) go here when it has room.
   // Set before the data plane starts serving.
   void set_arena(std::shared_ptr<kv_store::ShmArena> arena) { arena_ = std::move(arena); }
+  // An audited request of `route` ended: its time to first token against what the engine
+  // predicted at its lookup. Routes with audit.calibrate "live" refit the engine's audit
+  // corrections every calibrate_window outcomes (live_calibration.h; each refit logged).
+  void observe_audited_outcome(const std::string& route, const Delivery& delivery, double ttft_s);
+  // The refits so far and the outcomes waiting in each route's window (GET /admin/audit/calibration).
+  [[nodiscard]] nlohmann::json live_calibration() const { return calibration_.snapshot(); }
+  // Where lookups file what they delivered of audited requests' treatments (the front proxy
+  // takes it with the outcome). Set before the data plane starts serving.
+  void set_deliveries(std::shared_ptr<Deliveries> deliveries) { deliveries_ = std::move(deliveries); }
 
  private:
   // What this sidecar's own encode or decode of `codec` (a spec: "int4+zstd") cost, for the
@@ -99,6 +110,7 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
                      std::optional<double> encode_s, std::optional<double> decode_s);
 
   std::shared_ptr<kv_store::ShmArena> arena_;
+  std::shared_ptr<Deliveries> deliveries_;
   struct PushJob {
     std::string route;
     std::string peer;
@@ -159,6 +171,7 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   KvPathMetrics metrics_;
   DecisionLog log_;
   HandoffOutcomes outcomes_;
+  LiveCalibration calibration_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   const double copy_bytes_per_s_;
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvrelay/core/kv_layout.h"
 #include "kvrelay/core/result.h"
@@ -18,6 +19,23 @@ namespace kvrelay {
 // laid out by layout.with_tokens(end - begin). Sizes are checked against the layouts.
 [[nodiscard]] Status copy_token_range(const KvLayout& layout, std::span<const std::byte> kv, std::uint64_t begin,
                                       std::uint64_t end, std::span<std::byte> out);
+
+// Consecutive token positions [start, start + length): how a position-sparse selection (the
+// kv_sparse medium) names the tokens it keeps, and a span that does not start at 0 its tokens.
+struct TokenRun {
+  std::uint32_t start = 0;
+  std::uint32_t length = 0;
+  friend bool operator==(const TokenRun&, const TokenRun&) = default;
+};
+
+// Tokens the runs select.
+[[nodiscard]] std::uint64_t run_tokens(std::span<const TokenRun> runs) noexcept;
+// kInvalidArgument unless the runs are non-empty, ascending, disjoint and end within `tokens`.
+[[nodiscard]] Status check_token_runs(std::span<const TokenRun> runs, std::uint64_t tokens);
+// Copies the tokens `runs` select (check_token_runs against layout.tokens) of every K and V
+// tensor of `kv` into `out`, laid out by layout.with_tokens(run_tokens(runs)).
+[[nodiscard]] Status copy_token_runs(const KvLayout& layout, std::span<const std::byte> kv,
+                                     std::span<const TokenRun> runs, std::span<std::byte> out);
 
 // Writes `head` followed token-wise by `tail` into `out` (laid out for head + tail tokens). Both
 // must share layers, kv_heads, head_dim and dtype.

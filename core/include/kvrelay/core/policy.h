@@ -67,7 +67,10 @@ struct AgentPolicy {
   bool kv_connector = false;  // upstream accepts kv_transfer_params.kvrelay
   std::string node;           // node that serves this agent; "" = this node
   std::optional<HttpUrl> metrics_url;
-  bool accepts_sparse_kv = false;          // receiver declared support for position-sparse KV
+  bool accepts_sparse_kv = false;  // receiver declared support for position-sparse KV
+  // Receiver declared it imports KV that does not start at position 0, after prefilling what
+  // precedes it (audit span "generated", T2). vLLM's connector API reuses leading prefixes only.
+  bool accepts_kv_spans = false;
   std::string tenant;                      // a tenant id from Policy::tenants; "" = the unsalted default tenant
   std::uint32_t tensor_parallel_size = 1;  // its engine's TP ranks: each publishes and loads one shard
 };
@@ -87,6 +90,15 @@ struct RouteAuditPolicy {
   // Treatments a client names in kv_transfer_params.kvrelay (the offline audit runner) are
   // honoured; otherwise the front proxy drops them and logs it.
   bool client_treatments = false;
+  // Live calibration (issue #28): "live" refits the engine's per-medium audit correction on this
+  // route from its audited outcomes every `calibrate_window` of them, moving it at most
+  // `calibrate_max_step_s` per refit (broker/live_calibration.h).
+  bool calibrate_live = false;
+  std::uint32_t calibrate_window = 16;
+  double calibrate_max_step_s = 0.05;
+  // Not in the JSON: the treatments are audit_fraction's T0..T3 (those the route and its
+  // receiver can take), not a list the operator wrote.
+  bool standard_treatments = false;
   friend bool operator==(const RouteAuditPolicy&, const RouteAuditPolicy&) = default;
 };
 

@@ -66,6 +66,7 @@ struct CandidateCost {
   double codec_s = 0.0;
   double comp_s = 0.0;
   double loss_s = 0.0;
+  double audit_s = 0.0;  // the route's live audit correction for this medium (included in total_s)
   double total_s = 0.0;
   double wire_bytes = 0.0;
 };
@@ -187,6 +188,11 @@ class DecisionEngine {
   // side (on a VM, decoding or importing into fresh memory costs more than the wire), so once a
   // route has a sample for a medium, this measured cost replaces comm + codec in its prediction.
   void observe_handoff(RouteId route, MediumId medium, double raw_bytes, double seconds) noexcept;
+  // Live audit calibration (issue #28): seconds added to `medium`'s predicted cost on `route`,
+  // refitted from the route's audited outcomes (broker/live_calibration.h). Tokens stay the
+  // reference at 0. Ignored for bad ids or a non-finite value.
+  void set_audit_correction(RouteId route, MediumId medium, double seconds) noexcept;
+  [[nodiscard]] double audit_correction(RouteId route, MediumId medium) const noexcept;
 
   // Current windowed estimates, for the decision log and tests.
   [[nodiscard]] double link_bytes_per_s(LinkId link) const;
@@ -237,7 +243,8 @@ class DecisionEngine {
     double deadline_s = 0.0;  // 0: none
     std::array<MediumId, kRegimes> current{};
     std::array<double, kRegimes> since{};
-    std::array<LinearCostFit, kMaxMedia> handoff{};  // per medium, seconds over raw KV bytes
+    std::array<LinearCostFit, kMaxMedia> handoff{};    // per medium, seconds over raw KV bytes
+    std::array<double, kMaxMedia> audit_correction{};  // per medium, seconds (live calibration)
   };
 
   [[nodiscard]] Status fill_route_settings(const RoutePolicy& policy, RouteState& state) const;

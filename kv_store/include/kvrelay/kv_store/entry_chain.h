@@ -22,6 +22,9 @@ struct EntryChain {
   BlockHash root = kRootBlockHash;  // hash(-1): the unsalted root, or a tenant's (broker/tenant_chain.h)
   std::string tenant;               // the store scope the entry is filed in; "" the default tenant
   std::vector<TokenId> tokens;      // whole blocks only
+  // Where the publisher's prompt ends among `tokens` (issue #28): the tokens before it are the
+  // prompt's KV, the rest the answer it generated (what audit spans T1 and T2 move). 0: unknown.
+  std::uint32_t prompt_tokens = 0;
   friend bool operator==(const EntryChain&, const EntryChain&) = default;
 };
 
@@ -48,12 +51,13 @@ enum class ChainScope : std::uint8_t { kUnscoped, kTenant };
 [[nodiscard]] Status verify_chain_keys(std::uint64_t model_id, const EntryChain& chain, ChainScope scope,
                                        std::span<const BlockHash> expected);
 
-// The first `tokens` tokens (whole blocks) of `chain`.
+// The first `tokens` tokens (whole blocks) of `chain`; its prompt boundary within them.
 [[nodiscard]] EntryChain chain_prefix(const EntryChain& chain, std::uint64_t tokens);
 
 // Wire form (docs/wire-format.md, "Entry chains"): u32 block_tokens, u64 root, u16-length tenant,
-// u32 count, count u32 token ids. Decoding refuses more than kMaxChainTokens, a zero block size
-// and a count that is not whole blocks.
+// u32 count, count u32 token ids, u32 prompt_tokens (wire version 6). Decoding refuses more than
+// kMaxChainTokens, a zero block size, a count that is not whole blocks and a prompt boundary
+// past the ids.
 void encode_chain(ByteWriter& writer, const EntryChain& chain);
 [[nodiscard]] Result<EntryChain> decode_chain(ByteReader& reader);
 [[nodiscard]] std::size_t encoded_chain_bytes(const EntryChain& chain) noexcept;

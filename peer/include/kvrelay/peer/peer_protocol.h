@@ -24,8 +24,9 @@ inline constexpr std::uint32_t kPeerMagic = 0x5052564BU;  // "KVRP" in little-en
 // "Wire versions" in docs/wire-format.md); 1 was the Begin/Chunk protocol of kvrelay <= 0.1, 2
 // moved KV without its token ids, 3 had no route, deadline or fidelity product in a Fetch, no
 // purpose, delta or product in a push and no node state in a summary (issue #27), 4 had no
-// bandwidth probe and no link rates in a summary's node state.
-inline constexpr std::uint16_t kPeerVersion = 5;
+// bandwidth probe and no link rates in a summary's node state, 5 no prompt boundary in an entry's
+// chain (issue #28).
+inline constexpr std::uint16_t kPeerVersion = 6;
 inline constexpr std::size_t kPeerHeaderBytes = 12;
 inline constexpr std::size_t kChunkHeaderBytes = 20;  // transfer id, index, running checksum
 inline constexpr std::uint32_t kMaxChunkBytes = 16U << 20;

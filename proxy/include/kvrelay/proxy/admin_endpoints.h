@@ -20,7 +20,9 @@ struct AdminContext {
   std::shared_ptr<const codec::CodecRegistry> codecs;
   std::vector<codec::PluginLoadFailure> codec_load_failures;  // plugins refused at start-up
   std::shared_ptr<const UpstreamProber> upstream_prober;
-  std::shared_ptr<OnlineAudit> audit;          // online audit trials; the report endpoint is empty without it
+  std::shared_ptr<OnlineAudit> audit;  // online audit trials; the report endpoint is empty without it
+  // The KV path's live calibration (refits and pending windows); "live" is null without it.
+  std::function<nlohmann::json()> live_calibration;
   std::vector<AdminEndpoint> extra_endpoints;  // rows other parts of the daemon declare (KV path)
   // Run before /metrics renders: sets the gauges of figures read on demand (the shm data plane).
   std::function<void()> before_metrics;

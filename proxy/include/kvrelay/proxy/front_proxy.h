@@ -6,11 +6,13 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "kvrelay/broker/deliveries.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
 #include "kvrelay/proxy/online_audit.h"
@@ -40,20 +42,37 @@ struct FrontProxyMetrics {
 
 class FrontProxy {
  public:
-  // With `audit`, routes that set an audit fraction get randomized treatments (online_audit.h).
+  // With `audit`, routes that set an audit fraction get randomized treatments (online_audit.h);
+  // with `deliveries`, each trial's outcome says what the KV path delivered of its treatment.
   FrontProxy(std::shared_ptr<const RuntimePolicy> policy, metrics::Registry& registry,
-             std::shared_ptr<OnlineAudit> audit = nullptr);
+             std::shared_ptr<OnlineAudit> audit = nullptr, std::shared_ptr<broker::Deliveries> deliveries = nullptr);
 
   // Returns a streaming relay for agent requests, or an immediate JSON error (404 unknown agent,
   // 404 unknown endpoint, 400 malformed JSON body).
   [[nodiscard]] Reply dispatch(HttpRequest&& request);
+  // Called when an audited request ends with what its lookup delivered and its time to first
+  // token (the KV path's live calibration). Set before serving.
+  using AuditObserver = std::function<void(const std::string& route, const broker::Delivery&, double ttft_s)>;
+  void set_audit_observer(AuditObserver observer) { audit_observer_ = std::move(observer); }
 
  private:
   std::shared_ptr<const RuntimePolicy> policy_;
   std::shared_ptr<UpstreamPool> pool_;
   FrontProxyMetrics metrics_;
   std::shared_ptr<OnlineAudit> audit_;
+  std::shared_ptr<broker::Deliveries> deliveries_;
+  AuditObserver audit_observer_;
 };
+
+// The treatment a trial was delivered (issue #28): the assigned one when the lookup delivered it,
+// else the route's treatment with the delivered span and medium (span none: the one moving no
+// KV), else "<medium>/<span>". No recorded lookup: nothing moved.
+struct DeliveredTreatment {
+  std::string name;
+  std::string reason;  // "" when as assigned
+};
+[[nodiscard]] DeliveredTreatment delivered_treatment(const RoutePolicy& route, const Treatment& assigned,
+                                                     const std::optional<broker::Delivery>& delivery);
 
 // How the front proxy completes the kvrelay object it injects (docs/security.md).
 struct KvParamsInjection {

@@ -9,19 +9,25 @@
 
 #include "kvrelay/core/fidelity.h"
 #include "kvrelay/core/kv_layout.h"
+#include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/refworker/session.h"
 
 namespace kvrelay::refworker {
 
-// KV for the leading `layout.tokens` tokens of a prompt, in KvLayout order, fp32: either a copy
-// in `kv`, or, when `read` is set, left where the connector found it (a shared-memory segment the
-// sidecar handed over) and read straight into the session's KV cache on import.
+// KV for `layout.tokens` tokens of a prompt, in KvLayout order, fp32: either a copy in `kv`, or,
+// when `read` is set, left where the connector found it (a shared-memory segment the sidecar
+// handed over) and read straight into the session's KV cache on import. Usually the leading
+// tokens; a span (issue #28, audit span "generated") starts at `start_tokens`, after tokens the
+// worker prefills itself; sparse KV (kv_sparse) keeps only the positions `kept` names.
 struct KvPrefix {
   KvLayout layout;
   std::vector<float> kv;
   KvReader read;
   Fidelity fidelity;  // how faithful to the source's KV (a lossy medium makes it lossy)
+  std::uint64_t start_tokens = 0;
+  std::vector<TokenRun> kept;        // empty: every position; else layout.tokens of them
+  std::uint64_t context_tokens = 0;  // sparse: the positions the kept ones were chosen from
 };
 
 // The fidelity of KV a session computed after importing a prefix of `imported_tokens` tokens
@@ -46,10 +52,11 @@ class KvConnector {
                                                                const nlohmann::json& params) = 0;
 
   // `kv` holds the KV of exactly `tokens` (layout.tokens == tokens.size()), as faithful to the
-  // source's KV as `fidelity` says (computed_fidelity of what the request imported).
+  // source's KV as `fidelity` says (computed_fidelity of what the request imported). The first
+  // `prompt_tokens` of them were the request's prompt, the rest its answer (issue #28).
   [[nodiscard]] virtual Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout,
                                        std::span<const float> kv, const nlohmann::json& params,
-                                       const Fidelity& fidelity) = 0;
+                                       const Fidelity& fidelity, std::uint64_t prompt_tokens) = 0;
 
   // One prefill: the tokens actually computed (the prompt minus any imported prefix) and the
   // wall time it took, for the sidecar's prefill cost model; `params` as for lookup.
@@ -67,7 +74,7 @@ class NoKvConnector final : public KvConnector {
     return std::optional<KvPrefix>{};
   }
   Status publish(std::span<const std::int32_t>, const KvLayout&, std::span<const float>, const nlohmann::json&,
-                 const Fidelity&) override {
+                 const Fidelity&, std::uint64_t) override {
     return ok();
   }
   void report_prefill(std::span<const std::int32_t>, std::uint64_t, double, const nlohmann::json&) override {}

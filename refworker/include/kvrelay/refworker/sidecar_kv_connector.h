@@ -30,7 +30,7 @@ class SidecarKvConnector final : public KvConnector {
 
   Result<std::optional<KvPrefix>> lookup(std::span<const std::int32_t> tokens, const nlohmann::json& params) override;
   Status publish(std::span<const std::int32_t> tokens, const KvLayout& layout, std::span<const float> kv,
-                 const nlohmann::json& params, const Fidelity& fidelity) override;
+                 const nlohmann::json& params, const Fidelity& fidelity, std::uint64_t prompt_tokens) override;
   void report_prefill(std::span<const std::int32_t> computed_tokens, std::uint64_t context_tokens, double seconds,
                       const nlohmann::json& params) override;
 
@@ -43,6 +43,9 @@ class SidecarKvConnector final : public KvConnector {
   static Result<KvPrefix> copy_prefix(const shm::ReadOnlyEntry& entry, std::uint64_t prefix_tokens);
   // Leaves the bytes in the entry's segment; the session reads them straight into its cache.
   static Result<KvPrefix> segment_prefix(shm::ReadOnlyEntry entry, std::uint64_t prefix_tokens);
+  // The KvPrefix a Resolved reply describes (a prefix, a span or sparse KV), checked against the
+  // prompt of `prompt_tokens` tokens.
+  [[nodiscard]] Result<KvPrefix> resolved_prefix(shm::ResolvedPrefix resolved, std::uint64_t prompt_tokens) const;
   // The prompt's chain from the root the request's kvrelay params name.
   [[nodiscard]] std::vector<BlockHash> block_hashes(std::span<const std::int32_t> tokens,
                                                     const nlohmann::json& params) const;

@@ -20,14 +20,16 @@ struct ChainHeader {
   std::uint32_t block_tokens = 0;
   BlockHash root = 0;
   std::string tenant;
-  std::uint32_t count = 0;  // token ids in the memfd
+  std::uint32_t count = 0;          // token ids in the memfd
+  std::uint32_t prompt_tokens = 0;  // version 7: where the publisher's prompt ends (EntryChain)
   [[nodiscard]] static ChainHeader of(const kv_store::EntryChain& chain);
 };
 
-// u32 block_tokens, u64 root, u16-length tenant, u32 count. Decoding refuses a zero block size,
-// more than kv_store::kMaxChainTokens ids and a count that is not whole blocks.
-void encode_chain_header(ByteWriter& writer, const ChainHeader& header);
-[[nodiscard]] Result<ChainHeader> decode_chain_header(ByteReader& reader);
+// u32 block_tokens, u64 root, u16-length tenant, u32 count, and from data-plane version 7 u32
+// prompt_tokens. Decoding refuses a zero block size, more than kv_store::kMaxChainTokens ids, a
+// count that is not whole blocks and a prompt boundary past the ids.
+void encode_chain_header(ByteWriter& writer, const ChainHeader& header, std::uint32_t version);
+[[nodiscard]] Result<ChainHeader> decode_chain_header(ByteReader& reader, std::uint32_t version);
 
 // A memfd holding `tokens` (little-endian u32 each), sealed against writes.
 [[nodiscard]] Result<UniqueFd> chain_tokens_memfd(std::span<const TokenId> tokens);

@@ -12,6 +12,7 @@
 
 #include "kvrelay/core/byte_io.h"
 #include "kvrelay/core/fidelity.h"
+#include "kvrelay/core/kv_tokens.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/kv_store/entry.h"
 #include "kvrelay/shm_transport/chain_transfer.h"
@@ -30,14 +31,29 @@ inline constexpr std::size_t kControlHeaderBytes = 16;
 // CommitContext may carry the entry's chain, and an Entry reply ends with whether a chain (for a
 // same-host peer's lookup) is attached. Version 6 adds reservations: a Resolve carries flags, and
 // a reserving one keeps its answer in the sidecar (Reserved) for a Claim from any worker
-// connection, once, or a Release.
-inline constexpr std::uint32_t kDataPlaneVersion = 6;
+// connection, once, or a Release. Version 7 (issue #28) adds spans: a chain header carries where
+// the publisher's prompt ends, a Resolve may say the client imports KV that does not start at
+// position 0 (kResolveSpan) or keeps only some positions (kResolveSparse), and a Resolved reply
+// ends with where its KV starts and which positions it keeps.
+inline constexpr std::uint32_t kDataPlaneVersion = 7;
 inline constexpr std::uint32_t kArenaDataPlaneVersion = 3;
 inline constexpr std::uint32_t kFidelityDataPlaneVersion = 4;
 inline constexpr std::uint32_t kChainDataPlaneVersion = 5;
 inline constexpr std::uint32_t kReservationDataPlaneVersion = 6;
+inline constexpr std::uint32_t kSpanDataPlaneVersion = 7;
 // ResolveRequest::flags bit 0: keep the answer under a reservation, send no fd.
 inline constexpr std::uint32_t kResolveReserve = 0x1;
+// Version 7. Bit 1: the client can prefill the tokens before a span and import the span's KV
+// after them (audit span "generated"). Bit 2: it can attend over position-sparse KV (kv_sparse).
+inline constexpr std::uint32_t kResolveSpan = 0x2;
+inline constexpr std::uint32_t kResolveSparse = 0x4;
+// The flags a connection of `version` may send.
+[[nodiscard]] constexpr std::uint32_t known_resolve_flags(std::uint32_t version) noexcept {
+  if (version >= kSpanDataPlaneVersion) return kResolveReserve | kResolveSpan | kResolveSparse;
+  return version >= kReservationDataPlaneVersion ? kResolveReserve : 0U;
+}
+// The most runs of kept positions one Resolved reply names.
+inline constexpr std::size_t kMaxKeptRuns = 4096;
 
 enum class MessageType : std::uint16_t {
   kHello = 0x01,
@@ -141,11 +157,23 @@ struct ResolveRequest {
 // The prefix a Resolved reply covers: `blocks` leading blocks, moved with `medium`, as faithful
 // to the source's KV as `fidelity` says (what the worker then tells the sidecar when it publishes
 // KV computed over this prefix).
+// From version 7 the KV may start at block `first_block` (a span: the client prefills the
+// blocks before it first) and may keep only the positions `kept` names (kv_sparse: absolute
+// positions inside the blocks it covers; the entry then holds run_tokens(kept) tokens).
 struct ResolvedMeta {
   std::uint32_t blocks = 0;
   std::string medium;
   Fidelity fidelity;
+  std::uint32_t first_block = 0;
+  std::vector<TokenRun> kept;  // empty: every position of the blocks
+  // Whether a client older than version 7 could read this meta (a plain leading prefix).
+  [[nodiscard]] bool is_prefix() const noexcept { return first_block == 0 && kept.empty(); }
 };
+// Version 7's end of a Resolved/Reserved reply: u32 first_block, u16 run count, runs (u32 start,
+// u32 length). Decoding checks that the runs are ascending and disjoint; whether they fit the
+// prompt is the client's check (it knows its block size).
+void encode_resolved_span(ByteWriter& writer, const ResolvedMeta& meta);
+[[nodiscard]] Status decode_resolved_span(ByteReader& reader, ResolvedMeta& meta);
 
 // Fidelity on the wire: u64 exact_tokens, u16-length codec spec ("" = exact). Decoding refuses
 // a spec longer than kMaxFidelityCodecBytes and a nonzero exact_tokens without a codec.
