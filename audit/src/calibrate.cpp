@@ -33,7 +33,14 @@ json calibrate(const TrialSet& trials, const CalibrationOptions& options) {
   std::map<std::string, std::vector<const Trial*>> baseline_by_agent;
   std::map<std::string, std::vector<const Trial*>> by_medium;
   std::size_t without_agent = 0;
+  std::size_t not_as_assigned = 0;
   for (const auto& trial : trials.trials) {
+    // A trial's medium is its assignment's: one delivered otherwise (a missed lookup, a refresh)
+    // would price the wrong medium, so it is left out (issue #28).
+    if (trial.delivered_treatment && *trial.delivered_treatment != trial.treatment) {
+      ++not_as_assigned;
+      continue;
+    }
     if (is_baseline(trial, options)) {
       if (trial.receiver_agent.empty()) {
         ++without_agent;
@@ -43,6 +50,9 @@ json calibrate(const TrialSet& trials, const CalibrationOptions& options) {
     } else if (!trial.medium.empty() && trial.medium != "tokens") {
       by_medium[trial.medium].push_back(&trial);
     }
+  }
+  if (not_as_assigned > 0) {
+    skipped.push_back(fmt::format("{} trials were delivered other than assigned and are left out", not_as_assigned));
   }
   if (without_agent > 0) {
     skipped.push_back(fmt::format("{} baseline trials name no receiver_agent; prefill fits need it", without_agent));

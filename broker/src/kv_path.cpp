@@ -10,6 +10,7 @@
 
 #include "kvrelay/broker/engine_codecs.h"
 #include "kvrelay/broker/tenant_chain.h"
+#include "kvrelay/codec_plugins/sparse.h"
 #include "kvrelay/decision/decision_json.h"
 #include "kvrelay/decision/engine_from_policy.h"
 #include "kvrelay/kv_store/entry_chain.h"
@@ -24,7 +25,6 @@
 #include "plan.h"
 #include "precision.h"
 #include "record.h"
-#include "sparse_selection.h"
 #include "treatment_span.h"
 #include "trusted_context.h"
 
@@ -433,8 +433,13 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
       finish("tokens", 0);
       return fail(ErrorCode::kNotFound, "kv_sparse keeps positions of a leading prefix only, not of a span");
     }
-    kept = sparse_keep(served_blocks * std::uint64_t{request.block_tokens}, sparse_keep_ratio());
-    if (kept.size() > 1 || kept.front().length != entry->info.layout.tokens) {
+    // The one keep rule (the `sparse` codec's, which `kvrelay codec eval` measures).
+    auto view = kv_store::view_entry(*entry);
+    if (!view) return fail_with(view.error());
+    auto positions = codec::sparse_keep_positions(entry->info.layout, view.value().bytes(), codec::SparseKeep{});
+    if (!positions) return fail_with(positions.error());
+    kept = std::move(positions).value();
+    if (!kept.empty() && (kept.size() > 1 || kept.front().length != entry->info.layout.tokens)) {
       // Exact through the first dropped position; its product the medium's calibrated factor.
       const Fidelity sparse = Fidelity::lossy("sparse", kept.front().start == 0 ? kept.front().length : 0,
                                               medium_factor(*policy, *codecs_, "kv_sparse"));

@@ -67,7 +67,7 @@ struct LookupPlan {
   std::size_t max_blocks = 0;  // blocks that may be served
   std::string codec;           // the medium's codec spec ("raw" for a held prefix under tokens)
   bool lossless = true;
-  bool sparse = false;  // kv_sparse: exact KV ("raw") of the kept positions only (sparse_selection.h)
+  bool sparse = false;  // kv_sparse: exact KV ("raw") of the kept positions only (codec_plugins/sparse.h)
   // The local prefix: served as it is, or joined to what peers add.
   kv_store::HeldPrefix held;
   bool held_already_encoded = false;  // lossy KV of the plan's codec: what the medium delivers

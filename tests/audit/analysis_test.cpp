@@ -191,6 +191,17 @@ TEST_CASE("Calibration recovers a planted prefill fit and codec quality", "[audi
   CHECK(medium["fidelity"].get<double>() == Approx(0.98));
   CHECK(medium["extra_decode_fraction"].get<double>() == Approx(0.1));
   CHECK(fragment["calibration"]["agents"]["coder"]["trials"] == 7);
+
+  // A trial delivered other than assigned would price the wrong medium: it is left out, and said.
+  auto missed = trials.trials.back();
+  missed.delivered_treatment = "T0";
+  missed.delivery_reason = "lookup miss";
+  missed.top1_agreement = 0.2;
+  trials.trials.push_back(missed);
+  const json with_missed = calibrate(trials, CalibrationOptions{});
+  CHECK(with_missed["cost_model"]["media"]["kv_int8"]["fidelity"].get<double>() == Approx(0.98));
+  CHECK(with_missed["calibration"]["skipped"].dump().find("1 trials were delivered other than assigned") !=
+        std::string::npos);
 }
 
 TEST_CASE("The audit report when every trial was delivered as assigned: as-treated is intent-to-treat",

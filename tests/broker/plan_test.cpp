@@ -249,8 +249,8 @@ TEST_CASE("precision: factors, effective products and the crossing", "[broker][p
   Policy policy = parsed_policy(kFloorRoute);
   const auto codecs = codec::CodecRegistry::with_builtins();
   // The catalogue's defaults until the policy calibrates a medium; lossless media are exact.
-  CHECK(codec_factor(policy, codecs, "int8") == Approx(0.99));
-  CHECK(medium_factor(policy, codecs, "kv_int4") == Approx(0.95));
+  CHECK(codec_factor(policy, codecs, "int8") == Approx(0.996));
+  CHECK(medium_factor(policy, codecs, "kv_int4") == Approx(0.921));
   CHECK(medium_factor(policy, codecs, "kv_raw") == 1.0);
   CHECK(medium_factor(policy, codecs, "kv_lossless") == 1.0);
   CHECK(medium_factor(policy, codecs, "tokens") == 1.0);
@@ -430,14 +430,14 @@ TEST_CASE("precision: a held entry of the medium's codec is not served when its 
   calibrate_int8(bench.policy);
   const auto exact = tiny_entry(2 * kBlockTokens);
   REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[1]}, exact));
-  // An int8 entry at 0.81 (4 blocks), and a longer int4 one nobody stamped (int4: 0.95): the best
+  // An int8 entry at 0.81 (4 blocks), and a longer int4 one nobody stamped (int4: 0.921): the best
   // source is the int4 one, whose chain passes; the int8 copy alone would not.
   REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[3]},
                           tiny_entry(4 * kBlockTokens, Fidelity::lossy("int8", 0, 0.81))));
   REQUIRE(bench.store.put({bench.model_id(), chain_of(7)[5]}, tiny_entry(6 * kBlockTokens, Fidelity::lossy("int4"))));
   const auto plan = bench.plan(lookup_of(bench.model_id(), 7, 7 * kBlockTokens + 1, kToCoder));
   REQUIRE_FALSE(plan.stop);
-  CHECK(plan.chain_product == Approx(0.95));
+  CHECK(plan.chain_product == Approx(0.921));
   CHECK(plan.choice.medium == "kv_int8");
   CHECK(plan.held.entry == exact);  // encoded from the exact prefix instead
   CHECK_FALSE(plan.held_already_encoded);

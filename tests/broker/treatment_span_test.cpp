@@ -1,11 +1,8 @@
-// Issue #28: the blocks an audit span serves, cut at the prompt boundary A's worker published,
-// and the positions kv_sparse keeps.
+// Issue #28: the blocks an audit span serves, cut at the prompt boundary A's worker published.
 
 #include "treatment_span.h"
 
 #include <catch2/catch.hpp>
-
-#include "sparse_selection.h"
 
 using namespace kvrelay;
 using namespace kvrelay::broker;
@@ -64,22 +61,4 @@ TEST_CASE("spans are not delivered without a boundary or to a prefix-only worker
   REQUIRE_FALSE(prefix_only);
   CHECK(prefix_only.error().message.find("leading prefixes only") != std::string::npos);
   CHECK(cut_span(inputs(KvSpan::kPrompt, 40, false)));  // a prompt span is a leading prefix
-}
-
-TEST_CASE("kv_sparse keeps the sinks and the most recent positions", "[broker][span]") {
-  const auto runs = sparse_keep(100, 0.3);
-  REQUIRE(runs.size() == 2);
-  CHECK(runs[0].start == 0);
-  CHECK(runs[0].length == kSparseSinkTokens);
-  CHECK(runs[1].start + runs[1].length == 100);
-  CHECK(run_tokens(runs) == 30);
-  CHECK(check_token_runs(runs, 100));
-  // Everything when the ratio keeps it all; a short context still drops something at 0.3.
-  CHECK(sparse_keep(10, 1.0) == std::vector<TokenRun>{{0, 10}});
-  const auto short_runs = sparse_keep(8, 0.3);
-  CHECK(run_tokens(short_runs) == kSparseSinkTokens + 1);
-  CHECK(check_token_runs(short_runs, 8));
-  CHECK(sparse_keep(0, 0.3).empty());
-  CHECK(sparse_keep_ratio() > 0.0);
-  CHECK(sparse_keep_ratio() < 1.0);
 }
