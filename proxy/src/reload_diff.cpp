@@ -107,6 +107,11 @@ void diff_route(Diff& diff, const std::string& at, const RoutePolicy& before, co
   diff.field(kLive, at + "/audit/treatments", before.audit.treatments, after.audit.treatments);
   diff.field(kLive, at + "/audit/trials_file", before.audit.trials_file, after.audit.trials_file);
   diff.field(kLive, at + "/audit/client_treatments", before.audit.client_treatments, after.audit.client_treatments);
+  // Read by the KV path at each audited outcome: a refit uses the window and step in force then.
+  diff.field(kLive, at + "/audit/calibrate", before.audit.calibrate_live, after.audit.calibrate_live);
+  diff.field(kLive, at + "/audit/calibrate_window", before.audit.calibrate_window, after.audit.calibrate_window);
+  diff.field(kLive, at + "/audit/calibrate_max_step_s", before.audit.calibrate_max_step_s,
+             after.audit.calibrate_max_step_s);
   diff.field(kLive, at + "/hysteresis", before.hysteresis_threshold, after.hysteresis_threshold);
   diff.field(kLive, at + "/quality_floor", before.quality_floor, after.quality_floor);
   diff.field(kLive, at + "/push", before.push, after.push);
