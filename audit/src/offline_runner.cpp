@@ -182,7 +182,7 @@ Result<TrialSet> run_offline_audit(const OfflineRunOptions& options) {
   const auto report_error = [](std::string message) -> Result<TrialSet> {
     return fail(ErrorCode::kInvalidArgument, std::move(message));
   };
-  if (!is_known_medium(options.kv_medium) || options.kv_medium == "tokens") {
+  if (!is_known_medium(options.kv_medium) || options.kv_medium == "tokens" || options.kv_medium == kSummaryMedium) {
     return report_error(fmt::format("--kv-medium '{}' is not a KV medium", options.kv_medium));
   }
   auto treatments = resolve_treatments(options);

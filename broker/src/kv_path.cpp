@@ -112,6 +112,19 @@ class DeliveryRecorder {
     if (!delivery_.as_assigned) delivery_.reason = why;
   }
 
+  // B's prompt carried a summary in place of A's context (the front proxy made it): all of the
+  // context moved, as a summary, no KV.
+  void summarised(const SummaryApplied& summary) {
+    if (!context_.treatment) return;
+    const Treatment& assigned = *context_.treatment;
+    delivery_ = Delivery{KvSpan::kAll, std::string(kSummaryMedium), 0, true, {}, predicted_};
+    if (assigned.span != KvSpan::kAll || (!assigned.medium.empty() && assigned.medium != kSummaryMedium)) {
+      delivery_.as_assigned = false;
+      delivery_.reason = fmt::format("the front proxy summarised A's {} tokens ({})", summary.span_tokens,
+                                     summary.source.empty() ? std::string("front_proxy") : summary.source);
+    }
+  }
+
   void served(KvSpan span, const std::string& medium, std::uint64_t tokens, const MediumChoice& choice) {
     if (!context_.treatment) return;
     const Treatment& assigned = *context_.treatment;
@@ -223,6 +236,55 @@ std::optional<EngineAdvice> KvPath::advise(const Policy& policy, const RoutePoli
                       std::string(decision::decision_reason_name(decided.value().reason))};
 }
 
+KvPath::HandoffSpan KvPath::handoff_span(const Policy& policy, const RoutePolicy& route,
+                                         std::span<const TokenId> prompt, BlockHash chain_root,
+                                         const std::string& tenant) {
+  const AgentPolicy* from = policy.find_agent(route.from_agent);
+  if (from == nullptr || prompt.empty()) return {};
+  const std::uint64_t model_id = published_model_of(*from);
+  auto chain = hash_blocks(model_id, prompt, kDefaultBlockTokens, chain_root);
+  if (!policy.tenants.empty()) {
+    for (auto& hash : chain)
+      hash = kv_store::tenant_scoped_key({model_id, hash}, tenant).context_hash;
+  }
+  // KV of any fidelity shows how far A's context reaches; a longer entry that holds the prefix counts.
+  const kv_store::PrefixQuery query{model_id, chain, chain.size(), kDefaultBlockTokens, kv_store::FidelityRule::any(),
+                                    true};
+  const auto local = kv_store::longest_held_prefix(*store_, query);
+  std::size_t blocks = local.blocks;
+  if (const auto held = peers_->longest_held(model_id, chain); held && held->blocks > blocks) blocks = held->blocks;
+  HandoffSpan span;
+  span.tokens = blocks * std::uint64_t{kDefaultBlockTokens};
+  const AgentPolicy* to = policy.find_agent(route.to_agent);
+  if (local && to != nullptr && to->model.id() == from->model.id() && local.fidelity(kDefaultBlockTokens).is_exact()) {
+    span.receiver_cached = local.blocks * std::uint64_t{kDefaultBlockTokens};
+  }
+  return span;
+}
+
+std::uint64_t KvPath::published_model_of(const AgentPolicy& agent) const {
+  std::lock_guard lock(published_models_mutex_);
+  const auto found = published_models_.find(agent.id);
+  return found != published_models_.end() ? found->second : agent.model.id();
+}
+
+std::optional<EngineAdvice> KvPath::predict_handoff(const Policy& policy, const RoutePolicy& route,
+                                                    const decision::TransferShape& shape, json& cost) {
+  return advise(policy, route, shape, /*commit=*/false, cost);
+}
+
+void KvPath::record_summary(json record, const std::string& route, std::string_view outcome,
+                            std::optional<double> summariser_seconds) {
+  metrics_.summaries.with({route, std::string(outcome)}).inc();
+  if (summariser_seconds) {
+    std::lock_guard lock(engine_mutex_);
+    if (engine_) {
+      if (const auto id = engine_->find_route(route)) engine_->observe_summary(id.value(), *summariser_seconds);
+    }
+  }
+  log_.record(std::move(record));
+}
+
 // Plan, fetch what the plan asks for, materialize the entry served, record all of it.
 Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_request) {
   const auto started = Clock::now();
@@ -254,6 +316,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   record["route"] = route != nullptr ? json(route->id) : json();
   if (context.treatment) record["treatment"] = treatment_json(*context.treatment);
   if (context.max_tokens) record["max_tokens"] = *context.max_tokens;
+  if (context.summary) record["summary"] = summary_applied_json(*context.summary);
   const std::size_t max_blocks = servable_blocks(request, context);
   record["available_tokens"] = max_blocks * request.block_tokens;
   // What this lookup delivers of an audited request's treatment, filed as it returns.
@@ -270,7 +333,11 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
   record_plan(record, plan, std::chrono::duration<double>(Clock::now() - started).count(), metrics_);
   delivery.predicted(plan.choice.cost);
   if (plan.stop) {
-    delivery.nothing(plan.stop->error.message);
+    if (context.summary && plan.choice.medium == kSummaryMedium) {
+      delivery.summarised(*context.summary);
+    } else {
+      delivery.nothing(plan.stop->error.message);
+    }
     finish(plan.stop->outcome, 0);
     return plan.stop->error;
   }
@@ -510,6 +577,10 @@ void KvPath::published(const kv_store::EntryKey& worker_key,
   if (!filed || !parsed || parsed.value().context.agent.empty()) return;
   const kv_store::StoredEntry* entry = filed.get();
   const RequestContext& published_context = parsed.value().context;
+  if (policy->find_agent(published_context.agent) != nullptr) {
+    std::lock_guard lock(published_models_mutex_);
+    published_models_.insert_or_assign(published_context.agent, worker_key.model_id);
+  }
   for (const auto& route : policy->routes)  // the store values KV by the routes that will read it
     if (route.from_agent == published_context.agent && route.enabled) store_->note_use(key, route.priority);
   for (const auto& route : policy->routes) {

@@ -100,6 +100,23 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
                            std::uint64_t context_tokens, std::uint64_t held_tokens, const codec::CodecRegistry& codecs,
                            EngineAdvisor& engine, double chain_product) {
   MediumChoice choice;
+  if (context.summary) {
+    // The front proxy put a summary in place of A's context (docs/summary.md): B prefills it, no
+    // KV is B's to import. Priced as the proxy priced it, for the record and live calibration.
+    const SummaryApplied& summary = *context.summary;
+    choice.medium = std::string(kSummaryMedium);
+    choice.source = summary.source.empty() ? std::string("front_proxy") : summary.source;
+    choice.reason = fmt::format("the front proxy put a {}-token summary in place of A's {} tokens",
+                                summary.summary_tokens, summary.span_tokens);
+    decision::TransferShape priced;
+    priced.tokens = summary.span_tokens;
+    if (context.max_tokens) priced.expected_output_tokens = *context.max_tokens;
+    if (route != nullptr) {
+      priced.dtype = route_dtype(policy, *route);
+      (void)engine.advise(policy, *route, priced, false, choice.cost);
+    }
+    return choice;
+  }
   if (route == nullptr) {
     // A worker used without the front proxy (or a route-less agent): plain prefix reuse.
     choice.medium = "kv_raw";
@@ -116,6 +133,8 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
   shape.chain_fidelity = chain_product;
   if (context.max_tokens) shape.expected_output_tokens = *context.max_tokens;
   shape.dtype = route_dtype(policy, *route);
+  // B's request left the front proxy without a summary: none can be made for it now.
+  shape.summary_possible = false;
   const bool bytes_only = shape.dtype && dtype_moves_as_bytes(*shape.dtype);
   const auto decided = engine.advise(policy, *route, shape, engine_decides, choice.cost);
   if (treatment_decides) {
@@ -139,6 +158,12 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
     choice.medium = "kv_raw";
     choice.source = "default";
     choice.reason = "decision engine unavailable";
+  }
+  if (choice.medium == kSummaryMedium) {
+    // Forced or a treatment, but the front proxy did not summarise this request (its summary
+    // record in the decision log says why): B got its original prompt.
+    choice.reason = fmt::format("{}; but the front proxy did not summarise this request: tokens", choice.reason);
+    choice.medium = "tokens";
   }
   if (choice.medium != "tokens") {
     if (!route->enabled) {
@@ -217,6 +242,11 @@ LookupPlan plan_lookup(const PlanInputs& inputs, std::size_t max_blocks) {
                               std::min(plan.held.blocks, max_blocks) * request.block_tokens, inputs.codecs,
                               inputs.engine, plan.chain_product);
   MediumChoice& choice = plan.choice;
+  if (choice.medium == kSummaryMedium) {
+    plan.stop = stop_with(std::string(kSummaryMedium), ErrorCode::kNotFound,
+                          "the front proxy summarised A's context: no KV to serve");
+    return plan;
+  }
   if (choice.refresh) choice.refresh->exact_source = static_cast<bool>(plan.held);
   if (choice.medium == "tokens" && !choice.serve_held_prefix) {
     plan.stop = stop_with("tokens", ErrorCode::kNotFound, fmt::format("medium tokens: {}", choice.reason));

@@ -50,8 +50,11 @@ KvPathMetrics::KvPathMetrics(metrics::Registry& registry)
                                            "to, ignored",
                                            {})),
       fetch_backs(registry.counter("kvrelay_kv_fetch_backs_total",
-                                   "Lookups that met a stub and fetched the spilled entry back, by route", {"route"})) {
-}
+                                   "Lookups that met a stub and fetched the spilled entry back, by route", {"route"})),
+      summaries(registry.counter("kvrelay_summaries_total",
+                                 "Handoffs the front proxy was to send as a summary of A's context, by route and "
+                                 "outcome (summarised; failed: B got its original request; skipped: no span known)",
+                                 {"route", "outcome"})) {}
 
 void feed_codec(decision::DecisionEngine& engine, const CodecSample& sample) {
   const auto medium_name = medium_for_codec(sample.codec);

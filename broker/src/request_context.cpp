@@ -63,6 +63,13 @@ json treatment_json(const Treatment& treatment) {
   return out;
 }
 
+json summary_applied_json(const SummaryApplied& summary) {
+  json out{{"span_tokens", summary.span_tokens}, {"summary_tokens", summary.summary_tokens}};
+  if (summary.span_chars) out["span_chars"] = *summary.span_chars;
+  if (!summary.source.empty()) out["source"] = summary.source;
+  return out;
+}
+
 Result<RequestContext> parse_request_context(std::string_view params_json) {
   if (params_json.empty()) return RequestContext{};
   const json params = json::parse(params_json, nullptr, false);
@@ -102,6 +109,26 @@ Result<RequestContext> request_context_from_json(const json& params) {
     if (!treatment) return treatment.error();
     context.treatment = std::move(treatment).value();
   }
+  if (const auto it = params.find("summary"); it != params.end() && !it->is_null()) {
+    if (!it->is_object()) return context_type_error("summary", "an object", *it);
+    SummaryApplied summary;
+    for (const auto& [field, out] :
+         {std::pair{"span_tokens", &summary.span_tokens}, std::pair{"summary_tokens", &summary.summary_tokens}}) {
+      const auto value = it->find(field);
+      if (value == it->end() || !value->is_number_unsigned()) {
+        return context_type_error(std::string("summary.") + field, "a non-negative integer",
+                                  value == it->end() ? json() : *value);
+      }
+      *out = value->get<std::uint64_t>();
+    }
+    if (const auto chars = it->find("span_chars"); chars != it->end() && !chars->is_null()) {
+      if (!chars->is_number_unsigned())
+        return context_type_error("summary.span_chars", "a non-negative integer", *chars);
+      summary.span_chars = chars->get<std::uint64_t>();
+    }
+    KVRELAY_TRY(read_label(*it, "source", summary.source));
+    context.summary = summary;
+  }
   KVRELAY_TRY(read_label(params, "tenant", context.tenant));
   if (const auto it = params.find("chain_root"); it != params.end() && !it->is_null()) {
     const auto root = it->is_string() ? parse_block_hash_hex(it->get_ref<const std::string&>()) : std::nullopt;
@@ -126,6 +153,7 @@ json request_context_json(const RequestContext& context) {
   if (!context.next_agents.empty()) out["next_agents"] = context.next_agents;
   put("tenant", context.tenant);
   if (context.chain_root) out["chain_root"] = block_hash_hex(*context.chain_root);
+  if (context.summary) out["summary"] = summary_applied_json(*context.summary);
   return out;
 }
 

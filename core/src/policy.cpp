@@ -52,6 +52,11 @@ bool is_known_medium(std::string_view medium) noexcept {
   return medium.size() > kPluginPrefix.size() && medium.substr(0, kPluginPrefix.size()) == kPluginPrefix;
 }
 
+bool route_allows_summary(const RoutePolicy& route) noexcept {
+  return (route.forced_medium && *route.forced_medium == kSummaryMedium) ||
+         std::find(route.allowed_media.begin(), route.allowed_media.end(), kSummaryMedium) != route.allowed_media.end();
+}
+
 Result<HostPort> parse_host_port(std::string_view text) {
   std::string_view host;
   std::string_view port_text;
@@ -295,7 +300,8 @@ void read_media_list(ObjectReader& reader, std::string_view key, std::vector<std
     if (!is_known_medium(out[index])) {
       const json got = out[index];
       diag.expected(pointer_append(reader.pointer_of(key), index),
-                    "a medium (tokens, kv_raw, kv_lossless, kv_fp8, kv_int8, kv_int4, kv_sparse or codec:<name>)",
+                    "a medium (tokens, kv_raw, kv_lossless, kv_fp8, kv_int8, kv_int4, kv_sparse, summary or "
+                    "codec:<name>)",
                     &got);
     }
   }
@@ -320,12 +326,34 @@ void read_audit_treatment(const json& value, const std::string& pointer, Treatme
       diag.expected(reader.pointer_of("span"), "one of none, prompt, generated, all", span);
     }
   }
-  if ((out.medium == "tokens") != (out.span == KvSpan::kNone) && !out.medium.empty()) {
+  if (out.medium == kSummaryMedium) {
+    if (out.span != KvSpan::kAll) {
+      diag.problem(reader.pointer_of("span"),
+                   fmt::format("span \"{}\" with medium summary: a summary replaces all of A's context (span all)",
+                               span_name(out.span)));
+    }
+  } else if ((out.medium == "tokens") != (out.span == KvSpan::kNone) && !out.medium.empty()) {
     diag.problem(reader.pointer_of("span"),
                  fmt::format("span \"{}\" with medium \"{}\": tokens moves no KV (span none), every KV medium needs a "
                              "span",
                              span_name(out.span), out.medium));
   }
+  reader.reject_unknown_keys();
+}
+
+void read_route_summary(const json& value, const std::string& pointer, RouteSummaryPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  read_url(reader, "summariser", out.summariser, diag, false);
+  reader.read_u32("max_tokens", out.max_tokens, 1, 8192);
+  if (reader.read_string("template", out.prompt_template, false) &&
+      out.prompt_template.find("{summary}") == std::string::npos) {
+    const json got = out.prompt_template;
+    diag.expected(reader.pointer_of("template"), "text containing {summary}", &got);
+  }
+  reader.read_string("instruction", out.instruction, false, /*non_empty=*/false);
+  reader.read_string("model", out.model, false);
+  reader.read_millis("timeout_ms", out.timeout, 1, 600'000);
   reader.reject_unknown_keys();
 }
 
@@ -408,6 +436,9 @@ void read_route(const json& value, const std::string& pointer, RoutePolicy& out,
   reader.read_bool("push", out.push);
   reader.read_bool("critical", out.critical);
   reader.read_double("reserved_share", out.reserved_share, 0.0, 0.9);
+  if (const auto* summary = reader.field("summary", false)) {
+    read_route_summary(*summary, reader.pointer_of("summary"), out.summary, diag);
+  }
   reader.reject_unknown_keys();
 }
 
@@ -459,7 +490,7 @@ void read_kv_store(const json& value, const std::string& pointer, StorePolicy& o
   if (const auto* medium = reader.field("spill_medium", false)) {
     // A medium that carries KV through a codec: not tokens, and not sparse KV (it drops positions).
     const bool usable = medium->is_string() && is_known_medium(medium->get<std::string>()) && *medium != "tokens" &&
-                        *medium != "kv_sparse";
+                        *medium != "kv_sparse" && *medium != kSummaryMedium;
     if (usable) {
       out.spill_medium = medium->get<std::string>();
     } else {

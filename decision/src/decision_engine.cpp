@@ -29,6 +29,8 @@ std::string_view exclusion_name(Exclusion exclusion) noexcept {
       return "codec_unavailable";
     case Exclusion::kBytesOnlyDtype:
       return "fp8_moves_as_bytes";
+    case Exclusion::kSummaryUnavailable:
+      return "summary_unavailable";
   }
   return "unknown";
 }
@@ -158,6 +160,11 @@ Status DecisionEngine::fill_route_settings(const RoutePolicy& policy, RouteState
   std::uint32_t allowed = 0;
   if (policy.allowed_media.empty()) {
     allowed = ~0U;
+    // "Every medium" means every way to move the context itself: a summary replaces it, so a
+    // route takes one only where it names it.
+    for (std::size_t i = 0; i < media_.size(); ++i) {
+      if (media_[i].spec.kind == MediumKind::kSummary) allowed &= ~(1U << i);
+    }
   } else {
     for (const std::string& name : policy.allowed_media) {
       KVRELAY_TRY(const MediumId id, find_medium(name));
@@ -170,6 +177,7 @@ Status DecisionEngine::fill_route_settings(const RoutePolicy& policy, RouteState
     state.forced = forced;
   }
   state.allowed_mask = allowed;
+  state.summary_tokens = policy.summary.max_tokens;
   return ok();
 }
 
@@ -186,6 +194,7 @@ Result<RouteId> DecisionEngine::add_route(const RoutePolicy& policy, LinkId link
   state.from = from;
   state.to = to;
   state.link = link;
+  state.summariser = WindowedMean(config_.summary_window, 0.0);
   KVRELAY_TRY(fill_route_settings(policy, state));
   state.current.fill(kNoMedium);
   state.since.fill(0.0);
@@ -310,6 +319,15 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.wire_bytes = missing_d * 4.0;  // uint32 token ids
       c.comm_s = c.wire_bytes / bandwidth + rtt;
       c.comp_s = receiver.prefill.predict(missing_d, static_cast<double>(cached));
+    } else if (m.spec.kind == MediumKind::kSummary) {
+      // The budget's token ids cross the link and B prefills them in place of the context (none
+      // of which it can reuse), after the summariser generated them.
+      const double budget = static_cast<double>(route.summary_tokens);
+      c.wire_bytes = budget * 4.0;
+      c.comm_s = c.wire_bytes / bandwidth + rtt;
+      c.comp_s = receiver.prefill.predict(budget, 0.0) + summariser_estimate(route);
+      c.loss_s =
+          m.spec.profile.extra_decode_fraction * static_cast<double>(shape.expected_output_tokens) * decode_s_per_token;
     } else {
       const double ratio = m.ratio[dtype_index].mean();
       c.wire_bytes = raw_kv_bytes * ratio;
@@ -337,9 +355,11 @@ void DecisionEngine::evaluate(const RouteState& route, const TransferShape& shap
       c.excluded = Exclusion::kNotAllowed;
     } else if (!m.spec.available) {
       c.excluded = Exclusion::kCodecUnavailable;
+    } else if (m.spec.kind == MediumKind::kSummary && !shape.summary_possible) {
+      c.excluded = Exclusion::kSummaryUnavailable;
     } else if (m.spec.needs_kv() && !kv_compatible) {
       c.excluded = Exclusion::kFingerprintMismatch;
-    } else if (bytes_only && !m.spec.lossless()) {
+    } else if (bytes_only && m.spec.needs_kv() && !m.spec.lossless()) {
       c.excluded = Exclusion::kBytesOnlyDtype;
     } else if (m.spec.kind == MediumKind::kKvSparse && !receiver.accepts_sparse) {
       c.excluded = Exclusion::kSparseUnsupported;
@@ -482,6 +502,20 @@ void DecisionEngine::observe_codec(MediumId medium, DType dtype, double raw_byte
 void DecisionEngine::observe_handoff(RouteId route, MediumId medium, double raw_bytes, double seconds) noexcept {
   if (route >= routes_.size() || medium >= media_.size() || !media_[medium].spec.needs_kv()) return;
   routes_[route].handoff[medium].observe(raw_bytes, seconds);
+}
+
+double DecisionEngine::summariser_estimate(const RouteState& route) const noexcept {
+  if (route.summariser.samples() > 0) return route.summariser.mean();
+  return agent_hot_[route.from].decode_s_per_token * static_cast<double>(route.summary_tokens);
+}
+
+void DecisionEngine::observe_summary(RouteId route, double seconds) noexcept {
+  if (route >= routes_.size() || !std::isfinite(seconds) || seconds < 0.0) return;
+  routes_[route].summariser.observe(seconds);
+}
+
+double DecisionEngine::summariser_seconds(RouteId route) const noexcept {
+  return route < routes_.size() ? summariser_estimate(routes_[route]) : 0.0;
 }
 
 void DecisionEngine::set_audit_correction(RouteId route, MediumId medium, double seconds) noexcept {

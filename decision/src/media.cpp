@@ -22,6 +22,10 @@ constexpr BuiltinMedium kCatalogue[] = {
     {"kv_int8", MediumKind::kKvLossy, "int8", CodecProfile{{0.26, 0.52, 0.52, 1.0}, 1.5e9, 2.5e9, 0.996, 0.01}},
     {"kv_int4", MediumKind::kKvLossy, "int4", CodecProfile{{0.14, 0.27, 0.27, 1.0}, 1.2e9, 2.0e9, 0.921, 0.06}},
     {"kv_sparse", MediumKind::kKvSparse, "", CodecProfile{{0.50, 0.50, 0.50, 1.0}, 3.0e9, 3.0e9, 0.47, 0.04}},
+    // No codec: priced from its token budget and the summariser's time (decision_engine.cpp).
+    // Conservative until an audit measures it (docs/summary.md): half the information kept, and
+    // a quarter more decode for the answers that need to recover what the summary left out.
+    {"summary", MediumKind::kSummary, "", CodecProfile{{1.0, 1.0, 1.0, 1.0}, 0.0, 0.0, 0.5, 0.25}},
 };
 
 }  // namespace

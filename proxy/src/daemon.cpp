@@ -191,6 +191,30 @@ int run_daemon(const DaemonOptions& options) {
                                       const std::string& route, const broker::Delivery& delivery, double ttft_s) {
     if (const auto path = weak.lock()) path->observe_audited_outcome(route, delivery, ttft_s);
   });
+  // Issue #28, the summary medium (docs/summary.md): the front proxy asks the KV path how much of
+  // B's prompt is A's published context and what the engine predicts, and files each summary.
+  SummaryHooks summary_hooks;
+  summary_hooks.handoff_span = [weak = std::weak_ptr<broker::KvPath>(kv_path)](const HandoffQuery& query) {
+    const auto path = weak.lock();
+    if (!path) return HandoffSpanAnswer{};
+    const auto span = path->handoff_span(query.policy, query.route, query.prompt, query.chain_root, query.tenant);
+    return HandoffSpanAnswer{span.tokens, span.receiver_cached};
+  };
+  summary_hooks.predict = [weak = std::weak_ptr<broker::KvPath>(kv_path)](
+                              const Policy& current, const RoutePolicy& route, const decision::TransferShape& shape,
+                              nlohmann::json& cost) -> std::optional<std::string> {
+    const auto path = weak.lock();
+    if (!path) return std::nullopt;
+    auto advice = path->predict_handoff(current, route, shape, cost);
+    if (!advice) return std::nullopt;
+    return std::move(advice->medium);
+  };
+  summary_hooks.record = [weak = std::weak_ptr<broker::KvPath>(kv_path)](
+                             nlohmann::json record, const std::string& route, std::string_view outcome,
+                             std::optional<double> summariser_seconds) {
+    if (const auto path = weak.lock()) path->record_summary(std::move(record), route, outcome, summariser_seconds);
+  };
+  front_proxy->set_summary_hooks(std::move(summary_hooks));
   // Issue #27: a codec's fidelity factor, which peer transfers stamp into their fidelity product:
   // 1 for lossless codecs, else the live policy's cost_model.media[].fidelity for its medium, else
   // the media catalogue's default (decision/media.h).

@@ -11,7 +11,11 @@
 #include "kvrelay/broker/request_context.h"
 #include "kvrelay/broker/request_signature.h"
 #include "kvrelay/broker/tenant_chain.h"
+#include "kvrelay/decision/media.h"
+#include "kvrelay/proxy/summary_prompt.h"
 #include "kvrelay/proxy/upstream_relay.h"
+
+#include "summariser.h"
 
 namespace kvrelay::proxy {
 
@@ -146,7 +150,190 @@ const RoutePolicy* audited_route_into(const Policy& policy, const std::string& a
 
 constexpr std::size_t kWorkerStatsTailBytes = 2048;
 
+bool is_completions_endpoint(std::string_view path) {
+  return path.substr(0, path.find('?')) == "/v1/completions";
+}
+
+// The route a request into the agent is handled on when no treatment names one: the KV path's
+// pick_route over the candidate routes the proxy injects (the enabled routes into the agent).
+const RoutePolicy* first_route_into(const Policy& policy, const std::string& agent_id) {
+  for (const auto& route : policy.routes) {
+    if (route.to_agent == agent_id && route.enabled) return &route;
+  }
+  return nullptr;
+}
+
+// Whether a request into the agent may be summarised at all: only then does the proxy keep the
+// client's body beside the one it forwards.
+bool summary_possible_into(const Policy& policy, const std::string& agent_id) {
+  return std::any_of(policy.routes.begin(), policy.routes.end(), [&](const RoutePolicy& route) {
+    if (route.to_agent != agent_id || !route.enabled) return false;
+    return route_allows_summary(route) ||
+           std::any_of(route.audit.treatments.begin(), route.audit.treatments.end(),
+                       [](const Treatment& treatment) { return treatment.medium == kSummaryMedium; });
+  });
+}
+
+// The summary medium's fidelity factor: the policy's calibration, else the catalogue's default.
+double summary_fidelity(const Policy& policy) {
+  for (const auto& [name, model] : policy.cost_model.media) {
+    if (name == kSummaryMedium && model.fidelity) return *model.fidelity;
+  }
+  return decision::builtin_medium(kSummaryMedium).profile.fidelity;
+}
+
+std::int64_t now_unix_millis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+struct FrontProxy::PlannedSummary {
+  const RoutePolicy* route = nullptr;  // in the request's policy snapshot
+  std::string source;                  // forced, treatment, engine
+  SummarisablePrompt prompt;
+  SummarySpan span;
+  HttpUrl summariser;
+  nlohmann::json record;  // the summary record's fields known before the call
+};
+
+namespace {
+
+// What an audited request was delivered when the proxy summarised it and no lookup said so.
+broker::Delivery summary_delivery(const Treatment& assigned, const broker::SummaryApplied& summary) {
+  broker::Delivery delivery;
+  delivery.span = KvSpan::kAll;
+  delivery.medium = std::string(kSummaryMedium);
+  delivery.as_assigned =
+      assigned.span == KvSpan::kAll && (assigned.medium.empty() || assigned.medium == kSummaryMedium);
+  if (!delivery.as_assigned) {
+    delivery.reason = fmt::format("the front proxy summarised A's {} tokens ({})", summary.span_tokens, summary.source);
+  }
+  return delivery;
+}
+
+// B's body with the summary in place of the span, injected as the original was (its kvrelay
+// fields saying so); the record gains the summary's size. An error says why B gets its original.
+Result<std::string> summarised_body(const Result<SummariserResponse>& answer, const FrontProxy::PlannedSummary& planned,
+                                    const std::string& client_body, std::optional<broker::RequestContext>& context,
+                                    const std::optional<KvParamsInjection>& injection, nlohmann::json& record) {
+  if (!answer) return answer.error();
+  record["summariser_status"] = answer.value().status;
+  KVRELAY_TRY(const Summary summary,
+              parse_summariser_reply(answer.value().status, answer.value().body, planned.prompt.kind));
+  const bool token_ids = planned.prompt.kind == PromptKind::kTokenIds;
+  const std::uint64_t summary_tokens = token_ids ? summary.tokens.size() : summary.completion_tokens;
+  record["summary_tokens"] = summary_tokens;
+  record["bytes"] = summary_bytes(summary, planned.prompt.kind);
+  KVRELAY_TRY(auto body, body_with_summary(client_body, planned.prompt, planned.span, summary,
+                                           planned.route->summary.prompt_template));
+  if (token_ids) record["b_prompt_tokens"] = summary_tokens + planned.prompt.tokens.size() - planned.span.tokens;
+  if (!context || !injection) return body;
+  context->summary = broker::SummaryApplied{planned.span.tokens, summary_tokens, planned.span.chars, planned.source};
+  KVRELAY_TRY(auto injected, inject_kv_transfer_params(body, broker::request_context_json(*context), *injection));
+  return std::move(injected.body);
+}
+
+}  // namespace
+
+std::optional<FrontProxy::PlannedSummary> FrontProxy::plan_summary(const std::shared_ptr<const Policy>& policy,
+                                                                   const AgentPolicy& agent, const RoutePolicy* route,
+                                                                   const std::optional<Treatment>& treatment,
+                                                                   const std::string& request_id,
+                                                                   std::string_view body) {
+  if (route == nullptr) return std::nullopt;
+  PlannedSummary planned;
+  planned.route = route;
+  // The order the KV path's choose_medium keeps: treatment, forced medium, engine.
+  if (treatment && treatment->decides_medium()) {
+    if (treatment->delivered_medium() != kSummaryMedium) return std::nullopt;
+    planned.source = "treatment";
+  } else if (route->forced_medium) {
+    if (*route->forced_medium != kSummaryMedium) return std::nullopt;
+    planned.source = "forced";
+  } else if (route_allows_summary(*route) && summary_hooks_.predict) {
+    planned.source = "engine";
+  } else {
+    return std::nullopt;
+  }
+  // The engine only prices what it can have; a forced or drawn summary that cannot be made is
+  // recorded, and B gets its request as it is (the tokens medium).
+  const bool wanted = planned.source != "engine";
+  planned.record = {{"kind", "summary"},
+                    {"time_unix_ms", now_unix_millis()},
+                    {"route", route->id},
+                    {"request_id", request_id},
+                    {"agent", agent.id},
+                    {"source", planned.source},
+                    {"budget_tokens", route->summary.max_tokens}};
+  const auto skip = [&](const std::string& why) -> std::optional<PlannedSummary> {
+    if (!wanted) return std::nullopt;
+    planned.record["outcome"] = "skipped";
+    planned.record["error"] = why;
+    spdlog::warn("front proxy: request {} on route {}: not summarised ({}): {}", request_id, route->id, planned.source,
+                 why);
+    if (summary_hooks_.record) summary_hooks_.record(std::move(planned.record), route->id, "skipped", std::nullopt);
+    return std::nullopt;
+  };
+  const double fidelity = summary_fidelity(*policy);
+  if (route->quality_floor > 0.0 && fidelity < route->quality_floor) {
+    return skip(fmt::format("the summary's fidelity {:.3g} is below route {}'s quality_floor {:.3g}", fidelity,
+                            route->id, route->quality_floor));
+  }
+  const auto* from = policy->find_agent(route->from_agent);
+  if (from == nullptr) return skip("the route's sender is not in the policy");
+  auto parsed = summarisable_prompt(body);
+  if (!parsed) return skip(parsed.error().message);
+  planned.prompt = std::move(parsed).value();
+  const SummarisablePrompt& prompt = planned.prompt;
+  std::uint64_t receiver_cached = 0;
+  if (prompt.kind == PromptKind::kTokenIds) {
+    planned.record["prompt"] = "token_ids";
+    if (prompt.handoff_tokens) {
+      planned.span.tokens = std::min<std::uint64_t>(*prompt.handoff_tokens, prompt.tokens.size());
+      planned.record["span_from"] = "handoff_tokens";
+    } else if (summary_hooks_.handoff_span) {
+      const auto* tenant = policy->find_tenant(agent.tenant);
+      const BlockHash root =
+          broker::derive_chain_root(tenant != nullptr ? tenant->salt : std::string_view(), prompt.cache_salt);
+      const auto answer = summary_hooks_.handoff_span(HandoffQuery{*policy, *route, prompt.tokens, root, agent.tenant});
+      planned.span.tokens = answer.tokens;
+      receiver_cached = std::min(answer.receiver_cached, answer.tokens);
+      planned.record["span_from"] = "published_kv";
+    }
+    if (planned.span.tokens == 0) {
+      return skip(
+          fmt::format("no leading block of B's prompt is KV that {} published (and no "
+                      "kv_transfer_params.kvrelay.handoff_tokens)",
+                      route->from_agent));
+    }
+  } else {
+    planned.record["prompt"] = "text";
+    if (!prompt.handoff_chars) {
+      return skip("a text prompt is summarised only with kv_transfer_params.kvrelay.handoff_chars");
+    }
+    auto span = text_span(prompt.text, *prompt.handoff_chars);
+    if (!span) return skip(span.error().message);
+    planned.span = span.value();
+    planned.record["span_chars"] = *planned.span.chars;
+  }
+  planned.record["span_tokens"] = planned.span.tokens;
+  if (summary_hooks_.predict) {
+    decision::TransferShape shape;
+    shape.tokens = planned.span.tokens;
+    shape.receiver_cached = receiver_cached;
+    if (prompt.max_tokens) shape.expected_output_tokens = *prompt.max_tokens;
+    shape.dtype = from->model.dtype;
+    nlohmann::json cost;
+    const auto chosen = summary_hooks_.predict(*policy, *route, shape, cost);
+    if (!cost.is_null()) planned.record["cost"] = std::move(cost);
+    if (!wanted && (!chosen || *chosen != kSummaryMedium)) return std::nullopt;
+  }
+  planned.summariser = route->summary.summariser.value_or(from->upstream);
+  planned.record["summariser"] = planned.summariser.to_string() + "/v1/completions";
+  return planned;
+}
 
 FrontProxyMetrics::FrontProxyMetrics(metrics::Registry& registry)
     : requests(registry.counter("kvrelay_proxy_requests_total",
@@ -224,6 +411,13 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   bool audited = false;
   std::optional<Treatment> assigned;  // an audited request's treatment, and the route it was drawn on
   const RoutePolicy* audited_route = nullptr;
+  // Where a summary may replace A's context (docs/summary.md), the client's body is kept beside
+  // the injected one, with what was injected, so that the summary's body is injected alike.
+  const bool may_summarise =
+      is_completions_endpoint(target->upstream_path) && summary_possible_into(*policy, agent->id);
+  std::string client_body;
+  std::optional<broker::RequestContext> injected_context;
+  std::optional<KvParamsInjection> injected_with;
   if (agent->kv_connector && is_generation_endpoint(target->upstream_path)) {
     broker::RequestContext context;
     context.request_id = request_id;
@@ -270,7 +464,19 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       return make_json_error(http::status::bad_request, "invalid_request_error", body.error().message, version,
                              keep_alive);
     }
-    request.body() = std::move(body).value().body;
+    if (may_summarise) {
+      client_body = std::exchange(request.body(), std::move(body).value().body);
+      injected_context = std::move(context);
+      injected_with = injection;
+    } else {
+      request.body() = std::move(body).value().body;
+    }
+  }
+  std::optional<PlannedSummary> summary;
+  if (may_summarise) {
+    if (!injected_context) client_body = request.body();
+    const RoutePolicy* route = audited_route != nullptr ? audited_route : first_route_into(*policy, agent->id);
+    summary = plan_summary(policy, *agent, route, assigned, request_id, client_body);
   }
 
   HttpRequest upstream_request{request.method(), agent->upstream.base_path + target->upstream_path, 11};
@@ -287,12 +493,16 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
   upstream_request.prepare_payload();
 
   metrics_.in_flight.get().inc();
+  // Set when B's request leaves with a summary in it (the summary relay's step).
+  auto summarised = std::make_shared<std::optional<broker::SummaryApplied>>();
   auto on_finished = [this, agent_id = agent->id, endpoint = target->upstream_path, audited, request_id, policy,
-                      audited_route, assigned](const RelayOutcome& outcome) {
+                      audited_route, assigned, summarised](const RelayOutcome& outcome) {
     if (audited) {
       AuditOutcome result;
       if (audited_route != nullptr && assigned) {
-        const auto delivery = deliveries_ ? deliveries_->take(request_id) : std::nullopt;
+        auto delivery = deliveries_ ? deliveries_->take(request_id) : std::nullopt;
+        // A worker that made no lookup still got the summary the proxy put in its prompt.
+        if (!delivery && *summarised) delivery = summary_delivery(*assigned, **summarised);
         auto delivered = delivered_treatment(*audited_route, *assigned, delivery);
         result.delivered_treatment = std::move(delivered.name);
         result.delivery_reason = std::move(delivered.reason);
@@ -328,9 +538,44 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
     }
     metrics_.latency.with({agent_id}).observe(std::chrono::duration<double>(outcome.total).count());
   };
-  return make_upstream_relay(pool_, agent->upstream, std::move(upstream_request), keep_alive,
-                             policy->limits.upstream_timeout, std::move(on_finished),
-                             audited ? kWorkerStatsTailBytes : 0);
+  const std::size_t tail_bytes = audited ? kWorkerStatsTailBytes : 0;
+  if (!summary) {
+    return make_upstream_relay(pool_, agent->upstream, std::move(upstream_request), keep_alive,
+                               policy->limits.upstream_timeout, std::move(on_finished), tail_bytes);
+  }
+  const RouteSummaryPolicy& settings = summary->route->summary;
+  SummaryStep step;
+  step.call = SummariserCall{summary->summariser, summariser_request_body(summary->prompt, summary->span, settings),
+                             settings.timeout};
+  // `policy` keeps the snapshot that planned.route and the injection's salt and key point into.
+  step.body_for_b = [record_summary = summary_hooks_.record, policy, planned = std::move(*summary),
+                     client_body = std::move(client_body), context = std::move(injected_context),
+                     injection = injected_with, summarised,
+                     request_id](Result<SummariserResponse> answer,
+                                 std::chrono::steady_clock::duration waited) mutable -> std::optional<std::string> {
+    const double seconds = std::chrono::duration<double>(waited).count();
+    const RoutePolicy& route = *planned.route;
+    nlohmann::json record = std::move(planned.record);
+    record["summariser_ms"] = seconds * 1000.0;
+    auto rewritten = summarised_body(answer, planned, client_body, context, injection, record);
+    if (rewritten) {
+      record["outcome"] = "summarised";
+      *summarised = context ? context->summary
+                            : std::optional<broker::SummaryApplied>(broker::SummaryApplied{
+                                  planned.span.tokens, record.value("summary_tokens", std::uint64_t{0}),
+                                  planned.span.chars, planned.source});
+      if (record_summary) record_summary(std::move(record), route.id, "summarised", seconds);
+      return std::move(rewritten).value();
+    }
+    record["outcome"] = "failed";
+    record["error"] = rewritten.error().message;
+    spdlog::warn("front proxy: request {} on route {}: summary failed, B gets its request as sent: {}", request_id,
+                 route.id, rewritten.error().message);
+    if (record_summary) record_summary(std::move(record), route.id, "failed", std::nullopt);
+    return std::nullopt;
+  };
+  return make_summary_relay(std::move(step), pool_, agent->upstream, std::move(upstream_request), keep_alive,
+                            policy->limits.upstream_timeout, std::move(on_finished), tail_bytes);
 }
 
 }  // namespace kvrelay::proxy

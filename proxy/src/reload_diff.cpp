@@ -118,6 +118,8 @@ void diff_route(Diff& diff, const std::string& at, const RoutePolicy& before, co
   // The link queues read a transfer's route when it opens.
   diff.field(kLive, at + "/critical", before.critical, after.critical);
   diff.field(kLive, at + "/reserved_share", before.reserved_share, after.reserved_share);
+  // Read by the front proxy per request (docs/summary.md); the budget reaches the engine live.
+  diff.field(kLive, at + "/summary", before.summary, after.summary);
 }
 
 void diff_peer(Diff& diff, const std::string& at, const PeerPolicy& before, const PeerPolicy& after) {

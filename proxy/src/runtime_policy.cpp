@@ -204,6 +204,14 @@ nlohmann::json route_to_json(const RoutePolicy& route) {
   body["audit"] = {{"fraction", route.audit.fraction},
                    {"treatments", std::move(treatments)},
                    {"trials_file", route.audit.trials_file}};
+  const auto& summary = route.summary;
+  body["summary"] = {
+      {"summariser", summary.summariser ? nlohmann::json(summary.summariser->to_string()) : nlohmann::json()},
+      {"max_tokens", summary.max_tokens},
+      {"template", summary.prompt_template},
+      {"instruction", summary.instruction},
+      {"timeout_ms", summary.timeout.count()}};
+  if (!summary.model.empty()) body["summary"]["model"] = summary.model;
   return body;
 }
 

@@ -69,3 +69,31 @@ TEST_CASE("treatment spans have one name each", "[broker][context]") {
   }
   CHECK_FALSE(parse_span(""));
 }
+
+TEST_CASE("request context: the summary the front proxy put in place of A's context round-trips",
+          "[broker][context][summary]") {
+  RequestContext context;
+  context.agent = "reviewer";
+  context.treatment = Treatment{"S", "summary", KvSpan::kAll, std::nullopt};
+  context.summary = SummaryApplied{144, 48, std::nullopt, "treatment"};
+  const auto written = request_context_json(context);
+  CHECK(written["summary"] == nlohmann::json{{"span_tokens", 144}, {"summary_tokens", 48}, {"source", "treatment"}});
+  const auto parsed = parse_request_context(written.dump());
+  REQUIRE(parsed);
+  CHECK(parsed.value().summary == context.summary);
+  CHECK(parsed.value().treatment == context.treatment);
+
+  context.summary = SummaryApplied{30, 12, 120, "forced"};  // a text prompt: its characters too
+  const auto text = parse_request_context(request_context_json(context).dump());
+  REQUIRE(text);
+  CHECK(text.value().summary == context.summary);
+  CHECK_FALSE(parse_request_context("{}").value().summary);
+
+  CHECK(parse_request_context(R"({"summary": 3})").error().message.find("summary") != std::string::npos);
+  CHECK(parse_request_context(R"({"summary": {"span_tokens": 4}})").error().message.find("summary.summary_tokens") !=
+        std::string::npos);
+  CHECK(parse_request_context(R"({"summary": {"span_tokens": -4, "summary_tokens": 1}})")
+            .error()
+            .message.find("summary.span_tokens") != std::string::npos);
+  CHECK_FALSE(parse_request_context(R"({"summary": {"span_tokens": 4, "summary_tokens": 1, "span_chars": "x"}})"));
+}

@@ -28,7 +28,7 @@ TEST_CASE("kvrelay decision explain prints the full breakdown and follows the li
   CHECK(slow_json.at("chosen") == "tokens");
   CHECK(slow_json.at("estimates").at("link_bytes_per_s").get<double>() == Approx(0.1e9 / 8));
   CHECK(slow_json.at("estimates").at("rtt_s").get<double>() == Approx(200e-6));
-  CHECK(slow_json.at("candidates").size() == 7);
+  CHECK(slow_json.at("candidates").size() == 8);  // the built-in media, summary included (listed, not allowed)
 
   const auto fast = explain("400");
   REQUIRE(fast.exit_status == 0);

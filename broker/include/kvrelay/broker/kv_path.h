@@ -16,10 +16,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "kvrelay/broker/decision_log.h"
@@ -32,6 +35,7 @@
 #include "kvrelay/broker/policy_source.h"
 #include "kvrelay/broker/request_context.h"
 #include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/block_hash.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/decision/decision_engine.h"
 #include "kvrelay/decision/engine_from_policy.h"
@@ -76,6 +80,30 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   void observe_decode(const std::string& agent, double seconds_per_token);
   // Drops every entry of this sidecar's store (DELETE /admin/kv); returns what was dropped.
   kv_store::EntryStoreStats clear_store() { return store_->clear(); }
+
+  // Issue #28, the summary medium (docs/summary.md): what the front proxy asks before B's request
+  // leaves, on its io thread (no I/O). The leading tokens of B's prompt that A's published KV
+  // covers: whole blocks of kDefaultBlockTokens, hashed from `chain_root` with the fingerprint id
+  // the route's from-agent's worker publishes under (the policy's until it has published), scoped
+  // to `tenant` in a policy with tenants; this node's store and the peers' last summaries, by the
+  // one prefix scan.
+  struct HandoffSpan {
+    std::uint64_t tokens = 0;
+    // Of those, what B could take from this node's store as it is (same model, exact KV): the
+    // engine prices the other media for the rest, as a lookup would.
+    std::uint64_t receiver_cached = 0;
+  };
+  [[nodiscard]] HandoffSpan handoff_span(const Policy& policy, const RoutePolicy& route,
+                                         std::span<const TokenId> prompt, BlockHash chain_root,
+                                         const std::string& tenant);
+  // The engine's choice for such a handoff without any state change (predict()); nullopt without
+  // an engine. `cost` receives the breakdown.
+  [[nodiscard]] std::optional<EngineAdvice> predict_handoff(const Policy& policy, const RoutePolicy& route,
+                                                            const decision::TransferShape& shape, nlohmann::json& cost);
+  // A summary the front proxy made or tried ({"kind": "summary", ...}): logged, counted by route
+  // and outcome (summarised, failed, skipped), and a successful call's time fed to the engine.
+  void record_summary(nlohmann::json record, const std::string& route, std::string_view outcome,
+                      std::optional<double> summariser_seconds);
 
   [[nodiscard]] const DecisionLog& decisions() const { return log_; }
   // Issue #27's store traffic this path saw since start (GET /admin/kv; metrics have them by route).
@@ -162,6 +190,12 @@ class KvPath final : public shm::DataPlaneHooks, private EngineAdvisor {
   std::shared_ptr<const kv_store::StoredEntry> stamp_served_product(
       const kv_store::EntryKey& key, const std::shared_ptr<const kv_store::StoredEntry>& entry,
       const std::string& request_id);
+
+  // The fingerprint id each agent's worker last published under (its KV's model id, which the
+  // policy's description of its model need not reproduce): what handoff_span hashes with.
+  [[nodiscard]] std::uint64_t published_model_of(const AgentPolicy& agent) const;
+  mutable std::mutex published_models_mutex_;
+  std::map<std::string, std::uint64_t, std::less<>> published_models_;
 
   std::shared_ptr<PolicySource> policy_;
   std::shared_ptr<kv_store::EntryStore> store_;

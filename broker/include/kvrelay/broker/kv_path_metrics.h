@@ -27,6 +27,8 @@ struct KvPathMetrics {
   metrics::Family<metrics::Counter>& prefetch_hits;
   metrics::Family<metrics::Counter>& next_agents_ignored;
   metrics::Family<metrics::Counter>& fetch_backs;
+  // Issue #28: requests the front proxy had summarised {route, outcome: summarised, failed, skipped}.
+  metrics::Family<metrics::Counter>& summaries;
 };
 
 }  // namespace kvrelay::broker

@@ -18,6 +18,17 @@
 
 namespace kvrelay::broker {
 
+// The front proxy replaced the leading part of this request's prompt (A's context) by a summary
+// (docs/summary.md): its length in tokens (for a text prompt, its characters and an estimate of
+// its tokens) and the summary's.
+struct SummaryApplied {
+  std::uint64_t span_tokens = 0;
+  std::uint64_t summary_tokens = 0;
+  std::optional<std::uint64_t> span_chars;  // text prompts only
+  std::string source;                       // why: forced, treatment or engine
+  friend bool operator==(const SummaryApplied&, const SummaryApplied&) = default;
+};
+
 struct RequestContext {
   std::string request_id;
   std::string agent;
@@ -32,6 +43,8 @@ struct RequestContext {
   // The agents the client says read this request's KV next (issue #27): a publish prefetches
   // to those that are the destinations of this agent's routes; the rest are ignored.
   std::vector<std::string> next_agents;
+  // Set when B's prompt carries a summary in place of A's context: a lookup serves it no KV.
+  std::optional<SummaryApplied> summary;
 };
 
 // "" parses to an empty context. Fields it does not know (the signature) are ignored. Every field is type-checked;
@@ -42,6 +55,7 @@ struct RequestContext {
 // The kvrelay object as the front proxy injects it (empty fields left out).
 [[nodiscard]] nlohmann::json request_context_json(const RequestContext& context);
 [[nodiscard]] nlohmann::json treatment_json(const Treatment& treatment);
+[[nodiscard]] nlohmann::json summary_applied_json(const SummaryApplied& summary);
 // A treatment object of kv_transfer_params.kvrelay (a client's own, or the proxy's).
 [[nodiscard]] Result<Treatment> parse_treatment(const nlohmann::json& value);
 

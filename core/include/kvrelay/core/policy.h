@@ -76,8 +76,11 @@ struct AgentPolicy {
 };
 
 // Media a transfer can use. Plugin codecs appear as "codec:<name>".
+// `summary` (docs/summary.md) replaces A's context by a summary of it: it moves no KV, and a
+// route takes it only when it names it (allowed_media, forced_medium or an audit treatment).
+inline constexpr std::string_view kSummaryMedium = "summary";
 inline constexpr std::string_view kBuiltinMedia[] = {"tokens",  "kv_raw",  "kv_lossless", "kv_fp8",
-                                                     "kv_int8", "kv_int4", "kv_sparse"};
+                                                     "kv_int8", "kv_int4", "kv_sparse",   kSummaryMedium};
 [[nodiscard]] bool is_known_medium(std::string_view medium) noexcept;
 
 // A route's online audit: a `fraction` of its requests get a uniformly random treatment from
@@ -105,6 +108,21 @@ struct RouteAuditPolicy {
 // T0..T3 over kv_raw, the treatments used when a route sets only audit_fraction.
 [[nodiscard]] std::vector<Treatment> default_audit_treatments();
 
+// How the front proxy has A's context summarised when a handoff on the route uses the summary
+// medium (docs/summary.md). Read per request.
+struct RouteSummaryPolicy {
+  // An OpenAI-compatible base URL, asked at <base>/v1/completions; none: the from-agent's upstream.
+  std::optional<HttpUrl> summariser;
+  std::uint32_t max_tokens = 64;  // the summary's token budget
+  // Text prompts: what replaces A's context in B's prompt; "{summary}" stands for the summary.
+  std::string prompt_template = "Summary of the earlier context: {summary}\n\n";
+  // Text prompts: appended to A's context in the request to the summariser.
+  std::string instruction = "\n\nSummarize the text above.\nSummary:";
+  std::string model;  // the summariser request's "model"; "" leaves it out
+  std::chrono::milliseconds timeout{30'000};
+  friend bool operator==(const RouteSummaryPolicy&, const RouteSummaryPolicy&) = default;
+};
+
 struct RoutePolicy {
   std::string id;
   std::string from_agent;
@@ -124,7 +142,12 @@ struct RoutePolicy {
   // most scheduler.max_reserved_share.
   bool critical = false;
   double reserved_share = 0.0;  // 0..0.9; > 0 only on a critical route
+  RouteSummaryPolicy summary;
 };
+
+// Whether the route names the summary medium in allowed_media or forced_medium (an empty
+// allowed_media, "every medium", does not include it).
+[[nodiscard]] bool route_allows_summary(const RoutePolicy& route) noexcept;
 
 struct LimitsPolicy {
   std::uint32_t max_header_bytes = 16 * 1024;

@@ -43,6 +43,7 @@ enum class Exclusion : std::uint8_t {
   kPrecisionRefresh,     // chain fidelity already below the floor: lossless only
   kCodecUnavailable,     // a plugin medium whose codec this process has not loaded
   kBytesOnlyDtype,       // a lossy or sparse medium for fp8 KV, which moves only as bytes
+  kSummaryUnavailable,   // no summary can be made for this transfer (TransferShape::summary_possible)
 };
 [[nodiscard]] std::string_view exclusion_name(Exclusion exclusion) noexcept;
 
@@ -79,6 +80,9 @@ struct TransferShape {
   double now_s = 0.0;                          // caller's clock (monotonic or virtual), for the dwell
   std::uint32_t expected_output_tokens = 256;  // scales the decode cost of quality loss
   std::optional<DType> dtype;                  // the KV's, when the caller knows it; else the sender's
+  // Whether a summary may stand in for the context: the front proxy asks before B's request
+  // leaves; a worker's lookup comes after, when a request not summarised can no longer be.
+  bool summary_possible = true;
 };
 
 struct Decision {
@@ -123,6 +127,7 @@ struct EngineConfig {
   std::size_t prefill_window = 64;
   std::size_t prefill_min_samples = 8;
   std::size_t codec_window = 32;
+  std::size_t summary_window = 16;  // summariser calls per route in the mean
   double min_dwell_s = 0.5;
   bool load_builtin_media = true;
 };
@@ -192,6 +197,11 @@ class DecisionEngine {
   // refitted from the route's audited outcomes (broker/live_calibration.h). Tokens stay the
   // reference at 0. Ignored for bad ids or a non-finite value.
   void set_audit_correction(RouteId route, MediumId medium, double seconds) noexcept;
+  // One summariser call for a handoff on `route` took `seconds` (request to the summary's last
+  // byte, docs/summary.md): the summary medium's generation time is the mean of the route's last
+  // summary_window calls; before any, the sender's decode time per token x the token budget.
+  void observe_summary(RouteId route, double seconds) noexcept;
+  [[nodiscard]] double summariser_seconds(RouteId route) const noexcept;
   [[nodiscard]] double audit_correction(RouteId route, MediumId medium) const noexcept;
 
   // Current windowed estimates, for the decision log and tests.
@@ -245,11 +255,14 @@ class DecisionEngine {
     std::array<double, kRegimes> since{};
     std::array<LinearCostFit, kMaxMedia> handoff{};    // per medium, seconds over raw KV bytes
     std::array<double, kMaxMedia> audit_correction{};  // per medium, seconds (live calibration)
+    std::uint32_t summary_tokens = 64;                 // the summary's budget (routes[].summary.max_tokens)
+    WindowedMean summariser{16, 0.0};                  // seconds per summariser call, measured
   };
 
   [[nodiscard]] Status fill_route_settings(const RoutePolicy& policy, RouteState& state) const;
   void evaluate(const RouteState& route, const TransferShape& shape, Decision& out) const noexcept;
   void refresh_hot(AgentId agent) noexcept;
+  [[nodiscard]] double summariser_estimate(const RouteState& route) const noexcept;
   [[nodiscard]] static std::size_t regime_of(std::uint64_t tokens) noexcept;
 
   EngineConfig config_;

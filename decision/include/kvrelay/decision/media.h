@@ -30,6 +30,7 @@ enum class MediumKind : std::uint8_t {
   kKvLossless,  // KV, bit exact (kv_raw, kv_lossless, lossless plugins)
   kKvLossy,     // KV through a lossy codec (kv_fp8, kv_int8, kv_int4, lossy plugins)
   kKvSparse,    // a subset of token positions; receiver must declare support
+  kSummary,     // a summary of the context in its place (docs/summary.md): no KV, lossy in content
 };
 
 // Slots of CodecProfile::ratio: fp32, fp16, bf16, and the 1-byte fp8 dtypes (both e4m3 and e5m2).
@@ -59,14 +60,15 @@ struct MediumSpec {
   // engine lists it and never chooses it.
   bool available = true;
 
-  [[nodiscard]] bool needs_kv() const noexcept { return kind != MediumKind::kTokens; }
+  // A summary moves token ids (or text) the receiver prefills: no KV, so any pair of models.
+  [[nodiscard]] bool needs_kv() const noexcept { return kind != MediumKind::kTokens && kind != MediumKind::kSummary; }
   [[nodiscard]] bool lossless() const noexcept {
     return kind == MediumKind::kTokens || kind == MediumKind::kKvLossless;
   }
 };
 
-// One built-in medium: its kind, the codec that fills a prefix cache with it ("" for tokens and
-// kv_sparse, which drops positions) and default figures typical of the CPU codecs, meant to be
+// One built-in medium: its kind, the codec that fills a prefix cache with it ("" for tokens,
+// kv_sparse, which drops positions, and summary) and default figures typical of the CPU codecs, meant to be
 // refined by measurements (codec_bench, audit calibration, the running sidecar's own codecs).
 struct BuiltinMedium {
   std::string_view name;
@@ -86,7 +88,7 @@ inline constexpr std::string_view kPluginMediumPrefix = "codec:";
 [[nodiscard]] MediumSpec plugin_medium(std::string_view codec, bool lossless);
 
 // Codec spec that fills a prefix cache with `medium` (kv_int8 -> int8, codec:xor -> xor);
-// nullopt for tokens, kv_sparse and names outside the catalogue.
+// nullopt for tokens, kv_sparse, summary and names outside the catalogue.
 [[nodiscard]] std::optional<std::string> prefix_codec_for(std::string_view medium);
 // The medium a codec spec carries: the built-in whose codec it is, else the plugin medium.
 [[nodiscard]] std::string medium_for_codec_spec(std::string_view codec);

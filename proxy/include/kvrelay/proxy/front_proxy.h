@@ -9,12 +9,15 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "kvrelay/broker/deliveries.h"
+#include "kvrelay/core/block_hash.h"
 #include "kvrelay/core/metrics.h"
 #include "kvrelay/core/policy.h"
+#include "kvrelay/decision/decision_engine.h"
 #include "kvrelay/proxy/online_audit.h"
 #include "kvrelay/proxy/runtime_policy.h"
 #include "kvrelay/proxy/streaming_responder.h"
@@ -29,6 +32,33 @@ struct AgentRequestTarget {
 
 // Splits "/agents/{agent}/v1/..." ; nullopt for any other target.
 [[nodiscard]] std::optional<AgentRequestTarget> parse_agent_target(std::string_view target);
+
+// What the front proxy asks the KV path about a handoff it may send as a summary of A's context
+// (issue #28, docs/summary.md); the daemon wires them to broker::KvPath. Each may be empty: then
+// only the client's hints give a span, the engine is never asked, and summaries are only logged.
+struct HandoffQuery {
+  const Policy& policy;
+  const RoutePolicy& route;
+  std::span<const TokenId> prompt;  // B's prompt
+  BlockHash chain_root = kRootBlockHash;
+  const std::string& tenant;
+};
+struct HandoffSpanAnswer {
+  std::uint64_t tokens = 0;           // leading tokens of B's prompt that A's published KV covers
+  std::uint64_t receiver_cached = 0;  // of them, what B could take from this node's store as it is
+};
+struct SummaryHooks {
+  std::function<HandoffSpanAnswer(const HandoffQuery&)> handoff_span;
+  // The engine's medium for the handoff without a state change, its breakdown into `cost`.
+  std::function<std::optional<std::string>(const Policy&, const RoutePolicy&, const decision::TransferShape&,
+                                           nlohmann::json& cost)>
+      predict;
+  // A summary made, failed or skipped: the decision log, kvrelay_summaries_total and, with the
+  // summariser's seconds, the engine's estimate of it.
+  std::function<void(nlohmann::json record, const std::string& route, std::string_view outcome,
+                     std::optional<double> summariser_seconds)>
+      record;
+};
 
 struct FrontProxyMetrics {
   explicit FrontProxyMetrics(metrics::Registry& registry);
@@ -54,14 +84,27 @@ class FrontProxy {
   // token (the KV path's live calibration). Set before serving.
   using AuditObserver = std::function<void(const std::string& route, const broker::Delivery&, double ttft_s)>;
   void set_audit_observer(AuditObserver observer) { audit_observer_ = std::move(observer); }
+  // Set before serving.
+  void set_summary_hooks(SummaryHooks hooks) { summary_hooks_ = std::move(hooks); }
+  struct PlannedSummary;  // a summary about to be asked for (front_proxy.cpp)
 
  private:
+  // Whether this request's handoff goes as a summary (docs/summary.md): the drawn treatment's
+  // medium, else the route's forced medium, else the engine's prediction where the route allows
+  // one; with the span it replaces and the summariser's request. nullopt: B's request as it is
+  // (a summary wanted but impossible is recorded as skipped).
+  [[nodiscard]] std::optional<PlannedSummary> plan_summary(const std::shared_ptr<const Policy>& policy,
+                                                           const AgentPolicy& agent, const RoutePolicy* route,
+                                                           const std::optional<Treatment>& treatment,
+                                                           const std::string& request_id, std::string_view body);
+
   std::shared_ptr<const RuntimePolicy> policy_;
   std::shared_ptr<UpstreamPool> pool_;
   FrontProxyMetrics metrics_;
   std::shared_ptr<OnlineAudit> audit_;
   std::shared_ptr<broker::Deliveries> deliveries_;
   AuditObserver audit_observer_;
+  SummaryHooks summary_hooks_;
 };
 
 // The treatment a trial was delivered (issue #28): the assigned one when the lookup delivered it,
