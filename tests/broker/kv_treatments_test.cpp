@@ -181,4 +181,25 @@ TEST_CASE("kv_sparse forced: B attends over the kept positions of A's KV and ans
   // B's KV attended over some positions only: it is not published as a chain prefix.
   const auto entries_after = json::parse(admin_request(node.admin_port(), "GET", "/admin/kv").body);
   CHECK(entries_after["entries"].size() == entries_before["entries"].size());
+
+  // The audit can randomise it too: every request drawn S (kv_sparse), delivered as assigned.
+  TempDir dir;
+  const auto trials_file = dir / "trials.jsonl";
+  node.reload(sidecar_policy(
+      node, agents,
+      json::array({{{"id", "writer-to-reader"},
+                    {"from", "writer"},
+                    {"to", "reader"},
+                    {"audit",
+                     {{"fraction", 1.0},
+                      {"trials_file", trials_file.string()},
+                      {"treatments", json::array({{{"name", "S"}, {"medium", "kv_sparse"}, {"span", "all"}}})}}}}})));
+  const auto a_prompt2 = context_prompt(901, kPromptTokens);
+  const auto a2 = node.complete("writer", greedy(a_prompt2, kAnswerTokens, true));
+  const auto audited = node.complete("reader", greedy(handoff_prompt(a_prompt2, a2), 6, true));
+  CHECK(audited["kvrelay"]["cached_tokens"] == kept);
+  const auto trials = read_trials(trials_file);
+  REQUIRE(trials.outcomes.size() == 1);
+  CHECK(trials.assigned.begin()->second == "S");
+  CHECK(trials.outcomes.begin()->second.value("delivered_treatment", std::string()) == "S");
 }
