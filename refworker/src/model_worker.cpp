@@ -43,7 +43,9 @@ Status import_prefix(InferenceSession& session, std::span<const std::int32_t> pr
     if (prefix.read) return session.import_sparse_kv(prefix.layout, positions, prefix.context_tokens, prefix.read);
     return session.import_sparse_kv(prefix.layout, positions, prefix.context_tokens,
                                     [&prefix](std::uint64_t offset, std::span<float> into) -> Status {
-                                      std::memcpy(into.data(), prefix.kv.data() + offset, into.size_bytes());
+                                      if (!into.empty()) {
+                                        std::memcpy(into.data(), prefix.kv.data() + offset, into.size_bytes());
+                                      }
                                       return ok();
                                     });
   }
