@@ -506,6 +506,7 @@ Result<shm::ResolvedEntry> KvPath::resolve(const shm::ResolveRequest& worker_req
     auto positions = codec::sparse_keep_positions(entry->info.layout, view.value().bytes(), codec::SparseKeep{});
     if (!positions) return fail_with(positions.error());
     kept = std::move(positions).value();
+    coarsen_token_runs(kept, shm::kMaxKeptRuns);  // what one reply can name
     if (!kept.empty() && (kept.size() > 1 || kept.front().length != entry->info.layout.tokens)) {
       // Exact through the first dropped position; its product the medium's calibrated factor.
       const Fidelity sparse = Fidelity::lossy("sparse", kept.front().start == 0 ? kept.front().length : 0,

@@ -178,6 +178,13 @@ MediumChoice choose_medium(const Policy& policy, const RoutePolicy* route, const
       if (const auto* to = policy.find_agent(route->to_agent); to == nullptr || !to->accepts_sparse_kv) {
         choice.reason = fmt::format("agent {} did not declare accepts_sparse_kv; tokens instead", route->to_agent);
         choice.medium = "tokens";
+      } else if (bytes_only) {
+        // fp8 KV moves only as bytes; the keep rule reads key norms of fp32/fp16/bf16 KV.
+        choice.reason = fmt::format(
+            "kv_sparse would select positions of {} KV, which moves only as bytes; kv_raw "
+            "instead",
+            dtype_name(*shape.dtype));
+        choice.medium = "kv_raw";
       }
     } else if (!codec_for_medium(choice.medium)) {
       choice.reason = fmt::format("{} cannot fill a prefix cache; tokens instead", choice.medium);

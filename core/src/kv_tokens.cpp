@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvrelay {
@@ -92,6 +93,22 @@ Status check_token_runs(std::span<const TokenRun> runs, std::uint64_t tokens) {
     next = end;
   }
   return ok();
+}
+
+void coarsen_token_runs(std::vector<TokenRun>& runs, std::size_t max_runs) {
+  for (std::uint64_t gap = 1; runs.size() > std::max<std::size_t>(max_runs, 1); gap *= 2) {
+    std::vector<TokenRun> merged;
+    merged.reserve(runs.size());
+    for (const TokenRun& run : runs) {
+      const std::uint64_t previous_end = merged.empty() ? 0 : std::uint64_t{merged.back().start} + merged.back().length;
+      if (!merged.empty() && run.start - previous_end <= gap) {
+        merged.back().length = static_cast<std::uint32_t>(std::uint64_t{run.start} + run.length - merged.back().start);
+      } else {
+        merged.push_back(run);
+      }
+    }
+    runs = std::move(merged);
+  }
 }
 
 Status copy_token_runs(const KvLayout& layout, std::span<const std::byte> kv, std::span<const TokenRun> runs,

@@ -69,6 +69,36 @@ Result<std::string> request_cache_salt(const nlohmann::json& document, const nlo
 
 }  // namespace
 
+Result<std::string> summariser_scoped_body(const Policy& policy, const RoutePolicy& route, const HttpUrl& summariser,
+                                           const std::string& request_id, std::string_view b_body,
+                                           std::string summariser_body) {
+  const auto* from = policy.find_agent(route.from_agent);
+  if (from == nullptr || !from->kv_connector || !(summariser == from->upstream)) return summariser_body;
+  // A's own worker publishes the KV it computes for the span: as A's request would, in A's tenant
+  // scope and under B's cache salt, never in another tenant's scope or unsalted.
+  auto document = nlohmann::json::parse(summariser_body, nullptr, /*allow_exceptions=*/false);
+  const auto b_document = nlohmann::json::parse(b_body, nullptr, /*allow_exceptions=*/false);
+  if (!document.is_object()) return summariser_body;
+  if (b_document.is_object()) {
+    const auto params = b_document.find("kv_transfer_params");
+    KVRELAY_TRY(const auto salt, request_cache_salt(b_document, params != b_document.end() && params->is_object()
+                                                                    ? *params
+                                                                    : nlohmann::json::object()));
+    if (!salt.empty()) document["cache_salt"] = salt;
+  }
+  broker::RequestContext context;
+  context.request_id = request_id + "-summary";
+  context.agent = from->id;
+  context.node = policy.node_id;
+  context.tenant = from->tenant;
+  const auto* tenant = policy.find_tenant(from->tenant);
+  const KvParamsInjection injection{false, tenant != nullptr ? tenant->salt : std::string_view(),
+                                    policy.signing.node_key};
+  KVRELAY_TRY(auto injected,
+              inject_kv_transfer_params(document.dump(), broker::request_context_json(context), injection));
+  return std::move(injected.body);
+}
+
 Result<InjectedBody> inject_kv_transfer_params(std::string_view body, nlohmann::json kvrelay,
                                                const KvParamsInjection& options) {
   nlohmann::json document = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -443,6 +473,7 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       // The assignment is on disk before the request leaves (no post-hoc selection).
       audit_->record_assignment(*route, request_id, *treatment, std::move(covariates));
       context.treatment = *treatment;
+      context.route = route->id;  // the lookup applies the treatment under the route it was drawn on
       audited = true;
       assigned = *treatment;
       audited_route = route;
@@ -544,9 +575,14 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
                                policy->limits.upstream_timeout, std::move(on_finished), tail_bytes);
   }
   const RouteSummaryPolicy& settings = summary->route->summary;
+  auto summariser_body = summariser_scoped_body(*policy, *summary->route, summary->summariser, request_id, client_body,
+                                                summariser_request_body(summary->prompt, summary->span, settings));
+  if (!summariser_body) {
+    return make_json_error(http::status::bad_request, "invalid_request_error", summariser_body.error().message, version,
+                           keep_alive);
+  }
   SummaryStep step;
-  step.call = SummariserCall{summary->summariser, summariser_request_body(summary->prompt, summary->span, settings),
-                             settings.timeout};
+  step.call = SummariserCall{summary->summariser, std::move(summariser_body).value(), settings.timeout};
   // `policy` keeps the snapshot that planned.route and the injection's salt and key point into.
   step.body_for_b = [record_summary = summary_hooks_.record, policy, planned = std::move(*summary),
                      client_body = std::move(client_body), context = std::move(injected_context),

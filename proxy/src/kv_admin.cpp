@@ -231,7 +231,8 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
                              {"next_agents_ignored", traffic.next_agents_ignored}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
-      {http::verb::get, Access::kRead, "/admin/kv/sample",
+      // Raw KV is prompt-derived content of any tenant: the admin token even where reads need none.
+      {http::verb::get, Access::kMutate, "/admin/kv/sample",
        "One entry's raw KV (application/octet-stream: K then V, layer by layer, as `kvrelay codec eval` reads "
        "it) with X-Kvrelay-Layout (L,H,D,DTYPE) and X-Kvrelay-Tokens: ?key=HEX[&model=HEX] as GET /admin/kv "
        "lists them, default the most recently used entry of exact KV",

@@ -21,7 +21,7 @@ inline constexpr std::size_t kDefaultDecisionLimit = 50;
 inline constexpr std::size_t kDefaultKvListLimit = 20;
 inline constexpr std::size_t kMaxKvListLimit = 1000;
 // GET /admin/kv/sample copies the entry into its response: larger entries are refused (413).
-inline constexpr std::uint64_t kMaxKvSampleBytes = std::uint64_t{4} << 30;
+inline constexpr std::uint64_t kMaxKvSampleBytes = std::uint64_t{1} << 30;
 
 inline constexpr std::size_t kDefaultStateEvents = 64;
 inline constexpr std::size_t kMaxStateEvents = 1024;  // the link queues' event ring

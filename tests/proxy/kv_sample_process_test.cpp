@@ -30,13 +30,15 @@ TEST_CASE("GET /admin/kv/sample serves a published entry's KV that kvrelay codec
                             json::array()));
 
   {  // Nothing published yet: a JSON 404; bad queries are 400s.
-    const auto none = http_request(node.admin_port(), "GET", "/admin/kv/sample");
+    const auto none = admin_request(node.admin_port(), "GET", "/admin/kv/sample");
     CHECK(none.status == 404);
     CHECK(error_type(none) == "not_found");
-    CHECK(http_request(node.admin_port(), "GET", "/admin/kv/sample?key=xyz").status == 400);
-    CHECK(http_request(node.admin_port(), "GET", "/admin/kv/sample?limit=3").status == 400);
-    CHECK(http_request(node.admin_port(), "GET", "/admin/kv/sample?model=00000000000000aa").status == 400);
-    // Admin only: the agent listener does not serve it.
+    CHECK(admin_request(node.admin_port(), "GET", "/admin/kv/sample?key=xyz").status == 400);
+    CHECK(admin_request(node.admin_port(), "GET", "/admin/kv/sample?limit=3").status == 400);
+    CHECK(admin_request(node.admin_port(), "GET", "/admin/kv/sample?model=00000000000000aa").status == 400);
+    // Prompt-derived content: the admin token even for this read, and admin only: the agent
+    // listener does not serve it.
+    CHECK(http_request(node.admin_port(), "GET", "/admin/kv/sample").status == 401);
     CHECK(http_request(node.http_port(), "GET", "/admin/kv/sample").status == 404);
   }
 
@@ -52,7 +54,7 @@ TEST_CASE("GET /admin/kv/sample serves a published entry's KV that kvrelay codec
   CHECK(tokens <= published);  // the whole 16-token blocks of the context
   CHECK(tokens >= published - 15);
 
-  const auto sample = http_request(node.admin_port(), "GET", "/admin/kv/sample");
+  const auto sample = admin_request(node.admin_port(), "GET", "/admin/kv/sample");
   INFO(sample.body.substr(0, 200));
   REQUIRE(sample.status == 200);
   CHECK(sample.headers.at("content-type") == "application/octet-stream");
@@ -64,10 +66,10 @@ TEST_CASE("GET /admin/kv/sample serves a published entry's KV that kvrelay codec
   REQUIRE(sample.body.size() == 2 * 5 * 4 * 8 * 4 * tokens);  // K and V, 5 layers, 4 x 8 fp32 per token
 
   // The same entry by its key, with or without the model id; an unknown key is a JSON 404.
-  CHECK(http_request(node.admin_port(), "GET", "/admin/kv/sample?key=" + key).body == sample.body);
-  CHECK(http_request(node.admin_port(), "GET", "/admin/kv/sample?key=" + key + "&model=" + model_id).body ==
+  CHECK(admin_request(node.admin_port(), "GET", "/admin/kv/sample?key=" + key).body == sample.body);
+  CHECK(admin_request(node.admin_port(), "GET", "/admin/kv/sample?key=" + key + "&model=" + model_id).body ==
         sample.body);
-  const auto unknown = http_request(node.admin_port(), "GET", "/admin/kv/sample?key=0123456789abcdef");
+  const auto unknown = admin_request(node.admin_port(), "GET", "/admin/kv/sample?key=0123456789abcdef");
   CHECK(unknown.status == 404);
   CHECK(error_type(unknown) == "not_found");
   CHECK_THAT(unknown.body, Catch::Contains("0123456789abcdef"));

@@ -184,6 +184,25 @@ inline nlohmann::json greedy(const nlohmann::json& prompt, int max_tokens, bool 
   return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", ignore_eos}};
 }
 
+// The front proxy files an audited request's outcome when its relay finishes, which can be just
+// after the client has read the last byte: the trials file once it holds `outcomes` outcome
+// records (or whatever it holds after 10 s).
+inline std::string trials_with_outcomes(const std::filesystem::path& path, std::size_t outcomes) {
+  std::string text;
+  const auto count_outcomes = [&] {
+    text = std::filesystem::exists(path) ? read_file(path) : std::string();
+    std::size_t found = 0;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_object() && record.value("event", "") == "outcome") ++found;
+    }
+    return found >= outcomes;
+  };
+  (void)wait_until(count_outcomes, std::chrono::seconds(10));
+  return text;
+}
+
 // Fraction of positions where two greedy outputs agree (top-1 agreement).
 inline double top1_agreement(const nlohmann::json& left, const nlohmann::json& right) {
   const auto& a = left["choices"][0]["token_ids"];

@@ -30,8 +30,13 @@ struct TokenRun {
 
 // Tokens the runs select.
 [[nodiscard]] std::uint64_t run_tokens(std::span<const TokenRun> runs) noexcept;
-// kInvalidArgument unless the runs are non-empty, ascending, disjoint and end within `tokens`.
+// kInvalidArgument unless every run is non-empty and they are ascending, disjoint and end within
+// `tokens` (no runs at all passes).
 [[nodiscard]] Status check_token_runs(std::span<const TokenRun> runs, std::uint64_t tokens);
+// Merges runs across the smallest gaps (merging across gaps of 1, 2, 4, ... positions) until at
+// most `max_runs` remain: a selection that must fit a bounded message keeps a few more positions,
+// never fewer.
+void coarsen_token_runs(std::vector<TokenRun>& runs, std::size_t max_runs);
 // Copies the tokens `runs` select (check_token_runs against layout.tokens) of every K and V
 // tensor of `kv` into `out`, laid out by layout.with_tokens(run_tokens(runs)).
 [[nodiscard]] Status copy_token_runs(const KvLayout& layout, std::span<const std::byte> kv,

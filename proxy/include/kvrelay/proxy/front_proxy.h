@@ -107,6 +107,13 @@ class FrontProxy {
   SummaryHooks summary_hooks_;
 };
 
+// The summariser's request body: when the summariser is the route's sender's own worker (the
+// default), with that agent's kvrelay fields injected (its tenant's chain root, signed) and B's
+// cache_salt, so the KV it publishes for the span stays in A's tenant scope; else as it is.
+[[nodiscard]] Result<std::string> summariser_scoped_body(const Policy& policy, const RoutePolicy& route,
+                                                         const HttpUrl& summariser, const std::string& request_id,
+                                                         std::string_view b_body, std::string summariser_body);
+
 // The treatment a trial was delivered (issue #28): the assigned one when the lookup delivered it,
 // else the route's treatment with the delivered span and medium (span none: the one moving no
 // KV), else "<medium>/<span>". No recorded lookup: nothing moved.
