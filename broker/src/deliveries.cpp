@@ -1,8 +1,23 @@
 #include "kvrelay/broker/deliveries.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace kvrelay::broker {
+
+Delivery summary_delivery(const Treatment& assigned, const SummaryApplied& summary) {
+  Delivery delivery;
+  delivery.span = KvSpan::kAll;
+  delivery.medium = std::string(kSummaryMedium);
+  delivery.as_assigned =
+      assigned.span == KvSpan::kAll && (assigned.medium.empty() || assigned.medium == kSummaryMedium);
+  if (!delivery.as_assigned) {
+    delivery.reason = fmt::format("the front proxy summarised A's {} tokens ({})", summary.span_tokens,
+                                  summary.source.empty() ? std::string("front_proxy") : summary.source);
+  }
+  return delivery;
+}
 
 void Deliveries::record(const std::string& request_id, Delivery delivery) {
   const std::lock_guard lock(mutex_);

@@ -116,13 +116,8 @@ class DeliveryRecorder {
   // context moved, as a summary, no KV.
   void summarised(const SummaryApplied& summary) {
     if (!context_.treatment) return;
-    const Treatment& assigned = *context_.treatment;
-    delivery_ = Delivery{KvSpan::kAll, std::string(kSummaryMedium), 0, true, {}, predicted_};
-    if (assigned.span != KvSpan::kAll || (!assigned.medium.empty() && assigned.medium != kSummaryMedium)) {
-      delivery_.as_assigned = false;
-      delivery_.reason = fmt::format("the front proxy summarised A's {} tokens ({})", summary.span_tokens,
-                                     summary.source.empty() ? std::string("front_proxy") : summary.source);
-    }
+    delivery_ = summary_delivery(*context_.treatment, summary);
+    delivery_.predicted_s = predicted_;
   }
 
   void served(KvSpan span, const std::string& medium, std::uint64_t tokens, const MediumChoice& choice) {

@@ -14,10 +14,8 @@ namespace {
 constexpr double kFloorTolerance = 1e-9;
 
 double calibrated_fidelity(const Policy& policy, std::string_view medium, double fallback) {
-  for (const auto& [name, model] : policy.cost_model.media) {
-    if (name == medium && model.fidelity) return *model.fidelity;
-  }
-  return fallback;
+  const MediumCostModel* model = policy.cost_model.medium(medium);
+  return model != nullptr && model->fidelity ? *model->fidelity : fallback;
 }
 
 }  // namespace

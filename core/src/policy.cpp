@@ -37,6 +37,13 @@ std::string HttpUrl::to_string() const {
   return fmt::format("http://{}:{}{}", host, port, base_path);
 }
 
+const MediumCostModel* CostModelPolicy::medium(std::string_view name) const noexcept {
+  for (const auto& [medium_name, model] : media) {
+    if (medium_name == name) return &model;
+  }
+  return nullptr;
+}
+
 std::vector<Treatment> default_audit_treatments() {
   return {{"T0", "tokens", KvSpan::kNone, std::nullopt},
           {"T1", "kv_raw", KvSpan::kPrompt, std::nullopt},

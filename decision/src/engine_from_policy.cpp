@@ -33,13 +33,6 @@ const AgentCostModel* agent_cost_model(const Policy& policy, const std::string& 
   return nullptr;
 }
 
-const MediumCostModel* medium_cost_model(const Policy& policy, std::string_view medium) {
-  for (const auto& [name, model] : policy.cost_model.media) {
-    if (name == medium) return &model;
-  }
-  return nullptr;
-}
-
 // The agent as the engine sees it: the model's KV shape, and the cost model's priors over the
 // engine's defaults.
 Result<AgentParams> agent_params(const Policy& policy, const AgentPolicy& agent) {
@@ -72,7 +65,7 @@ Status apply_media_quality(DecisionEngine& engine, const Policy& policy) {
                            : plugin_medium(plugin_codec_of(spec.name).value_or(spec.name), spec.lossless()).profile;
     double fidelity = defaults.fidelity;
     double extra_decode = defaults.extra_decode_fraction;
-    if (const MediumCostModel* model = medium_cost_model(policy, spec.name)) {
+    if (const MediumCostModel* model = policy.cost_model.medium(spec.name)) {
       fidelity = model->fidelity.value_or(fidelity);
       extra_decode = model->extra_decode_fraction.value_or(extra_decode);
     }

@@ -223,10 +223,8 @@ int run_daemon(const DaemonOptions& options) {
     if (resolved && resolved.value().codec->lossless()) return 1.0;
     const std::string medium = decision::medium_for_codec_spec(resolved ? resolved.value().codec->name() : spec);
     const auto current = runtime_policy->current();
-    for (const auto& [name, model] : current->cost_model.media) {
-      if (name == medium && model.fidelity) return *model.fidelity;
-    }
-    return decision::builtin_medium(medium).profile.fidelity;
+    const MediumCostModel* model = current->cost_model.medium(medium);
+    return model != nullptr && model->fidelity ? *model->fidelity : decision::builtin_medium(medium).profile.fidelity;
   };
   peer_links->set_codec_factor(codec_factor);
   // Issue #27: every fetch reply and push this node sends waits in its link's queue for each

@@ -206,10 +206,9 @@ bool summary_possible_into(const Policy& policy, const std::string& agent_id) {
 
 // The summary medium's fidelity factor: the policy's calibration, else the catalogue's default.
 double summary_fidelity(const Policy& policy) {
-  for (const auto& [name, model] : policy.cost_model.media) {
-    if (name == kSummaryMedium && model.fidelity) return *model.fidelity;
-  }
-  return decision::builtin_medium(kSummaryMedium).profile.fidelity;
+  const MediumCostModel* model = policy.cost_model.medium(kSummaryMedium);
+  return model != nullptr && model->fidelity ? *model->fidelity
+                                             : decision::builtin_medium(kSummaryMedium).profile.fidelity;
 }
 
 std::int64_t now_unix_millis() {
@@ -229,19 +228,6 @@ struct FrontProxy::PlannedSummary {
 };
 
 namespace {
-
-// What an audited request was delivered when the proxy summarised it and no lookup said so.
-broker::Delivery summary_delivery(const Treatment& assigned, const broker::SummaryApplied& summary) {
-  broker::Delivery delivery;
-  delivery.span = KvSpan::kAll;
-  delivery.medium = std::string(kSummaryMedium);
-  delivery.as_assigned =
-      assigned.span == KvSpan::kAll && (assigned.medium.empty() || assigned.medium == kSummaryMedium);
-  if (!delivery.as_assigned) {
-    delivery.reason = fmt::format("the front proxy summarised A's {} tokens ({})", summary.span_tokens, summary.source);
-  }
-  return delivery;
-}
 
 // B's body with the summary in place of the span, injected as the original was (its kvrelay
 // fields saying so); the record gains the summary's size. An error says why B gets its original.
@@ -533,7 +519,7 @@ Reply FrontProxy::dispatch(HttpRequest&& request) {
       if (audited_route != nullptr && assigned) {
         auto delivery = deliveries_ ? deliveries_->take(request_id) : std::nullopt;
         // A worker that made no lookup still got the summary the proxy put in its prompt.
-        if (!delivery && *summarised) delivery = summary_delivery(*assigned, **summarised);
+        if (!delivery && *summarised) delivery = broker::summary_delivery(*assigned, **summarised);
         auto delivered = delivered_treatment(*audited_route, *assigned, delivery);
         result.delivered_treatment = std::move(delivered.name);
         result.delivery_reason = std::move(delivered.reason);

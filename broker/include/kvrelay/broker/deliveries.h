@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvrelay/broker/request_context.h"
 #include "kvrelay/core/treatment.h"
 
 namespace kvrelay::broker {
@@ -27,6 +28,10 @@ struct Delivery {
   // live calibration compares the measured outcome with); empty without a route.
   std::vector<std::pair<std::string, double>> predicted_s;
 };
+
+// What an audited request was delivered when the front proxy summarised A's context: all of it,
+// as a summary, no KV; as assigned when the treatment asked for a summary of all of it.
+[[nodiscard]] Delivery summary_delivery(const Treatment& assigned, const SummaryApplied& summary);
 
 class Deliveries {
  public:

@@ -258,6 +258,8 @@ struct CostModelPolicy {
   std::vector<std::pair<std::string, AgentCostModel>> agents;  // by agent id
   std::vector<std::pair<std::string, MediumCostModel>> media;  // by medium name
   [[nodiscard]] bool empty() const noexcept { return agents.empty() && media.empty(); }
+  // The policy's calibration of `name`; null when it has none.
+  [[nodiscard]] const MediumCostModel* medium(std::string_view name) const noexcept;
 };
 
 // The admin API's credential (docs/security.md). Without a token the admin API is
