@@ -143,6 +143,16 @@ const std::string& peer_identity(const PeerPolicy& peer) noexcept {
   return peer.identity.empty() ? peer.address.host : peer.identity;
 }
 
+std::string_view peer_transport_name(PeerTransport transport) noexcept {
+  switch (transport) {
+    case PeerTransport::kTcp:
+      return "tcp";
+    case PeerTransport::kUcx:
+      return "ucx";
+  }
+  return "tcp";
+}
+
 bool is_loopback_host(std::string_view host) noexcept {
   return host == "localhost" || host == "::1" || host.substr(0, 4) == "127.";
 }
@@ -276,6 +286,15 @@ void read_peer(const json& value, const std::string& pointer, PeerPolicy& out, D
   if (out.uid && !out.same_host) diag.problem(reader.pointer_of("uid"), "only a same_host peer has a uid");
   reader.read_string("identity", out.identity, false);
   reader.read_u64("accept_spill_bytes", out.accept_spill_bytes, 0, 1ULL << 50);
+  if (const auto* transport = reader.field("transport", false)) {
+    if (transport->is_string() && *transport == peer_transport_name(PeerTransport::kTcp)) {
+      out.transport = PeerTransport::kTcp;
+    } else if (transport->is_string() && *transport == peer_transport_name(PeerTransport::kUcx)) {
+      out.transport = PeerTransport::kUcx;
+    } else {
+      diag.expected(reader.pointer_of("transport"), "\"tcp\" or \"ucx\"", transport);
+    }
+  }
   reader.reject_unknown_keys();
 }
 
@@ -864,6 +883,74 @@ void check_plaintext_peers(const Policy& policy, Diagnostics& diag) {
   }
 }
 
+// UCX peer transport (issue #29): the ucx section, and the rule that UCX, which carries KV in
+// plaintext, stays on loopback unless the operator says the fabric is trusted.
+
+// A non-empty list of comma-separated names, each non-empty and of characters `allowed` accepts.
+template <class Allowed>
+bool is_name_list(std::string_view text, Allowed allowed) {
+  if (text.empty()) return false;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = text.find(',', start);
+    const auto name = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    if (name.empty() || !std::all_of(name.begin(), name.end(), allowed)) return false;
+    if (comma == std::string_view::npos) return true;
+    start = comma + 1;
+  }
+}
+
+bool is_ucx_transport_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+bool is_ucx_device_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
+         c == ':' || c == '-';
+}
+
+void read_ucx(const json& value, const std::string& pointer, UcxPolicy& out, Diagnostics& diag) {
+  ObjectReader reader(value, pointer, diag);
+  if (!reader.is_object()) return;
+  if (const auto* tls = reader.field("tls", false)) {
+    if (tls->is_string() && is_name_list(tls->get_ref<const std::string&>(), is_ucx_transport_char)) {
+      out.tls = tls->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("tls"),
+                    "comma-separated UCX transport names ([a-z0-9_]+ each), e.g. \"posix,tcp\"", tls);
+    }
+  }
+  if (const auto* devices = reader.field("net_devices", false)) {
+    if (devices->is_string() && is_name_list(devices->get_ref<const std::string&>(), is_ucx_device_char)) {
+      out.net_devices = devices->get<std::string>();
+    } else {
+      diag.expected(reader.pointer_of("net_devices"),
+                    "\"all\" or comma-separated device names ([A-Za-z0-9_.:-]+ each), e.g. \"mlx5_0:1\"", devices);
+    }
+  }
+  reader.read_u64("rndv_thresh_bytes", out.rndv_thresh_bytes, 0, 1ULL << 30);
+  reader.read_bool("trusted_network", out.trusted_network);
+  reader.reject_unknown_keys();
+}
+
+void check_ucx_peers(const Policy& policy, Diagnostics& diag) {
+  if (!policy.ucx.enabled || policy.ucx.trusted_network) return;
+  if (policy.listen.peer && !is_loopback_host(policy.listen.peer->host)) {
+    diag.problem("/listen/peer",
+                 fmt::format("UCX is offered to peers only on loopback unless /ucx/trusted_network: peer listener on "
+                             "{}, off loopback (UCX carries KV in plaintext)",
+                             policy.listen.peer->to_string()));
+  }
+  for (std::size_t index = 0; index < policy.peers.size(); ++index) {
+    const auto& peer = policy.peers[index];
+    if (peer.transport != PeerTransport::kUcx || is_loopback_host(peer.address.host)) continue;
+    diag.problem(pointer_append(pointer_append("/peers", index), "transport"),
+                 fmt::format("UCX carries KV in plaintext: peer at {}, off loopback, needs a loopback address or "
+                             "/ucx/trusted_network",
+                             peer.address.to_string()));
+  }
+}
+
 std::string line_and_column(std::string_view text, std::size_t byte_offset) {
   std::size_t line = 1;
   std::size_t column = 1;
@@ -1035,13 +1122,25 @@ Result<Policy> parse_policy(std::string_view json_text, std::string_view source)
                [&](const json& v, const std::string& p, TenantPolicy& out) { read_tenant(v, p, out, diag); });
     if (const auto* signing = root.field("signing", false)) read_signing(*signing, "/signing", policy.signing, diag);
     if (const auto* tls = root.field("peer_tls", false)) read_peer_tls(*tls, "/peer_tls", policy.peer_tls, diag);
+    if (const auto* ucx = root.field("ucx", false)) {
+      read_ucx(*ucx, "/ucx", policy.ucx, diag);
+      policy.ucx.enabled = true;
+    }
+    if (std::any_of(policy.peers.begin(), policy.peers.end(),
+                    [](const PeerPolicy& peer) { return peer.transport == PeerTransport::kUcx; })) {
+      policy.ucx.enabled = true;
+    }
     root.field("$schema", false);  // editors' hint; ignored
     root.reject_unknown_keys();
     if (diag.empty()) fit_standard_treatments(policy);
     if (diag.empty()) check_references(policy, diag);
     if (diag.empty()) check_same_host_peer_uids(policy, diag);
     if (diag.empty()) check_tenancy(policy, diag);
-    if (diag.empty()) check_plaintext_peers(policy, diag);
+    if (diag.empty()) {
+      // Both are about what crosses the network in plaintext: reported together.
+      check_plaintext_peers(policy, diag);
+      check_ucx_peers(policy, diag);
+    }
     if (diag.empty()) check_reservations(policy, diag);
   }
   if (!diag.empty()) return fail(ErrorCode::kInvalidArgument, diag.joined());

@@ -528,3 +528,135 @@ TEST_CASE("critical routes reserve shares within scheduler.max_reserved_share, e
   lone["routes"][1]["reserved_share"] = 0.95;
   CHECK_THAT(rejection(lone), Catch::Contains("/routes/1/reserved_share"));
 }
+
+TEST_CASE("peers use tcp and ucx is off unless the policy asks for it", "[core][policy][ucx]") {
+  const auto parsed = parse_policy(minimal_policy().dump(), "config/x.json");
+  REQUIRE(parsed);
+  const auto& policy = parsed.value();
+  CHECK(policy.peers.at(0).transport == kvrelay::PeerTransport::kTcp);
+  CHECK_FALSE(policy.ucx.enabled);
+  CHECK(policy.ucx.tls == "posix,tcp");
+  CHECK(policy.ucx.net_devices == "all");
+  CHECK(policy.ucx.rndv_thresh_bytes == 0);
+  CHECK_FALSE(policy.ucx.trusted_network);
+  CHECK(kvrelay::peer_transport_name(kvrelay::PeerTransport::kTcp) == "tcp");
+  CHECK(kvrelay::peer_transport_name(kvrelay::PeerTransport::kUcx) == "ucx");
+}
+
+TEST_CASE("a loopback peer with transport ucx turns ucx on", "[core][policy][ucx]") {
+  auto document = minimal_policy();
+  document["peers"][0]["transport"] = "ucx";
+  const auto parsed = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(parsed);
+  CHECK(parsed.value().peers.at(0).transport == kvrelay::PeerTransport::kUcx);
+  CHECK(parsed.value().ucx.enabled);
+  CHECK(parsed.value().ucx.tls == "posix,tcp");
+  // An explicit tcp is the default spelled out.
+  document["peers"][0]["transport"] = "tcp";
+  const auto tcp = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(tcp);
+  CHECK(tcp.value().peers.at(0).transport == kvrelay::PeerTransport::kTcp);
+  CHECK_FALSE(tcp.value().ucx.enabled);
+}
+
+TEST_CASE("the ucx section is read and turns ucx on by its presence", "[core][policy][ucx]") {
+  auto document = minimal_policy();
+  document["ucx"] = json::object();
+  const auto empty = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(empty);
+  CHECK(empty.value().ucx.enabled);
+  CHECK(empty.value().ucx.tls == "posix,tcp");
+  document["ucx"] = {{"tls", "rc_x,sm,self,cuda_copy"},
+                     {"net_devices", "mlx5_0:1,mlx5_1:1"},
+                     {"rndv_thresh_bytes", 1U << 30},
+                     {"trusted_network", true}};
+  const auto parsed = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(parsed);
+  const auto& ucx = parsed.value().ucx;
+  CHECK(ucx.enabled);
+  CHECK(ucx.tls == "rc_x,sm,self,cuda_copy");
+  CHECK(ucx.net_devices == "mlx5_0:1,mlx5_1:1");
+  CHECK(ucx.rndv_thresh_bytes == (1U << 30));
+  CHECK(ucx.trusted_network);
+  CHECK(parsed.value().peers.at(0).transport == kvrelay::PeerTransport::kTcp);
+  document["ucx"] = {{"net_devices", "all"}, {"rndv_thresh_bytes", 8192}};
+  const auto all = parse_policy(document.dump(), "config/x.json");
+  REQUIRE(all);
+  CHECK(all.value().ucx.net_devices == "all");
+  CHECK(all.value().ucx.rndv_thresh_bytes == 8192);
+}
+
+TEST_CASE("a peer transport other than tcp or ucx is an error naming /peers/0/transport", "[core][policy][ucx]") {
+  auto document = minimal_policy();
+  document["peers"][0]["transport"] = "rdma";
+  CHECK(rejection(document) == R"(config/x.json: /peers/0/transport: expected "tcp" or "ucx", got "rdma")");
+  document["peers"][0]["transport"] = 1;
+  CHECK_THAT(rejection(document), Catch::Contains(R"(/peers/0/transport: expected "tcp" or "ucx", got 1)"));
+}
+
+TEST_CASE("a ucx peer off loopback needs ucx.trusted_network", "[core][policy][ucx]") {
+  auto document = minimal_policy();
+  document["peers"][0]["address"] = "10.0.0.2:7071";
+  document["peers"][0]["transport"] = "ucx";
+  // The TCP peer plane is authenticated: only UCX's plaintext is left to refuse.
+  document["peer_tls"] = {{"certificate", "a.pem"}, {"private_key", "a.key"}, {"ca_bundle", "ca.pem"}};
+  const auto message = rejection(document);
+  CHECK_THAT(message, Catch::Contains("config/x.json: /peers/0/transport: UCX carries KV in plaintext: peer at "
+                                      "10.0.0.2:7071, off loopback, needs a loopback address or /ucx/trusted_network"));
+  CHECK_THAT(message, !Catch::Contains("/peers/0/address"));
+  document["ucx"] = {{"trusted_network", true}};
+  const auto trusted = parse_policy(document.dump(), "config/x.json");
+  if (!trusted) FAIL(trusted.error().message);
+  CHECK(trusted.value().ucx.enabled);
+  // peer_tls's own rule stands: a plaintext TCP peer plane off loopback still needs its own trust.
+  document.erase("peer_tls");
+  CHECK_THAT(rejection(document), Catch::Contains("/peers/0/address: plaintext peer at 10.0.0.2:7071"));
+  // Without either trust both are reported at once.
+  document.erase("ucx");
+  const auto both = rejection(document);
+  CHECK_THAT(both, Catch::Contains("/peers/0/address: plaintext peer"));
+  CHECK_THAT(both, Catch::Contains("/peers/0/transport: UCX carries KV in plaintext"));
+}
+
+TEST_CASE("a node offering ucx on a peer listener off loopback needs ucx.trusted_network", "[core][policy][ucx]") {
+  auto document = minimal_policy();
+  document["listen"]["peer"] = "0.0.0.0:7070";
+  document["peer_tls"] = {{"trusted_network", true}};
+  REQUIRE(parse_policy(document.dump(), "config/x.json"));  // tcp only: peer_tls's rule alone
+  document["ucx"] = json::object();
+  CHECK_THAT(rejection(document),
+             Catch::Contains("config/x.json: /listen/peer: UCX is offered to peers only on loopback unless "
+                             "/ucx/trusted_network"));
+  document["ucx"]["trusted_network"] = true;
+  CHECK(parse_policy(document.dump(), "config/x.json"));
+  // On loopback the listener may offer it without trust.
+  document["listen"]["peer"] = "127.0.0.1:7070";
+  document["ucx"].erase("trusted_network");
+  CHECK(parse_policy(document.dump(), "config/x.json"));
+}
+
+TEST_CASE("bad ucx values are rejected with their pointers", "[core][policy][ucx]") {
+  auto document = minimal_policy();
+  document["ucx"] = {{"tls", "posix,TCP"}, {"rndv_thresh_bytes", (1ULL << 30) + 1}};
+  auto message = rejection(document);
+  CHECK_THAT(message, Catch::Contains(R"(config/x.json: /ucx/tls: expected comma-separated UCX transport names)"));
+  CHECK_THAT(message, Catch::Contains(R"(got "posix,TCP")"));
+  CHECK_THAT(message, Catch::Contains("/ucx/rndv_thresh_bytes: expected integer 0..1073741824, got 1073741825"));
+  for (const char* bad : {"", "posix,", ",tcp", "posix,,tcp", "^rc", "tcp posix"}) {
+    INFO(bad);
+    document["ucx"] = {{"tls", bad}};
+    CHECK_THAT(rejection(document), Catch::Contains("/ucx/tls: expected"));
+  }
+  for (const char* bad : {"", "mlx5_0:1,", "eth0;rm", "eth 0"}) {
+    INFO(bad);
+    document["ucx"] = {{"net_devices", bad}};
+    CHECK_THAT(rejection(document), Catch::Contains("/ucx/net_devices: expected"));
+  }
+  document["ucx"] = {{"rndv_thresh_bytes", -1}, {"trusted_network", "yes"}, {"zero_copy", true}};
+  message = rejection(document);
+  CHECK_THAT(message, Catch::Contains("/ucx/rndv_thresh_bytes: expected integer"));
+  CHECK_THAT(message, Catch::Contains("/ucx/trusted_network: expected"));
+  CHECK_THAT(message, Catch::Contains("/ucx/zero_copy"));
+  document["ucx"] = "on";
+  CHECK_THAT(rejection(document), Catch::Contains("/ucx: expected"));
+}

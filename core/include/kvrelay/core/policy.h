@@ -46,6 +46,12 @@ struct ListenPolicy {
   std::vector<std::uint32_t> allowed_uids;  // empty: only the daemon's own uid
 };
 
+// How chunk streams to a peer travel (issue #29). Control frames always go over the TCP (or TLS)
+// peer connection, whichever the chunks take.
+enum class PeerTransport : std::uint8_t { kTcp, kUcx };
+// "tcp" or "ucx", as the policy spells it.
+[[nodiscard]] std::string_view peer_transport_name(PeerTransport transport) noexcept;
+
 struct PeerPolicy {
   std::string id;
   HostPort address;
@@ -57,6 +63,9 @@ struct PeerPolicy {
   // Spills exchanged with this peer (issue #27; live): on a receiver, the bytes of this peer's
   // spilled entries its store may hold; on a sender, nonzero makes the peer a spill target.
   std::uint64_t accept_spill_bytes = 0;
+  // How chunk streams to this peer travel; control frames always go over the TCP/TLS peer
+  // connection. Read at start.
+  PeerTransport transport = PeerTransport::kTcp;
 };
 
 struct AgentPolicy {
@@ -309,6 +318,16 @@ struct PeerTlsPolicy {
   bool trusted_network = false;
   [[nodiscard]] bool enabled() const noexcept { return !certificate.empty(); }
 };
+// UCX peer transport (issue #29; read at start). UCX carries KV in plaintext: only loopback
+// peers, or any with trusted_network.
+struct UcxPolicy {
+  // The section is present, or a peer uses transport "ucx": this node offers and uses UCX.
+  bool enabled = false;
+  std::string tls = "posix,tcp";        // UCX_TLS for kvrelay's UCP context
+  std::string net_devices = "all";      // UCX_NET_DEVICES
+  std::uint64_t rndv_thresh_bytes = 0;  // UCX_RNDV_THRESH; 0: UCX chooses ("auto")
+  bool trusted_network = false;         // UCX allowed with peers off loopback (an RDMA fabric inside a cluster)
+};
 struct PeerPolicy;
 // The name a peer's certificate must carry as a DNS or URI SAN: its `identity`, else its host.
 [[nodiscard]] const std::string& peer_identity(const PeerPolicy& peer) noexcept;
@@ -332,6 +351,7 @@ struct Policy {
   std::vector<TenantPolicy> tenants;
   SigningPolicy signing;
   PeerTlsPolicy peer_tls;
+  UcxPolicy ucx;
   std::string source;  // file the policy came from, for messages
 
   [[nodiscard]] const AgentPolicy* find_agent(std::string_view id) const noexcept;
