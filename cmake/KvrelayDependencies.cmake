@@ -39,3 +39,16 @@ target_link_libraries(kvrelay_dep_boost INTERFACE Boost::headers Threads::Thread
 target_compile_definitions(kvrelay_dep_boost INTERFACE
   BOOST_ASIO_NO_DEPRECATED)
 add_library(kvrelay::dep::boost ALIAS kvrelay_dep_boost)
+
+# UCX (issue #29): the optional peer transport. Debian 12's libucx-dev 1.13; without it the
+# build still succeeds, `peers[].transport: "ucx"` is refused at start and the ucx tests skip.
+pkg_check_modules(UCX IMPORTED_TARGET ucx>=1.13)
+add_library(kvrelay_dep_ucx INTERFACE)
+if(UCX_FOUND)
+  target_link_libraries(kvrelay_dep_ucx INTERFACE PkgConfig::UCX)
+  target_compile_definitions(kvrelay_dep_ucx INTERFACE KVRELAY_HAVE_UCX=1)
+  message(STATUS "kvrelay: UCX ${UCX_VERSION}: the ucx peer transport is built")
+else()
+  message(STATUS "kvrelay: no UCX (libucx-dev): the ucx peer transport is not built")
+endif()
+add_library(kvrelay::dep::ucx ALIAS kvrelay_dep_ucx)

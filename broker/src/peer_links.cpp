@@ -100,7 +100,9 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
   PeerState& state = state_of(peer_id);
   std::unique_lock<std::mutex> lock;
   Slot& slot = acquire_slot(state, purpose, !peer_policy->same_host, lock);
-  const std::string address = peer_policy->address.to_string();
+  const bool over_ucx = peer_policy->transport == PeerTransport::kUcx;
+  const std::string address =
+      fmt::format("{} {}", peer_policy->address.to_string(), peer_transport_name(peer_policy->transport));
   if (slot.client && slot.address != address) slot.client.reset();  // a reload moved the peer
   if (!slot.client) {
     auto options = peer::peer_client_options(*policy);  // node id and chunk staging
@@ -112,6 +114,13 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     options.identity = peer_identity(*peer_policy);
     options.codec_factor = codec_factor_;
     options.gate = gate_;
+    if (over_ucx && !ucx_) {
+      Error error{ErrorCode::kUnsupported,
+                  fmt::format("peer '{}' has transport \"ucx\" but this node has no UCX context", peer_id)};
+      note_result(peer_id, &error);
+      return error;
+    }
+    if (over_ucx) options.ucx = ucx_;
     auto connected = peer::PeerClient::connect(peer_policy->address, std::move(options), deadline);
     if (!connected) {
       note_result(peer_id, &connected.error());
@@ -121,6 +130,7 @@ auto PeerLinks::with_client(const std::string& peer_id, Purpose purpose, std::ch
     slot.address = address;
     std::lock_guard state_lock(mutex_);
     state.remote_node = slot.client->remote().node_id;
+    state.ucx_lanes = slot.client->transport_lanes();
     if (tls_) state.certificate_not_after = slot.client->remote_certificate().not_after;
   }
   auto result = call(*slot.client);
@@ -365,7 +375,10 @@ nlohmann::json PeerLinks::describe() const {
   const auto now = std::chrono::steady_clock::now();
   for (const auto& peer_policy : policy->peers) {
     const auto& peer = peer_policy;
-    nlohmann::json view{{"id", peer.id}, {"address", peer.address.to_string()}, {"same_host", peer.same_host}};
+    nlohmann::json view{{"id", peer.id},
+                        {"address", peer.address.to_string()},
+                        {"same_host", peer.same_host},
+                        {"transport", peer_transport_name(peer.transport)}};
     std::string node = peer.id;
     {
       std::lock_guard lock(mutex_);
@@ -377,6 +390,7 @@ nlohmann::json PeerLinks::describe() const {
         view["state"] = state.reachable ? "connected" : "unreachable";
         if (!state.last_error.empty()) view["last_error"] = state.last_error;
         if (!state.remote_node.empty()) node = state.remote_node;
+        if (!state.ucx_lanes.empty()) view["ucx_lanes"] = state.ucx_lanes;
         view["summary_keys"] = state.held.size();
         if (const auto& reported = state.node_state) {
           view["node_state"] = {

@@ -45,16 +45,18 @@ struct PeerClient::State {
   std::shared_ptr<PeerConnection> connection;
   Hello remote;
   PeerCertificate certificate;
-  bool broken = false;             // after an error mid-protocol the stream position is unknown
-  std::vector<std::byte> staging;  // options.stage_chunks: one chunk, kept warm across transfers
+  bool broken = false;                    // after an error mid-protocol the stream position is unknown
+  std::vector<std::byte> staging;         // options.stage_chunks: one chunk, kept warm across transfers
+  std::shared_ptr<UcxWorker> ucx_worker;  // options.ucx: progressed by `io` while a call runs
 
   State() = default;
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   // Lets the watchdog see the connection closed and finish before the io_context goes.
   ~State() {
-    if (!connection) return;
-    connection->close();
+    if (connection) connection->close();
+    if (ucx_worker) ucx_worker->stop();
+    if (!connection && !ucx_worker) return;
     io.restart();
     io.run();
   }
@@ -186,6 +188,34 @@ asio::awaitable<Result<PeerFrame>> read_hello_reply(PeerConnection& connection, 
   co_return frame;
 }
 
+// Issue #29: asks the peer for UCX over this (authenticated) connection, dials the worker address
+// it answers with, presents its token and waits for the peer to answer it.
+asio::awaitable<Status> open_ucx(PeerClient::State* state, const HostPort& address) {
+  auto& connection = *state->connection;
+  const auto timeout = state->options.read_timeout;
+  if ((state->remote.capabilities & kCapUcx) == 0) {
+    co_return fail(ErrorCode::kUnsupported,
+                   fmt::format("peer {} ({}) offers no UCX transport: its policy has no ucx section, or it was "
+                               "built without UCX",
+                               state->remote.node_id, address.to_string()));
+  }
+  auto worker = UcxWorker::create(state->options.ucx, state->io.get_executor(), UcxThreading::kOneThread);
+  if (!worker) co_return outcome::failure(worker.error());
+  state->ucx_worker = worker.value();
+  const auto open = encode_ucx_open(state->ucx_worker->address());
+  if (auto sent = co_await write_all(connection, asio::buffer(open), asio::const_buffer{}, timeout); !sent) {
+    co_return sent;
+  }
+  auto reply = co_await expect(connection, PeerMessage::kUcxOpenReply, timeout);
+  if (!reply) co_return outcome::failure(reply.error());
+  auto offer = decode_ucx_open_reply(reply.value().payload);
+  if (!offer) co_return outcome::failure(offer.error());
+  auto link = state->ucx_worker->dial(offer.value().worker_address, offer.value().token);
+  if (!link) co_return outcome::failure(link.error());
+  connection.ucx = link.value();
+  co_return co_await await_ucx(connection, UcxUntil::kReady, timeout, "token answer", true);
+}
+
 asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPort address, Deadline deadline) {
   auto executor = co_await asio::this_coro::executor;
   // Bounded like the connect, so a slow DNS server cannot hold a lookup past its deadline.
@@ -227,6 +257,10 @@ asio::awaitable<Result<bool>> connect_and_hello(PeerClient::State* state, HostPo
     auto remote = decode_hello(reply.value().payload);
     if (!remote) co_return outcome::failure(at_stage("peer hello", remote.error()));
     state->remote = std::move(remote).value();
+    if (state->options.ucx) {
+      auto opened = co_await open_ucx(state, address);
+      if (!opened) co_return outcome::failure(at_stage("peer UCX", opened.error()));
+    }
   }
   connection.arm(std::chrono::hours(24 * 365));  // idle between calls; the server decides when to drop us
   co_return true;
@@ -296,6 +330,7 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
         fmt::format("peer announces a {}-byte frame, more than the {} allowed", found.frame_bytes, max_frame_bytes));
   }
   PeerClient::FetchedFrame fetched;
+  fetched.transport = std::string(transport_name(connection));
   fetched.key = found.key;
   fetched.chain = std::move(found.chain);
   fetched.fidelity_product = found.fidelity_product;
@@ -304,7 +339,9 @@ asio::awaitable<Result<std::optional<PeerClient::FetchedFrame>>> fetch_once(Peer
   fetched.frame_bytes = static_cast<std::size_t>(found.frame_bytes);
   fetched.buffer = state->frame_buffers->take(fetched.frame_bytes);
   const auto destination = fetched.buffer.u8().first(fetched.frame_bytes);
-  if (auto got = co_await receive_chunk_stream(connection, found, destination, true, timeout); !got) {
+  if (auto got =
+          co_await receive_chunk_stream(connection, found, destination, true, timeout, &state->options.on_progress);
+      !got) {
     co_return outcome::failure(at_stage("fetch transfer", got.error()));
   }
   arm_idle(connection);
@@ -448,6 +485,14 @@ const Hello& PeerClient::remote() const {
 
 const PeerCertificate& PeerClient::remote_certificate() const {
   return state_->certificate;
+}
+
+std::string_view PeerClient::transport() const {
+  return transport_name(*state_->connection);
+}
+
+std::vector<std::string> PeerClient::transport_lanes() const {
+  return state_->connection->ucx ? state_->connection->ucx->lanes() : std::vector<std::string>{};
 }
 
 Result<std::chrono::microseconds> PeerClient::ping() {

@@ -6,7 +6,9 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/socket.h>
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/ssl.hpp>
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -241,6 +244,109 @@ bool input_pending(PeerConnection& connection) {
   return connection.socket.available(ec) > 0 && !ec;
 }
 
+}  // namespace
+
+namespace {
+
+// A frame on the socket during a UCX wait: the other side's error report, or its close.
+asio::awaitable<Status> socket_interrupt(PeerConnection& connection, std::chrono::milliseconds timeout,
+                                         const char* what) {
+  auto frame = co_await read_frame(connection, timeout, timeout);
+  if (!frame) co_return outcome::failure(Error{frame.error().code, fmt::format("{}: {}", what, frame.error().message)});
+  if (frame.value().header.type == PeerMessage::kError)
+    co_return outcome::failure(decode_peer_error(frame.value().payload));
+  co_return fail(ErrorCode::kProtocol, fmt::format("{}: peer message {} on the socket during a UCX chunk stream", what,
+                                                   static_cast<int>(frame.value().header.type)));
+}
+
+// Applies one event; a failure ends the wait.
+Status take_ucx_event(PeerConnection& connection, Result<UcxEvent>& event, const char* what) {
+  if (!event) return fail(ErrorCode::kIo, fmt::format("{}: {}", what, event.error().message));
+  switch (event.value().kind) {
+    case UcxEvent::Kind::kArrival:
+      connection.ucx_arrivals.push_back(std::move(event.value().arrival));
+      break;
+    case UcxEvent::Kind::kReceiveDone:
+      connection.ucx_received = true;
+      break;
+    case UcxEvent::Kind::kFailed:
+      return fail(ErrorCode::kIo, fmt::format("{}: {}", what, event.value().message));
+    case UcxEvent::Kind::kReady:
+    case UcxEvent::Kind::kSendsDone:
+      break;
+  }
+  return ok();
+}
+
+}  // namespace
+
+namespace {
+
+bool ucx_wait_over(const PeerConnection& connection, UcxUntil until) {
+  switch (until) {
+    case UcxUntil::kArrival:
+      return !connection.ucx_arrivals.empty();
+    case UcxUntil::kReceived:
+      return connection.ucx_received;
+    case UcxUntil::kSent:
+      return connection.ucx->sends_in_flight() == 0;
+    case UcxUntil::kReady:
+      return connection.ucx->ready();
+  }
+  return true;
+}
+
+// The peer closed (or reset) the socket: a read would end at once with nothing.
+bool peer_closed(PeerConnection& connection) {
+  std::byte probe{};
+  const auto got = ::recv(connection.socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+  return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+}  // namespace
+
+asio::awaitable<Status> await_ucx(PeerConnection& connection, UcxUntil until, std::chrono::milliseconds timeout,
+                                  const char* what, bool socket_may_speak) {
+  using namespace asio::experimental::awaitable_operators;
+  if (!connection.ucx) co_return fail(ErrorCode::kInternal, "no UCX link on this connection");
+  connection.arm(timeout);
+  asio::steady_timer expiry(connection.socket.get_executor());
+  while (!ucx_wait_over(connection, until)) {
+    if (connection.closed) co_return outcome::failure(io_error(connection, asio::error::operation_aborted, what));
+    if (socket_may_speak) {
+      if (input_pending(connection)) co_return co_await socket_interrupt(connection, timeout, what);
+      auto event_wait = connection.ucx->next_event();
+      auto socket_wait = connection.socket.async_wait(tcp::socket::wait_read, kNoThrow);
+      auto either = co_await (std::move(event_wait) || std::move(socket_wait));
+      if (either.index() == 1) {
+        const auto [ec] = std::get<1>(either);
+        if (ec) co_return outcome::failure(io_error(connection, ec, what));
+        // A wait may end with nothing to read (the reactor reports readiness it saw earlier):
+        // only bytes or the peer's close end the UCX wait.
+        if (!input_pending(connection) && !peer_closed(connection)) continue;
+        co_return co_await socket_interrupt(connection, timeout, what);
+      }
+      auto taken = take_ucx_event(connection, std::get<0>(either), what);
+      if (!taken) co_return taken;
+      continue;
+    }
+    // Only UCX can answer: the connection's deadline, enforced here, ends the wait.
+    expiry.expires_at(connection.deadline);
+    auto event_wait = connection.ucx->next_event();
+    auto expiry_wait = expiry.async_wait(kNoThrow);
+    auto either = co_await (std::move(event_wait) || std::move(expiry_wait));
+    if (either.index() == 1) {
+      connection.timed_out = true;
+      co_return outcome::failure(io_error(connection, asio::error::timed_out, what));
+    }
+    auto taken = take_ucx_event(connection, std::get<0>(either), what);
+    if (!taken) co_return taken;
+  }
+  co_return ok();
+}
+
+namespace {
+
 // The state one grant wait shares with the gate's callback, which may run on any thread: it sets
 // the flag and posts the timer's cancel to the connection's executor (a strand on the server).
 struct GrantWait {
@@ -301,6 +407,64 @@ asio::awaitable<Status> await_grant(PeerConnection& connection, const EncodedEnt
 
 }  // namespace
 
+namespace {
+
+// Writes `announce` (when not empty) on the socket, then posts the chunk on the UCX link.
+asio::awaitable<Status> post_ucx_chunk(PeerConnection& connection, std::span<const std::byte> announce,
+                                       const std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes>& prefix,
+                                       std::span<const std::byte> chunk, std::chrono::milliseconds timeout) {
+  if (!announce.empty()) {
+    auto sent =
+        co_await write_all(connection, asio::buffer(announce.data(), announce.size()), asio::const_buffer{}, timeout);
+    if (!sent) co_return sent;
+  }
+  const std::span<const std::byte, kChunkHeaderBytes> chunk_header(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes);
+  co_return connection.ucx->post_chunk(chunk_header, chunk);
+}
+
+// Chunk `index` from the socket: a kChunk frame of exactly its size (or the sender's error).
+asio::awaitable<Status> receive_tcp_chunk(PeerConnection& connection,
+                                          std::array<std::byte, kChunkHeaderBytes>& chunk_header,
+                                          std::span<std::uint8_t> destination, std::uint64_t index,
+                                          std::chrono::milliseconds timeout) {
+  auto next = co_await read_frame(connection, timeout, timeout);
+  if (!next) co_return outcome::failure(next.error());
+  if (next.value().header.type == PeerMessage::kError) {
+    co_return outcome::failure(decode_peer_error(next.value().payload));
+  }
+  if (next.value().header.type != PeerMessage::kChunk) co_return fail(ErrorCode::kProtocol, "expected a chunk");
+  if (next.value().header.length != kChunkHeaderBytes + destination.size()) {
+    co_return fail(ErrorCode::kProtocol,
+                   fmt::format("chunk {} has {} bytes, expected {}", index,
+                               next.value().header.length - kChunkHeaderBytes, destination.size()));
+  }
+  co_return co_await read_exact(connection, asio::buffer(chunk_header),
+                                asio::buffer(destination.data(), destination.size()), timeout);
+}
+
+// Chunk `index` from the UCX link: its arrival, then its body straight into `destination`.
+asio::awaitable<Status> receive_ucx_chunk(PeerConnection& connection,
+                                          std::array<std::byte, kChunkHeaderBytes>& chunk_header,
+                                          std::span<std::uint8_t> destination, std::uint64_t index,
+                                          std::chrono::milliseconds timeout) {
+  auto arrived = co_await await_ucx(connection, UcxUntil::kArrival, timeout, "UCX chunk", true);
+  if (!arrived) co_return arrived;
+  const auto arrival = std::move(connection.ucx_arrivals.front());
+  connection.ucx_arrivals.pop_front();
+  if (arrival->length != destination.size()) {
+    co_return fail(ErrorCode::kProtocol,
+                   fmt::format("chunk {} has {} bytes, expected {}", index, arrival->length, destination.size()));
+  }
+  chunk_header = arrival->header;
+  connection.ucx_received = false;
+  auto received = connection.ucx->receive(*arrival, destination);
+  if (!received) co_return outcome::failure(received.error());
+  if (received.value()) co_return ok();
+  co_return co_await await_ucx(connection, UcxUntil::kReceived, timeout, "UCX chunk body", true);
+}
+
+}  // namespace
+
 asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<const std::byte> announce,
                                           const EncodedEntryHeader& header, std::span<const std::uint8_t> frame,
                                           const ChunkStreamOptions& options, std::chrono::milliseconds timeout) {
@@ -313,7 +477,10 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
   running.update(stream_header.data(), stream_header.size());
   const std::uint64_t chunks = header.chunk_count();
   std::byte* staging = nullptr;
-  if (options.staging != nullptr) {
+  // Over UCX each chunk goes from the frame itself (registered memory where it is the arena's):
+  // a staging buffer would be reused before UCX is done with it.
+  UcxAbort abort_ucx(connection);
+  if (options.staging != nullptr && !connection.ucx) {
     const auto chunk_size = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size()));
     if (options.staging->size() < chunk_size) options.staging->resize(chunk_size);
     staging = options.staging->data();  // one write completes before the next chunk is staged
@@ -340,7 +507,11 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
       const asio::const_buffer body(staging != nullptr ? staging : chunk.data(), length);
       // Two statements, not a conditional of two co_awaits: GCC 12 destroys the Status of such a
       // conditional twice when it holds an error (ASan: heap-use-after-free in run_session).
-      if (announced) {
+      if (connection.ucx) {
+        auto posted = co_await post_ucx_chunk(connection, announced ? std::span<const std::byte>{} : announce, prefix,
+                                              chunk, timeout);
+        if (!posted) co_return posted;
+      } else if (announced) {
         auto sent = co_await write_all(connection, asio::buffer(prefix), body, timeout);
         if (!sent) co_return sent;
       } else {
@@ -360,12 +531,19 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
     auto took = co_await take_ack(connection, header, options, progress, timeout);
     if (!took) co_return took;
   }
+  if (connection.ucx) {
+    // Every chunk is acknowledged; UCX's own completions, which free the frame, follow.
+    auto flushed = co_await await_ucx(connection, UcxUntil::kSent, timeout, "UCX send", false);
+    if (!flushed) co_return flushed;
+  }
+  abort_ucx.dismiss();
   co_return ok();
 }
 
 asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const EncodedEntryHeader& header,
                                              std::span<std::uint8_t> frame, bool acknowledge_last,
-                                             std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout,
+                                             const std::function<void(std::uint64_t, std::uint64_t)>* on_progress) {
   if (frame.size() != header.frame_bytes) {
     co_return fail(ErrorCode::kInternal,
                    fmt::format("receive buffer of {} bytes for a {}-byte frame", frame.size(), header.frame_bytes));
@@ -377,23 +555,19 @@ asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const E
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   const std::uint64_t chunks = header.chunk_count();
   const std::uint64_t ack_every = header.ack_every();
+  UcxAbort abort_ucx(connection);
   for (std::uint64_t index = 0; index < chunks; ++index) {
-    auto next = co_await read_frame(connection, timeout, timeout);
-    if (!next) co_return outcome::failure(next.error());
-    if (next.value().header.type == PeerMessage::kError) {
-      co_return outcome::failure(decode_peer_error(next.value().payload));
-    }
-    if (next.value().header.type != PeerMessage::kChunk) co_return fail(ErrorCode::kProtocol, "expected a chunk");
     const std::uint64_t offset = index * header.chunk_bytes;
     const std::uint64_t expected = std::min<std::uint64_t>(header.chunk_bytes, header.frame_bytes - offset);
-    if (next.value().header.length != kChunkHeaderBytes + expected) {
-      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} has {} bytes, expected {}", index,
-                                                       next.value().header.length - kChunkHeaderBytes, expected));
-    }
     std::uint8_t* destination = frame.data() + offset;
-    auto got = co_await read_exact(connection, asio::buffer(chunk_header_bytes),
-                                   asio::buffer(destination, static_cast<std::size_t>(expected)), timeout);
-    if (!got) co_return got;
+    const std::span<std::uint8_t> body(destination, static_cast<std::size_t>(expected));
+    if (connection.ucx) {
+      auto got = co_await receive_ucx_chunk(connection, chunk_header_bytes, body, index, timeout);
+      if (!got) co_return got;
+    } else {
+      auto got = co_await receive_tcp_chunk(connection, chunk_header_bytes, body, index, timeout);
+      if (!got) co_return got;
+    }
     const auto chunk = decode_chunk_header(chunk_header_bytes);
     if (chunk.transfer_id != header.id || chunk.index != index) {
       co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} of stream {} out of order (expected {} of {})",
@@ -404,12 +578,14 @@ asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const E
       co_return fail(ErrorCode::kChecksumMismatch,
                      fmt::format("chunk {} of stream {}: checksum mismatch", index, header.id));
     }
+    if (on_progress != nullptr && *on_progress) (*on_progress)(offset + expected, header.frame_bytes);
     const bool last = index + 1 == chunks;
     if (last ? !acknowledge_last : (index + 1) % ack_every != 0) continue;
     const auto ack = encode_chunk_ack(header.id, static_cast<std::uint32_t>(index));
     if (auto sent = co_await write_all(connection, asio::buffer(ack), asio::const_buffer{}, timeout); !sent)
       co_return sent;
   }
+  abort_ucx.dismiss();
   co_return ok();
 }
 

@@ -14,6 +14,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "kvrelay/peer/link_gate.h"
 #include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/peer/peer_tls.h"
+#include "kvrelay/peer/ucx_transport.h"
 
 namespace kvrelay::peer::detail {
 
@@ -59,6 +61,13 @@ struct PeerConnection {
   // The armed deadline is `limit`: a timeout then means the exchange ran out of time.
   bool deadline_is_limit = false;
 
+  // Issue #29. Set: chunk streams on this connection travel over this UCX endpoint; every other
+  // frame (announcements, acknowledgements, errors) stays on the socket. Chunks that arrived
+  // while the connection's coroutine waited for something else queue here.
+  std::shared_ptr<UcxLink> ucx;
+  std::deque<std::shared_ptr<UcxArrival>> ucx_arrivals;
+  bool ucx_received = false;  // the body receive last posted on `ucx` completed
+
   void arm(std::chrono::milliseconds timeout) {
     deadline = std::chrono::steady_clock::now() + timeout;
     deadline_is_limit = limit < deadline;
@@ -71,6 +80,7 @@ struct PeerConnection {
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
     timer.cancel();
+    if (ucx) ucx->close();
   }
 };
 
@@ -112,6 +122,43 @@ asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer
 // Three buffers: an announcement, then the first chunk's header and body, in one system call.
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   asio::const_buffer third, std::chrono::milliseconds timeout);
+
+// The chunk transports (issue #29): a chunk stream's chunks go over the socket (TCP, in kChunk
+// frames) or over connection.ucx (UCX active messages); both carry the same 20-byte chunk header
+// with its running checksum, and the same acknowledgements come back on the socket.
+[[nodiscard]] inline std::string_view transport_name(const PeerConnection& connection) noexcept {
+  return connection.ucx ? "ucx" : "tcp";
+}
+// What a UCX wait waits for.
+enum class UcxUntil : std::uint8_t {
+  kArrival,   // a chunk has arrived (connection.ucx_arrivals)
+  kReceived,  // the body receive last posted completed
+  kSent,      // every send posted has completed
+  kReady,     // the peer answered our token
+};
+// Takes the UCX link's events (queueing arrivals) until `until` holds, within `timeout` and the
+// exchange's limit. `socket_may_speak`: the other side sends nothing on the socket meanwhile, so
+// a frame there (an error report) or its close ends the wait at once, as a dead peer's does.
+asio::awaitable<Status> await_ucx(PeerConnection& connection, UcxUntil until, std::chrono::milliseconds timeout,
+                                  const char* what, bool socket_may_speak);
+
+// A chunk stream over UCX that ends early closes the link at once: its operations still in
+// flight read from or write into the frame, which the caller frees next. (Not in an anonymous
+// namespace: coroutine frames hold one, GCC's -Wsubobject-linkage in unity builds.)
+class UcxAbort {
+ public:
+  explicit UcxAbort(PeerConnection& connection) : connection_(connection) {}
+  ~UcxAbort() {
+    if (armed_ && connection_.ucx) connection_.ucx->close();
+  }
+  UcxAbort(const UcxAbort&) = delete;
+  UcxAbort& operator=(const UcxAbort&) = delete;
+  void dismiss() noexcept { armed_ = false; }
+
+ private:
+  PeerConnection& connection_;
+  bool armed_ = true;
+};
 
 struct PeerFrame {
   PeerHeader header;
@@ -196,8 +243,9 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
 // it from the announcement, in memory it keeps warm), checking order, sizes and every running
 // checksum, and acknowledging every header.ack_every() chunks. The last chunk is acknowledged
 // here when `acknowledge_last`; otherwise the caller does (with Committed, in one write).
-asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const EncodedEntryHeader& header,
-                                             std::span<std::uint8_t> frame, bool acknowledge_last,
-                                             std::chrono::milliseconds timeout);
+// `on_progress`: after each chunk checked, (bytes received, total bytes).
+asio::awaitable<Status> receive_chunk_stream(
+    PeerConnection& connection, const EncodedEntryHeader& header, std::span<std::uint8_t> frame, bool acknowledge_last,
+    std::chrono::milliseconds timeout, const std::function<void(std::uint64_t, std::uint64_t)>* on_progress = nullptr);
 
 }  // namespace kvrelay::peer::detail

@@ -30,6 +30,8 @@ bool known_peer_message(std::uint16_t type) noexcept {
     case PeerMessage::kSummaryReply:
     case PeerMessage::kProbe:
     case PeerMessage::kProbeReply:
+    case PeerMessage::kUcxOpen:
+    case PeerMessage::kUcxOpenReply:
       return true;
   }
   return false;
@@ -514,6 +516,46 @@ Result<std::uint32_t> decode_probe(std::span<const std::byte> payload) {
     return fail(ErrorCode::kProtocol, fmt::format("probe asks for {} bytes, not 1..{}", *bytes, kMaxProbeBytes));
   }
   return *bytes;
+}
+
+std::vector<std::byte> encode_ucx_open(std::span<const std::byte> worker_address) {
+  ByteWriter writer;
+  writer.put(static_cast<std::uint32_t>(worker_address.size()));
+  writer.put_bytes(worker_address);
+  return encode_peer_frame(PeerMessage::kUcxOpen, writer.bytes());
+}
+
+Result<std::vector<std::byte>> decode_ucx_open(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  const auto length = reader.get<std::uint32_t>();
+  if (!length || *length == 0 || reader.remaining() != *length) {
+    return fail(ErrorCode::kProtocol, fmt::format("UCX open of {} bytes: not a worker address", payload.size()));
+  }
+  const auto address = reader.get_bytes(*length);
+  return std::vector<std::byte>(address->begin(), address->end());
+}
+
+std::vector<std::byte> encode_ucx_open_reply(const UcxOpenReply& reply) {
+  ByteWriter writer;
+  writer.put_bytes(reply.token);
+  writer.put(static_cast<std::uint32_t>(reply.worker_address.size()));
+  writer.put_bytes(reply.worker_address);
+  return encode_peer_frame(PeerMessage::kUcxOpenReply, writer.bytes());
+}
+
+Result<UcxOpenReply> decode_ucx_open_reply(std::span<const std::byte> payload) {
+  ByteReader reader(payload);
+  UcxOpenReply reply;
+  const auto token = reader.get_bytes(kUcxTokenBytes);
+  const auto length = reader.get<std::uint32_t>();
+  if (!token || !length || *length == 0 || reader.remaining() != *length) {
+    return fail(ErrorCode::kProtocol,
+                fmt::format("UCX open reply of {} bytes: not a token and a worker address", payload.size()));
+  }
+  std::copy(token->begin(), token->end(), reply.token.begin());
+  const auto address = reader.get_bytes(*length);
+  reply.worker_address.assign(address->begin(), address->end());
+  return reply;
 }
 
 }  // namespace kvrelay::peer

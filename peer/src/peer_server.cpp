@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -54,6 +55,8 @@ struct PeerServer::Shared {
   std::uint64_t active_fetches = 0;  // fetch replies being sent (summaries' queued_transfers)
   std::set<std::weak_ptr<PeerConnection>, std::owner_less<>> sessions;
   bool stopped = false;
+  std::vector<std::shared_ptr<UcxWorker>> ucx_workers;  // options.ucx: made by listen()
+  std::atomic<std::size_t> next_ucx_worker{0};
 };
 
 namespace {
@@ -412,6 +415,32 @@ NodeState node_state(const SharedPtr& shared, const Session& session) {
   return state;
 }
 
+// Issue #29: a link on one of the UCX workers for this connection's chunk streams, and the
+// UcxOpenReply that hands its token and the worker's address to the peer (over this connection,
+// which TLS authenticated where the policy has peer_tls).
+Result<std::vector<std::byte>> open_ucx(const SharedPtr& shared, PeerConnection& connection,
+                                        std::span<const std::byte> payload) {
+  auto remote_worker = decode_ucx_open(payload);
+  if (!remote_worker) return remote_worker.error();
+  if (connection.ucx) return fail(ErrorCode::kProtocol, "UCX open on a connection that has a UCX link");
+  if (shared->ucx_workers.empty()) return fail(ErrorCode::kUnsupported, "this sidecar offers no UCX transport");
+  boost::system::error_code ec;
+  const auto remote = connection.socket.remote_endpoint(ec);
+  if (ec || (!remote.address().is_loopback() && !shared->options.ucx_trusted_network)) {
+    count_refused(shared, "ucx");
+    return fail(ErrorCode::kPermissionDenied,
+                "UCX carries KV in plaintext: offered only to loopback peers unless /ucx/trusted_network");
+  }
+  const auto& worker = shared->ucx_workers[shared->next_ucx_worker.fetch_add(1) % shared->ucx_workers.size()];
+  auto link = worker->expect_link(remote_worker.value());
+  if (!link) return link.error();
+  connection.ucx = link.value();
+  UcxOpenReply reply;
+  reply.token = connection.ucx->token();
+  reply.worker_address = worker->address();
+  return encode_ucx_open_reply(reply);
+}
+
 // Serves one connection until it closes; any error ends the session. (Temporaries are never
 // passed into co_await expressions here: GCC 12 can destroy them twice.)
 asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& connection) {
@@ -451,6 +480,7 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
     mine.capabilities |= kCapSharedMemory;
     mine.shm_socket = options.shm_socket;
   }
+  if (!shared->ucx_workers.empty()) mine.capabilities |= kCapUcx;
   const auto hello_ok = encode_hello(PeerMessage::kHelloOk, mine);
   if (auto sent = co_await send_frame(connection, hello_ok, options.read_timeout); !sent) co_return sent;
   while (connection.socket.is_open()) {
@@ -521,6 +551,12 @@ asio::awaitable<Status> session_body(const SharedPtr& shared, PeerConnection& co
         auto served = co_await serve_probe(connection, bytes.value(), options.read_timeout);
         if (!served) co_return served;
         continue;
+      }
+      case PeerMessage::kUcxOpen: {
+        auto offer = open_ucx(shared, connection, payload);
+        if (!offer) co_return outcome::failure(offer.error());
+        answer = std::move(offer).value();
+        break;
       }
       case PeerMessage::kSummary: {
         if (!payload.empty()) co_return fail(ErrorCode::kProtocol, "summary request with a payload");
@@ -650,6 +686,13 @@ Status PeerServer::listen(const HostPort& address) {
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return fail(ErrorCode::kIo, fmt::format("peer listen {}: {}", address.to_string(), ec.message()));
   shared_->acceptor = std::move(acceptor);
+  if (shared_->options.ucx && shared_->ucx_workers.empty()) {
+    for (unsigned index = 0; index < std::max(1U, shared_->options.ucx_workers); ++index) {
+      auto worker = UcxWorker::create(shared_->options.ucx, asio::make_strand(io_), UcxThreading::kManyThreads);
+      if (!worker) return worker.error();
+      shared_->ucx_workers.push_back(std::move(worker).value());
+    }
+  }
   asio::co_spawn(shared_->acceptor->get_executor(), accept_loop(shared_, io_), asio::detached);
   return ok();
 }
@@ -678,6 +721,15 @@ void PeerServer::stop() {
   for (auto& connection : open) {
     asio::post(connection->socket.get_executor(), [connection] { connection->close(); });
   }
+  for (const auto& worker : shared_->ucx_workers)
+    worker->stop();
+}
+
+std::uint64_t PeerServer::ucx_refused_endpoints() const {
+  std::uint64_t refused = 0;
+  for (const auto& worker : shared_->ucx_workers)
+    refused += worker->refused_endpoints();
+  return refused;
 }
 
 PeerServerStats PeerServer::stats() const {

@@ -29,6 +29,7 @@
 #include "kvrelay/kv_store/entry_store.h"
 #include "kvrelay/peer/peer_server.h"
 #include "kvrelay/peer/peer_tls.h"
+#include "kvrelay/peer/ucx_transport.h"
 #include "kvrelay/proxy/admin_endpoints.h"
 #include "kvrelay/proxy/admin_router.h"
 #include "kvrelay/proxy/front_proxy.h"
@@ -185,6 +186,18 @@ int run_daemon(const DaemonOptions& options) {
     peer_tls = std::move(loaded_tls).value();
     peer_links->set_tls(peer_tls);
   }
+  std::shared_ptr<peer::UcxContext> ucx;  // issue #29: when the policy has a ucx section or a ucx peer
+  if (policy->ucx.enabled) {
+    auto created = peer::UcxContext::create(
+        peer::UcxSettings{policy->ucx.tls, policy->ucx.net_devices, policy->ucx.rndv_thresh_bytes});
+    if (!created) {
+      spdlog::critical("{}: /ucx: {}", policy->source, created.error().to_string());
+      return 2;
+    }
+    ucx = std::move(created).value();
+    peer_links->set_ucx(ucx);
+    spdlog::info("UCX peer transport: UCX_TLS={} UCX_NET_DEVICES={}", policy->ucx.tls, policy->ucx.net_devices);
+  }
   auto kv_path = std::make_shared<broker::KvPath>(runtime_policy, entry_store, codecs, peer_links, *registry);
   kv_path->set_deliveries(deliveries);
   front_proxy->set_audit_observer([weak = std::weak_ptr<broker::KvPath>(kv_path)](
@@ -337,6 +350,17 @@ int run_daemon(const DaemonOptions& options) {
     peer_options.max_entry_bytes = policy->limits.kv_store_bytes;
     peer_options.warm_buffer_bytes = policy->limits.peer_buffer_bytes;
     if (shm_server) peer_options.arena = shm_server->arena();
+    if (ucx) {
+      peer_options.ucx = ucx;
+      peer_options.ucx_workers = std::max(1U, options.io_threads);
+      peer_options.ucx_trusted_network = policy->ucx.trusted_network;
+      // Received and served KV lies in the arena: registered once, for every transfer.
+      if (shm_server) {
+        if (auto registered = ucx->register_memory(shm_server->arena()->bytes()); !registered) {
+          spdlog::warn("UCX: the arena is not registered ({}): UCX registers per transfer", registered.error().message);
+        }
+      }
+    }
     peer_options.stage_chunks = policy->limits.peer_staging;
     peer_options.codecs = codecs;
     peer_options.on_kv_bytes = [path = kv_path.get()](const peer::KvBytesEvent& event) { path->record_peer_kv(event); };

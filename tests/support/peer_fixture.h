@@ -22,14 +22,18 @@ namespace kvrelay::test {
 
 class PeerDaemon {
  public:
-  // `limits`: extra policy limits, merged over the fixture's own.
-  explicit PeerDaemon(const nlohmann::json& limits = nlohmann::json::object()) {
+  // `limits`: extra policy limits, merged over the fixture's own; `sections`: top-level policy
+  // sections added as they are (a `ucx` section, say).
+  explicit PeerDaemon(const nlohmann::json& limits = nlohmann::json::object(),
+                      const nlohmann::json& sections = nlohmann::json::object()) {
     auto policy = basic_daemon_policy();
     policy["listen"]["peer"] = "127.0.0.1:0";
     policy["listen"]["unix_socket"] = socket_path_;
     policy["limits"]["kv_store_bytes"] = 1ULL << 31;
     for (const auto& [name, value] : limits.items())
       policy["limits"][name] = value;
+    for (const auto& [name, value] : sections.items())
+      policy[name] = value;
     daemon_ = std::make_unique<DaemonUnderTest>(policy);
     const auto ready = nlohmann::json::parse(read_file(daemon_->dir() / "ready.json"));
     peer_port_ = ready["peer"].get<std::uint16_t>();

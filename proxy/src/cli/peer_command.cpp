@@ -1,5 +1,6 @@
 // `kvrelay peer send` and `kvrelay peer probe`: the peer plane from the command line, for
-// operators checking links and for tests that kill a real sender or receiver mid-transfer.
+// operators checking links (and which transport and UCX lanes they use) and for tests that kill
+// a real sender or receiver mid-transfer.
 // `send` pushes a KV frame exactly as a sidecar's push does (PeerClient::push_encoded).
 
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -27,6 +29,42 @@
 namespace kvrelay::cli {
 
 namespace {
+
+// How chunk streams travel (issue #29): --transport, else the policy's peer entry, else TCP.
+struct TransportOptions {
+  std::string transport;  // "", "tcp" or "ucx"
+  std::string ucx_tls;    // without a policy: UCX_TLS (default: the environment's, else the policy default)
+};
+
+void add_transport_options(CLI::App& command, TransportOptions& options) {
+  command
+      .add_option("--transport", options.transport,
+                  "Chunk streams over tcp or ucx (default: the policy's peer "
+                  "entry, else tcp)")
+      ->check(CLI::IsMember({"tcp", "ucx"}));
+  command.add_option("--ucx-tls", options.ucx_tls,
+                     "UCX_TLS for --transport ucx without --config (default: $UCX_TLS, else posix,tcp)");
+}
+
+// Sets client.ucx when the chosen transport is UCX, with the policy's ucx section where there is one.
+Status apply_transport(const TransportOptions& options, const Policy* policy, const PeerPolicy* peer,
+                       peer::PeerClientOptions& client) {
+  const bool ucx = options.transport.empty() ? peer != nullptr && peer->transport == PeerTransport::kUcx
+                                             : options.transport == "ucx";
+  if (!ucx) return ok();
+  peer::UcxSettings settings;
+  if (policy != nullptr) {
+    settings = {policy->ucx.tls, policy->ucx.net_devices, policy->ucx.rndv_thresh_bytes};
+  } else if (!options.ucx_tls.empty()) {
+    settings.tls = options.ucx_tls;
+  } else if (const char* from_environment = std::getenv("UCX_TLS"); from_environment != nullptr) {
+    settings.tls = from_environment;
+  }
+  auto context = peer::UcxContext::create(settings);
+  if (!context) return context.error();
+  client.ucx = std::move(context).value();
+  return ok();
+}
 
 struct SendOptions {
   std::string to;
@@ -48,11 +86,13 @@ struct SendOptions {
   std::string node_id = "kvrelay-cli";
   std::string route;  // the route the push is for, which the receiver authorizes (issue #25)
   std::string file;
+  TransportOptions transport;
 };
 
 struct ProbeOptions {
   std::string address;
   unsigned count = 5;
+  TransportOptions transport;
 };
 
 int fail_with(const std::string& message) {
@@ -102,6 +142,7 @@ Result<kv_store::EntryKey> chain_key(const SendOptions& options, const kv_store:
 int run_send(const SendOptions& options) {
   peer::PeerClientOptions client_options;
   HostPort target;
+  Status transport = ok();
   if (!options.peer_id.empty()) {
     if (options.config.empty()) return fail_with("--peer needs --config");
     auto policy = load_policy_file(options.config, PolicySecrets::kSkip);  // the peers, not the admin token
@@ -116,13 +157,16 @@ int run_send(const SendOptions& options) {
       client_options.tls = std::move(tls).value();
       client_options.identity = peer_identity(*peer);
     }
+    transport = apply_transport(options.transport, &policy.value(), peer, client_options);
   } else {
     if (options.to.empty()) return fail_with("give --to HOST:PORT or --config with --peer ID");
     auto address = parse_host_port(options.to);
     if (!address) return fail_with(address.error().to_string());
     target = address.value();
     client_options.node_id = options.node_id;
+    transport = apply_transport(options.transport, nullptr, nullptr, client_options);
   }
+  if (!transport) return fail_with(transport.error().to_string());
   UniqueFd file(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
   if (!file) return fail_with("cannot open " + options.file);
   struct stat info {};
@@ -164,6 +208,7 @@ int run_send(const SendOptions& options) {
                         {"transfer_id", options.transfer_id},
                         {"bytes", mapping.value().size()},
                         {"peer", client.value().remote().node_id},
+                        {"transport", client.value().transport()},
                         {"seconds", seconds}};
   std::printf("%s\n", result.dump().c_str());
   return 0;
@@ -172,7 +217,11 @@ int run_send(const SendOptions& options) {
 int run_probe(const ProbeOptions& options) {
   auto address = parse_host_port(options.address);
   if (!address) return fail_with(address.error().to_string());
-  auto client = peer::PeerClient::connect(address.value(), {});
+  peer::PeerClientOptions client_options;
+  if (auto transport = apply_transport(options.transport, nullptr, nullptr, client_options); !transport) {
+    return fail_with(transport.error().to_string());
+  }
+  auto client = peer::PeerClient::connect(address.value(), client_options);
   if (!client) return fail_with(client.error().to_string());
   std::vector<double> rtts;
   for (unsigned index = 0; index < std::max(1U, options.count); ++index) {
@@ -188,6 +237,8 @@ int run_probe(const ProbeOptions& options) {
                         {"protocol_version", remote.protocol_version},
                         {"capabilities", remote.capabilities},
                         {"shm_socket", remote.shm_socket},
+                        {"transport", client.value().transport()},
+                        {"ucx_lanes", client.value().transport_lanes()},
                         {"rtt_us_min", rtts.front()},
                         {"rtt_us_p50", rtts[rtts.size() / 2]},
                         {"stats",
@@ -206,7 +257,7 @@ int run_probe(const ProbeOptions& options) {
 }  // namespace
 
 void add_peer_command(CLI::App& app, int& exit_code) {
-  auto* peer = app.add_subcommand("peer", "Talk to another sidecar over the TCP peer plane");
+  auto* peer = app.add_subcommand("peer", "Talk to another sidecar over the peer plane (chunks over TCP or UCX)");
   peer->require_subcommand(1);
 
   auto send = std::make_shared<SendOptions>();
@@ -238,6 +289,7 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   send_command->add_option("--route", send->route,
                            "Route the push is for (a receiver that knows this node authorizes it; "
                            "docs/security.md)");
+  add_transport_options(*send_command, send->transport);
   send_command->add_option("file", send->file, "KV frame to push")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });
 
@@ -245,6 +297,7 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   auto* probe_command = peer->add_subcommand("probe", "Hello, RTT pings and receiver counters of a peer (JSON)");
   probe_command->add_option("address", probe->address, "Peer address HOST:PORT")->required();
   probe_command->add_option("--count", probe->count, "Pings to send");
+  add_transport_options(*probe_command, probe->transport);
   probe_command->callback([probe, &exit_code] { exit_code = run_probe(*probe); });
 }
 

@@ -53,6 +53,9 @@ class PeerLinks {
   void set_codec_factor(peer::CodecFactor factor) { codec_factor_ = std::move(factor); }
   // The link scheduler pushes ask before each chunk (issue #27); set before start().
   void set_gate(std::shared_ptr<peer::LinkGate> gate) { gate_ = std::move(gate); }
+  // The UCP context for peers whose policy entry says transport "ucx" (issue #29); set before
+  // start(). Without it such a peer's connects fail, naming why.
+  void set_ucx(std::shared_ptr<peer::UcxContext> ucx) { ucx_ = std::move(ucx); }
   // Counts a connection or request the peer server refused (PeerServerOptions::on_refused).
   void note_refused(std::string_view reason) { refused_.with({std::string(reason)}).inc(); }
   // Starts the prober (every limits.peer_summary_interval_ms; 0: no background probing).
@@ -110,7 +113,7 @@ class PeerLinks {
   struct Slot {
     std::mutex mutex;
     std::optional<peer::PeerClient> client;
-    std::string address;  // where `client` is connected: a reload that moves the peer drops it
+    std::string address;  // where and how `client` is connected: a reload that changes either drops it
   };
   // Fetches from one peer over TCP run on up to this many connections at once, so an urgent
   // lookup does not queue behind a bulk one here: the peer's link scheduler orders their replies.
@@ -127,6 +130,7 @@ class PeerLinks {
     bool reachable = false;
     std::string last_error;
     std::string remote_node;
+    std::vector<std::string> ucx_lanes;  // UCX's lanes on the last connection made (transport "ucx")
     std::chrono::system_clock::time_point certificate_not_after{};  // TLS: the peer's, as last seen
     // The keys its last summary listed, with the effective fidelity product of each entry.
     std::unordered_map<kv_store::EntryKey, double, kv_store::EntryKeyHash> held;
@@ -184,6 +188,7 @@ class PeerLinks {
   std::shared_ptr<peer::PeerTls> tls_;
   peer::CodecFactor codec_factor_;
   std::shared_ptr<peer::LinkGate> gate_;
+  std::shared_ptr<peer::UcxContext> ucx_;
   std::mutex stop_mutex_;
   std::condition_variable stop_wake_;
   bool stopping_ = false;

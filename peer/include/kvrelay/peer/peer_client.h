@@ -20,6 +20,7 @@
 #include "kvrelay/peer/link_gate.h"
 #include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/peer/peer_tls.h"
+#include "kvrelay/peer/ucx_transport.h"
 
 namespace kvrelay::peer {
 
@@ -41,7 +42,8 @@ struct PeerClientOptions {
   // A push that fits one chunk goes as two halves (transfer_chunk_bytes in peer_protocol.h).
   bool split_single_chunk = true;
   std::uint64_t rate_limit_bytes_per_s = 0;  // 0: unlimited, for pushes
-  // Called after each acknowledgement of a push with (bytes acknowledged, total bytes).
+  // Called after each acknowledgement of a push with (bytes acknowledged, total bytes), and after
+  // each chunk of a fetch reply checked with (bytes received, total bytes).
   std::function<void(std::uint64_t, std::uint64_t)> on_progress;
   // Where RTT and throughput samples go (optional); keyed by the remote node id.
   std::shared_ptr<LinkEstimator> link_estimator;
@@ -58,6 +60,9 @@ struct PeerClientOptions {
   // Issue #27: the link scheduler each push asks before every chunk (link_gate.h), tagged with
   // the peer's node id, the route and the push's purpose. Unset: pushes are not scheduled.
   std::shared_ptr<LinkGate> gate;
+  // Issue #29. Set: chunk streams (fetch replies, pushes) go over UCX with this context, on a
+  // worker of this client's own; the connect fails unless the peer offers UCX (kCapUcx).
+  std::shared_ptr<UcxContext> ucx;
 };
 
 // How a push is sent (PeerClient::push_encoded).
@@ -93,6 +98,9 @@ class PeerClient {
   [[nodiscard]] const Hello& remote() const;
   // What the TLS handshake verified of the peer's certificate (empty names: plaintext).
   [[nodiscard]] const PeerCertificate& remote_certificate() const;
+  // How this connection's chunk streams travel: "tcp" or "ucx"; and UCX's lanes for them.
+  [[nodiscard]] std::string_view transport() const;
+  [[nodiscard]] std::vector<std::string> transport_lanes() const;
   [[nodiscard]] Result<std::chrono::microseconds> ping();
   // Asks the peer for `bytes` (1..kMaxProbeBytes) of filler and times them to the last byte,
   // request included; the link estimator gets it as a transfer (issue #27's bandwidth probe).
@@ -115,7 +123,7 @@ class PeerClient {
     // one round trip. Then the chunks themselves, checksums included.
     std::chrono::microseconds reply_wait{};
     std::chrono::microseconds transfer{};
-    // How the KV came: "tcp" (this client), or "shm" where a same-host peer's data plane
+    // How the KV came: "tcp" or "ucx" (this client), or "shm" where a same-host peer's data plane
     // handed it over (broker::PeerLinks); `transport_note` says why a same-host fetch used TCP.
     std::string transport = "tcp";
     std::string transport_note;

@@ -45,6 +45,8 @@ inline constexpr std::uint64_t kCapSharedMemory = 1U << 1;  // hello carries a U
 inline constexpr std::uint64_t kCapFidelity = 1U << 4;
 // The fidelity "codec" of KV from a peer without kCapFidelity: lossy, matching no real codec.
 inline constexpr std::string_view kUnverifiedFidelity = "unverified-peer";
+// This sidecar moves chunk streams over UCX when asked (UcxOpen, issue #29); control frames stay here.
+inline constexpr std::uint64_t kCapUcx = 1U << 5;
 
 // Numbers 3, 4 and 18 belonged to version 1's Begin transfers and are never reused. kHello,
 // kHelloOk and kError keep their numbers and layouts in every version, so that two versions can
@@ -72,7 +74,23 @@ enum class PeerMessage : std::uint16_t {
   // kMaxControlPayload each.
   kProbe = 19,
   kProbeReply = 20,
+  // Issue #29, only to a peer that announced kCapUcx: the asker wants this connection's chunk
+  // streams over UCX, and sends its UCP worker address. The reply carries a per-connection token
+  // and the peer's worker address; each side sends on an endpoint it dials to the other's, and
+  // the asker's first active message must present the token.
+  kUcxOpen = 21,
+  kUcxOpenReply = 22,
 };
+inline constexpr std::size_t kUcxTokenBytes = 16;
+struct UcxOpenReply {
+  std::array<std::byte, kUcxTokenBytes> token{};
+  std::vector<std::byte> worker_address;
+};
+// UcxOpen: u32 length, the asker's worker address. UcxOpenReply: the token, then the same.
+[[nodiscard]] std::vector<std::byte> encode_ucx_open(std::span<const std::byte> worker_address);
+[[nodiscard]] Result<std::vector<std::byte>> decode_ucx_open(std::span<const std::byte> payload);
+[[nodiscard]] std::vector<std::byte> encode_ucx_open_reply(const UcxOpenReply& reply);
+[[nodiscard]] Result<UcxOpenReply> decode_ucx_open_reply(std::span<const std::byte> payload);
 inline constexpr std::uint32_t kMaxProbeBytes = 1U << 20;
 [[nodiscard]] std::vector<std::byte> encode_probe(std::uint32_t bytes);
 [[nodiscard]] Result<std::uint32_t> decode_probe(std::span<const std::byte> payload);

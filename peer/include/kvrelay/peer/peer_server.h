@@ -23,6 +23,7 @@
 #include "kvrelay/peer/link_gate.h"
 #include "kvrelay/peer/peer_protocol.h"
 #include "kvrelay/peer/peer_tls.h"
+#include "kvrelay/peer/ucx_transport.h"
 
 namespace kvrelay::peer {
 
@@ -81,6 +82,13 @@ struct PeerServerOptions {
   // Issue #27: the link scheduler every fetch reply asks before each chunk (link_gate.h), tagged
   // with the asker's node id, the route and deadline it names. Unset: replies are not scheduled.
   std::shared_ptr<LinkGate> gate;
+  // Issue #29. Set: UCX is offered (kCapUcx) and a session that asks (UcxOpen) moves its chunk
+  // streams over it, on one of `ucx_workers` workers (one per I/O thread), each progressed on a
+  // strand of the io_context. UCX carries KV in plaintext: it is offered to a connection from a
+  // loopback address only, unless `ucx_trusted_network`.
+  std::shared_ptr<UcxContext> ucx;
+  unsigned ucx_workers = 1;
+  bool ucx_trusted_network = false;
 };
 
 class PeerServer {
@@ -95,6 +103,8 @@ class PeerServer {
   // Stops accepting and closes every session (their transfers fail, nothing partial is kept).
   void stop();
   [[nodiscard]] PeerServerStats stats() const;
+  // Active messages refused on the UCX workers: endpoints that presented no valid token first.
+  [[nodiscard]] std::uint64_t ucx_refused_endpoints() const;
 
   struct Shared;  // state shared with sessions, which may outlive this object briefly
 
