@@ -1,6 +1,7 @@
 // Issue #27: a peer chunk stream asks a LinkGate before every chunk. Real loopback sockets, both
 // ends of the stream in one process (the peer library's own send and receive code), a gate that
 // records, holds and releases grants from a thread of its own. Judged by counts and bytes.
+// Issue #29: the same chunking and preemption hold when the chunks travel over UCX.
 
 #include "kvrelay/peer/link_gate.h"
 
@@ -8,6 +9,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
 #include <catch2/catch.hpp>
 
 #include <condition_variable>
@@ -15,10 +17,14 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "kvrelay/peer/ucx_transport.h"
+
 #include "peer_io.h"
+#include "support/skip.h"
 
 namespace {
 
@@ -178,12 +184,51 @@ struct Link {
   std::shared_ptr<PeerConnection> receiver;
 };
 
-Link connect_loopback(asio::io_context& io) {
+// Two UCP workers (each on a strand of the runner's io_context) that stream chunks over UCX
+// (UCX_TLS=tcp) for connections made with them.
+struct UcxWorkers {
+  std::shared_ptr<kvrelay::peer::UcxContext> context;
+  std::shared_ptr<kvrelay::peer::UcxWorker> sending;
+  std::shared_ptr<kvrelay::peer::UcxWorker> receiving;
+  explicit UcxWorkers(asio::io_context& io) {
+    auto made = kvrelay::peer::UcxContext::create({"tcp", "all", 0});
+    REQUIRE(made.has_value());
+    context = made.value();
+    auto first =
+        kvrelay::peer::UcxWorker::create(context, asio::make_strand(io), kvrelay::peer::UcxThreading::kManyThreads);
+    auto second =
+        kvrelay::peer::UcxWorker::create(context, asio::make_strand(io), kvrelay::peer::UcxThreading::kManyThreads);
+    REQUIRE(first.has_value());
+    REQUIRE(second.has_value());
+    sending = first.value();
+    receiving = second.value();
+  }
+  ~UcxWorkers() {
+    sending->stop();
+    receiving->stop();
+  }
+  UcxWorkers(const UcxWorkers&) = delete;
+  UcxWorkers& operator=(const UcxWorkers&) = delete;
+};
+
+Link connect_loopback(asio::io_context& io, UcxWorkers* ucx = nullptr) {
   tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
   tcp::socket client(io);
   client.connect(acceptor.local_endpoint());
   tcp::socket server = acceptor.accept();
   Link link{std::make_shared<PeerConnection>(std::move(client)), std::make_shared<PeerConnection>(std::move(server))};
+  if (ucx != nullptr) {
+    auto expected = ucx->receiving->expect_link(ucx->sending->address());
+    REQUIRE(expected.has_value());
+    link.receiver->ucx = expected.value();
+    auto dialled = ucx->sending->dial(ucx->receiving->address(), link.receiver->ucx->token());
+    REQUIRE(dialled.has_value());
+    link.sender->ucx = dialled.value();
+    const auto by = std::chrono::steady_clock::now() + 5s;
+    while (!link.sender->ucx->ready() && std::chrono::steady_clock::now() < by)
+      std::this_thread::sleep_for(1ms);
+    REQUIRE(link.sender->ucx->ready());
+  }
   asio::co_spawn(io, kvrelay::peer::detail::watchdog(link.sender), asio::detached);
   asio::co_spawn(io, kvrelay::peer::detail::watchdog(link.receiver), asio::detached);
   return link;
@@ -244,12 +289,12 @@ struct Stream {
 };
 
 void start(asio::io_context& io, Stream& stream, RecordingGate& gate, std::uint64_t id, std::size_t bytes,
-           std::chrono::milliseconds timeout = 10s) {
+           std::chrono::milliseconds timeout = 10s, UcxWorkers* ucx = nullptr) {
   stream.header = stream_header(id, bytes);
   stream.frame = pattern(bytes, static_cast<std::uint8_t>(id));
   stream.received.assign(bytes, 0);
   stream.ticket = gate.open(TransferTag{});
-  const Link link = connect_loopback(io);
+  const Link link = connect_loopback(io, ucx);
   stream.got = spawn(io, receive(link.receiver, stream.header, &stream.received));
   stream.sent = spawn(io, send(link.sender, stream.header, &stream.frame, &gate, stream.ticket, timeout));
 }
@@ -280,13 +325,18 @@ struct Runner {
 
 }  // namespace
 
-TEST_CASE("a gated chunk stream asks the gate once per chunk and lands byte-exact", "[scheduler]") {
+namespace {
+
+void gated_streams_land(bool over_ucx) {
   RecordingGate gate(4);
   Runner runner;
+  std::optional<UcxWorkers> ucx;
+  if (over_ucx) ucx.emplace(runner.io);
+  UcxWorkers* workers = ucx ? &*ucx : nullptr;
   Stream a;
   Stream b;
-  start(runner.io, a, gate, 1, 10 * kChunk + 123);
-  start(runner.io, b, gate, 2, 3 * kChunk);
+  start(runner.io, a, gate, 1, 10 * kChunk + 123, 10s, workers);
+  start(runner.io, b, gate, 2, 3 * kChunk, 10s, workers);
   REQUIRE(a.sent.get());
   REQUIRE(a.got.get());
   REQUIRE(b.sent.get());
@@ -300,16 +350,19 @@ TEST_CASE("a gated chunk stream asks the gate once per chunk and lands byte-exac
   CHECK(gate.max_unacked_chunks() <= 4);
 }
 
-TEST_CASE("a stream the gate withholds pauses at a chunk boundary and resumes without resending", "[scheduler]") {
+void withheld_stream_resumes(bool over_ucx) {
   RecordingGate gate(4);
   Runner runner;
+  std::optional<UcxWorkers> ucx;
+  if (over_ucx) ucx.emplace(runner.io);
+  UcxWorkers* workers = ucx ? &*ucx : nullptr;
   Stream bulk;
   gate.hold(1, 3);  // the first ticket: three chunks, then paused
-  start(runner.io, bulk, gate, 1, 12 * kChunk);
+  start(runner.io, bulk, gate, 1, 12 * kChunk, 10s, workers);
   REQUIRE(bulk.ticket == 1);
   gate.wait_until_held(bulk.ticket);
   Stream urgent;
-  start(runner.io, urgent, gate, 2, 4 * kChunk);
+  start(runner.io, urgent, gate, 2, 4 * kChunk, 10s, workers);
   REQUIRE(urgent.sent.get());
   REQUIRE(urgent.got.get());
   CHECK(urgent.received == urgent.frame);
@@ -326,6 +379,26 @@ TEST_CASE("a stream the gate withholds pauses at a chunk boundary and resumes wi
   }
   CHECK(grants_of(gate, bulk.ticket) == 12);  // no chunk asked for (or sent) twice
   CHECK(gate.acked_bytes(bulk.ticket) == bulk.frame.size());
+}
+
+}  // namespace
+
+TEST_CASE("a gated chunk stream asks the gate once per chunk and lands byte-exact", "[scheduler]") {
+  gated_streams_land(false);
+}
+
+TEST_CASE("a stream the gate withholds pauses at a chunk boundary and resumes without resending", "[scheduler]") {
+  withheld_stream_resumes(false);
+}
+
+TEST_CASE("over ucx a gated chunk stream asks the gate once per chunk and lands byte-exact", "[scheduler][ucx]") {
+  if (!kvrelay::peer::ucx_built()) KVRELAY_SKIP("built without UCX (libucx-dev)");
+  gated_streams_land(true);
+}
+
+TEST_CASE("over ucx a withheld stream pauses at a chunk boundary and resumes without resending", "[scheduler][ucx]") {
+  if (!kvrelay::peer::ucx_built()) KVRELAY_SKIP("built without UCX (libucx-dev)");
+  withheld_stream_resumes(true);
 }
 
 TEST_CASE("paused streams holding the link window still read their acknowledgements", "[scheduler]") {
