@@ -8,7 +8,6 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
-#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/ssl.hpp>
@@ -200,8 +199,8 @@ asio::awaitable<Result<PeerFrame>> read_frame(PeerConnection& connection, std::c
 
 namespace {
 
-void encode_chunk_prefix(std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes>& prefix, std::uint64_t id,
-                         std::uint64_t index, std::size_t length, std::uint64_t checksum) {
+void encode_chunk_prefix(ChunkPrefix& prefix, std::uint64_t id, std::uint64_t index, std::size_t length,
+                         std::uint64_t checksum) {
   encode_peer_header(std::span<std::byte, kPeerHeaderBytes>(prefix.data(), kPeerHeaderBytes), PeerMessage::kChunk,
                      static_cast<std::uint32_t>(kChunkHeaderBytes + length));
   encode_chunk_header(std::span<std::byte, kChunkHeaderBytes>(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes),
@@ -236,113 +235,12 @@ std::uint64_t bytes_through(const EncodedEntryHeader& header, std::uint64_t chun
   return std::min<std::uint64_t>(chunks * header.chunk_bytes, header.frame_bytes);
 }
 
-// Whether a frame from the other side is waiting: readable bytes on the socket, or (TLS) bytes
-// the TLS stream has already decrypted.
+}  // namespace
+
 bool input_pending(PeerConnection& connection) {
   if (connection.tls && SSL_pending(connection.tls->native_handle()) > 0) return true;
   boost::system::error_code ec;
   return connection.socket.available(ec) > 0 && !ec;
-}
-
-}  // namespace
-
-namespace {
-
-// A frame on the socket during a UCX wait: the other side's error report, or its close.
-asio::awaitable<Status> socket_interrupt(PeerConnection& connection, std::chrono::milliseconds timeout,
-                                         const char* what) {
-  auto frame = co_await read_frame(connection, timeout, timeout);
-  if (!frame) co_return outcome::failure(Error{frame.error().code, fmt::format("{}: {}", what, frame.error().message)});
-  if (frame.value().header.type == PeerMessage::kError)
-    co_return outcome::failure(decode_peer_error(frame.value().payload));
-  co_return fail(ErrorCode::kProtocol, fmt::format("{}: peer message {} on the socket during a UCX chunk stream", what,
-                                                   static_cast<int>(frame.value().header.type)));
-}
-
-// Applies one event; a failure ends the wait.
-Status take_ucx_event(PeerConnection& connection, Result<UcxEvent>& event, const char* what) {
-  if (!event) return fail(ErrorCode::kIo, fmt::format("{}: {}", what, event.error().message));
-  switch (event.value().kind) {
-    case UcxEvent::Kind::kArrival:
-      connection.ucx_arrivals.push_back(std::move(event.value().arrival));
-      break;
-    case UcxEvent::Kind::kReceiveDone:
-      connection.ucx_received = true;
-      break;
-    case UcxEvent::Kind::kFailed:
-      return fail(ErrorCode::kIo, fmt::format("{}: {}", what, event.value().message));
-    case UcxEvent::Kind::kReady:
-    case UcxEvent::Kind::kSendsDone:
-      break;
-  }
-  return ok();
-}
-
-}  // namespace
-
-namespace {
-
-bool ucx_wait_over(const PeerConnection& connection, UcxUntil until) {
-  switch (until) {
-    case UcxUntil::kArrival:
-      return !connection.ucx_arrivals.empty();
-    case UcxUntil::kReceived:
-      return connection.ucx_received;
-    case UcxUntil::kSent:
-      return connection.ucx->sends_in_flight() == 0;
-    case UcxUntil::kReady:
-      return connection.ucx->ready();
-  }
-  return true;
-}
-
-// The peer closed (or reset) the socket: a read would end at once with nothing.
-bool peer_closed(PeerConnection& connection) {
-  std::byte probe{};
-  const auto got = ::recv(connection.socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
-  return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-}  // namespace
-
-asio::awaitable<Status> await_ucx(PeerConnection& connection, UcxUntil until, std::chrono::milliseconds timeout,
-                                  const char* what, bool socket_may_speak) {
-  using namespace asio::experimental::awaitable_operators;
-  if (!connection.ucx) co_return fail(ErrorCode::kInternal, "no UCX link on this connection");
-  connection.arm(timeout);
-  asio::steady_timer expiry(connection.socket.get_executor());
-  while (!ucx_wait_over(connection, until)) {
-    if (connection.closed) co_return outcome::failure(io_error(connection, asio::error::operation_aborted, what));
-    if (socket_may_speak) {
-      if (input_pending(connection)) co_return co_await socket_interrupt(connection, timeout, what);
-      auto event_wait = connection.ucx->next_event();
-      auto socket_wait = connection.socket.async_wait(tcp::socket::wait_read, kNoThrow);
-      auto either = co_await (std::move(event_wait) || std::move(socket_wait));
-      if (either.index() == 1) {
-        const auto [ec] = std::get<1>(either);
-        if (ec) co_return outcome::failure(io_error(connection, ec, what));
-        // A wait may end with nothing to read (the reactor reports readiness it saw earlier):
-        // only bytes or the peer's close end the UCX wait.
-        if (!input_pending(connection) && !peer_closed(connection)) continue;
-        co_return co_await socket_interrupt(connection, timeout, what);
-      }
-      auto taken = take_ucx_event(connection, std::get<0>(either), what);
-      if (!taken) co_return taken;
-      continue;
-    }
-    // Only UCX can answer: the connection's deadline, enforced here, ends the wait.
-    expiry.expires_at(connection.deadline);
-    auto event_wait = connection.ucx->next_event();
-    auto expiry_wait = expiry.async_wait(kNoThrow);
-    auto either = co_await (std::move(event_wait) || std::move(expiry_wait));
-    if (either.index() == 1) {
-      connection.timed_out = true;
-      co_return outcome::failure(io_error(connection, asio::error::timed_out, what));
-    }
-    auto taken = take_ucx_event(connection, std::get<0>(either), what);
-    if (!taken) co_return taken;
-  }
-  co_return ok();
 }
 
 namespace {
@@ -409,61 +307,51 @@ asio::awaitable<Status> await_grant(PeerConnection& connection, const EncodedEnt
 
 namespace {
 
-// Writes `announce` (when not empty) on the socket, then posts the chunk on the UCX link.
-asio::awaitable<Status> post_ucx_chunk(PeerConnection& connection, std::span<const std::byte> announce,
-                                       const std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes>& prefix,
-                                       std::span<const std::byte> chunk, std::chrono::milliseconds timeout) {
-  if (!announce.empty()) {
-    auto sent =
-        co_await write_all(connection, asio::buffer(announce.data(), announce.size()), asio::const_buffer{}, timeout);
-    if (!sent) co_return sent;
+// Chunks in kChunk frames on the socket itself. A chunk is written before send() returns, so
+// its body may be staged through one reused buffer, and nothing is left to flush or abandon.
+class TcpChunks final : public ChunkTransport {
+ public:
+  [[nodiscard]] std::string_view name() const noexcept override { return "tcp"; }
+  [[nodiscard]] bool stages() const noexcept override { return true; }
+  asio::awaitable<Status> send(PeerConnection& connection, std::span<const std::byte> announce,
+                               const ChunkPrefix& prefix, std::span<const std::byte> body,
+                               std::chrono::milliseconds timeout) const override {
+    const asio::const_buffer data(body.data(), body.size());
+    // Two statements, not a conditional of two co_awaits: GCC 12 destroys the Status of such a
+    // conditional twice when it holds an error (ASan: heap-use-after-free in run_session).
+    if (announce.empty()) co_return co_await write_all(connection, asio::buffer(prefix), data, timeout);
+    co_return co_await write_all(connection, asio::buffer(announce.data(), announce.size()), asio::buffer(prefix), data,
+                                 timeout);
   }
-  const std::span<const std::byte, kChunkHeaderBytes> chunk_header(prefix.data() + kPeerHeaderBytes, kChunkHeaderBytes);
-  co_return connection.ucx->post_chunk(chunk_header, chunk);
-}
+  asio::awaitable<Status> flush(PeerConnection& /*connection*/, std::chrono::milliseconds /*timeout*/) const override {
+    co_return ok();
+  }
+  asio::awaitable<Status> receive(PeerConnection& connection, std::array<std::byte, kChunkHeaderBytes>& chunk_header,
+                                  std::span<std::uint8_t> body, std::uint64_t index,
+                                  std::chrono::milliseconds timeout) const override {
+    auto next = co_await read_frame(connection, timeout, timeout);
+    if (!next) co_return outcome::failure(next.error());
+    if (next.value().header.type == PeerMessage::kError) {
+      co_return outcome::failure(decode_peer_error(next.value().payload));
+    }
+    if (next.value().header.type != PeerMessage::kChunk) co_return fail(ErrorCode::kProtocol, "expected a chunk");
+    if (next.value().header.length != kChunkHeaderBytes + body.size()) {
+      co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} has {} bytes, expected {}", index,
+                                                       next.value().header.length - kChunkHeaderBytes, body.size()));
+    }
+    co_return co_await read_exact(connection, asio::buffer(chunk_header), asio::buffer(body.data(), body.size()),
+                                  timeout);
+  }
+  void abandon(PeerConnection& /*connection*/) const noexcept override {}
+};
 
-// Chunk `index` from the socket: a kChunk frame of exactly its size (or the sender's error).
-asio::awaitable<Status> receive_tcp_chunk(PeerConnection& connection,
-                                          std::array<std::byte, kChunkHeaderBytes>& chunk_header,
-                                          std::span<std::uint8_t> destination, std::uint64_t index,
-                                          std::chrono::milliseconds timeout) {
-  auto next = co_await read_frame(connection, timeout, timeout);
-  if (!next) co_return outcome::failure(next.error());
-  if (next.value().header.type == PeerMessage::kError) {
-    co_return outcome::failure(decode_peer_error(next.value().payload));
-  }
-  if (next.value().header.type != PeerMessage::kChunk) co_return fail(ErrorCode::kProtocol, "expected a chunk");
-  if (next.value().header.length != kChunkHeaderBytes + destination.size()) {
-    co_return fail(ErrorCode::kProtocol,
-                   fmt::format("chunk {} has {} bytes, expected {}", index,
-                               next.value().header.length - kChunkHeaderBytes, destination.size()));
-  }
-  co_return co_await read_exact(connection, asio::buffer(chunk_header),
-                                asio::buffer(destination.data(), destination.size()), timeout);
-}
-
-// Chunk `index` from the UCX link: its arrival, then its body straight into `destination`.
-asio::awaitable<Status> receive_ucx_chunk(PeerConnection& connection,
-                                          std::array<std::byte, kChunkHeaderBytes>& chunk_header,
-                                          std::span<std::uint8_t> destination, std::uint64_t index,
-                                          std::chrono::milliseconds timeout) {
-  auto arrived = co_await await_ucx(connection, UcxUntil::kArrival, timeout, "UCX chunk", true);
-  if (!arrived) co_return arrived;
-  const auto arrival = std::move(connection.ucx_arrivals.front());
-  connection.ucx_arrivals.pop_front();
-  if (arrival->length != destination.size()) {
-    co_return fail(ErrorCode::kProtocol,
-                   fmt::format("chunk {} has {} bytes, expected {}", index, arrival->length, destination.size()));
-  }
-  chunk_header = arrival->header;
-  connection.ucx_received = false;
-  auto received = connection.ucx->receive(*arrival, destination);
-  if (!received) co_return outcome::failure(received.error());
-  if (received.value()) co_return ok();
-  co_return co_await await_ucx(connection, UcxUntil::kReceived, timeout, "UCX chunk body", true);
-}
+const TcpChunks kTcpChunks;
 
 }  // namespace
+
+const ChunkTransport& chunk_transport(const PeerConnection& connection) noexcept {
+  return connection.ucx ? ucx_chunks() : static_cast<const ChunkTransport&>(kTcpChunks);
+}
 
 asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<const std::byte> announce,
                                           const EncodedEntryHeader& header, std::span<const std::uint8_t> frame,
@@ -477,17 +365,16 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
   running.update(stream_header.data(), stream_header.size());
   const std::uint64_t chunks = header.chunk_count();
   std::byte* staging = nullptr;
-  // Over UCX each chunk goes from the frame itself (registered memory where it is the arena's):
-  // a staging buffer would be reused before UCX is done with it.
-  UcxAbort abort_ucx(connection);
-  if (options.staging != nullptr && !connection.ucx) {
+  const ChunkTransport& transport = chunk_transport(connection);
+  AbandonUnlessDone abandon(connection);
+  if (options.staging != nullptr && transport.stages()) {
     const auto chunk_size = static_cast<std::size_t>(std::min<std::uint64_t>(header.chunk_bytes, frame.size()));
     if (options.staging->size() < chunk_size) options.staging->resize(chunk_size);
     staging = options.staging->data();  // one write completes before the next chunk is staged
   }
   const auto started = std::chrono::steady_clock::now();
   asio::steady_timer pacing(connection.socket.get_executor());
-  std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes> prefix{};
+  ChunkPrefix prefix{};
   bool announced = false;
   const bool gated = options.gate != nullptr && options.ticket != 0;
   ChunkAckProgress progress;
@@ -504,21 +391,10 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
       const auto chunk = std::as_bytes(frame.subspan(static_cast<std::size_t>(offset), length));
       const std::uint64_t checksum = running_checksum(running, chunk, staging);
       encode_chunk_prefix(prefix, header.id, next, length, checksum);
-      const asio::const_buffer body(staging != nullptr ? staging : chunk.data(), length);
-      // Two statements, not a conditional of two co_awaits: GCC 12 destroys the Status of such a
-      // conditional twice when it holds an error (ASan: heap-use-after-free in run_session).
-      if (connection.ucx) {
-        auto posted = co_await post_ucx_chunk(connection, announced ? std::span<const std::byte>{} : announce, prefix,
-                                              chunk, timeout);
-        if (!posted) co_return posted;
-      } else if (announced) {
-        auto sent = co_await write_all(connection, asio::buffer(prefix), body, timeout);
-        if (!sent) co_return sent;
-      } else {
-        auto sent = co_await write_all(connection, asio::buffer(announce.data(), announce.size()), asio::buffer(prefix),
-                                       body, timeout);
-        if (!sent) co_return sent;
-      }
+      const auto body = staging != nullptr ? std::span<const std::byte>(staging, length) : chunk;
+      const auto first = announced ? std::span<const std::byte>{} : announce;
+      auto sent = co_await transport.send(connection, first, prefix, body, timeout);
+      if (!sent) co_return sent;
       announced = true;
       ++next;
       if (options.rate_limit_bytes_per_s > 0) {
@@ -531,12 +407,9 @@ asio::awaitable<Status> send_chunk_stream(PeerConnection& connection, std::span<
     auto took = co_await take_ack(connection, header, options, progress, timeout);
     if (!took) co_return took;
   }
-  if (connection.ucx) {
-    // Every chunk is acknowledged; UCX's own completions, which free the frame, follow.
-    auto flushed = co_await await_ucx(connection, UcxUntil::kSent, timeout, "UCX send", false);
-    if (!flushed) co_return flushed;
-  }
-  abort_ucx.dismiss();
+  auto flushed = co_await transport.flush(connection, timeout);
+  if (!flushed) co_return flushed;
+  abandon.dismiss();
   co_return ok();
 }
 
@@ -555,19 +428,15 @@ asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const E
   std::array<std::byte, kChunkHeaderBytes> chunk_header_bytes{};
   const std::uint64_t chunks = header.chunk_count();
   const std::uint64_t ack_every = header.ack_every();
-  UcxAbort abort_ucx(connection);
+  const ChunkTransport& transport = chunk_transport(connection);
+  AbandonUnlessDone abandon(connection);
   for (std::uint64_t index = 0; index < chunks; ++index) {
     const std::uint64_t offset = index * header.chunk_bytes;
     const std::uint64_t expected = std::min<std::uint64_t>(header.chunk_bytes, header.frame_bytes - offset);
     std::uint8_t* destination = frame.data() + offset;
     const std::span<std::uint8_t> body(destination, static_cast<std::size_t>(expected));
-    if (connection.ucx) {
-      auto got = co_await receive_ucx_chunk(connection, chunk_header_bytes, body, index, timeout);
-      if (!got) co_return got;
-    } else {
-      auto got = co_await receive_tcp_chunk(connection, chunk_header_bytes, body, index, timeout);
-      if (!got) co_return got;
-    }
+    auto got = co_await transport.receive(connection, chunk_header_bytes, body, index, timeout);
+    if (!got) co_return got;
     const auto chunk = decode_chunk_header(chunk_header_bytes);
     if (chunk.transfer_id != header.id || chunk.index != index) {
       co_return fail(ErrorCode::kProtocol, fmt::format("chunk {} of stream {} out of order (expected {} of {})",
@@ -585,7 +454,7 @@ asio::awaitable<Status> receive_chunk_stream(PeerConnection& connection, const E
     if (auto sent = co_await write_all(connection, asio::buffer(ack), asio::const_buffer{}, timeout); !sent)
       co_return sent;
   }
-  abort_ucx.dismiss();
+  abandon.dismiss();
   co_return ok();
 }
 

@@ -123,12 +123,59 @@ asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer
 asio::awaitable<Status> write_all(PeerConnection& connection, asio::const_buffer first, asio::const_buffer second,
                                   asio::const_buffer third, std::chrono::milliseconds timeout);
 
-// The chunk transports (issue #29): a chunk stream's chunks go over the socket (TCP, in kChunk
-// frames) or over connection.ucx (UCX active messages); both carry the same 20-byte chunk header
-// with its running checksum, and the same acknowledgements come back on the socket.
+// Where a chunk stream's chunks travel (issue #29): the socket itself, in kChunk frames (TCP), or
+// the connection's UCX link, as active messages. Both carry the same 20-byte chunk header with
+// its running checksum; announcements, acknowledgements and errors stay on the socket.
+using ChunkPrefix = std::array<std::byte, kPeerHeaderBytes + kChunkHeaderBytes>;
+class ChunkTransport {
+ public:
+  virtual ~ChunkTransport() = default;
+  [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  // Whether a chunk may be staged through a reused buffer: send() is done with it on return.
+  [[nodiscard]] virtual bool stages() const noexcept = 0;
+  // Sends `announce` (when not empty), then one chunk: `prefix` (frame and chunk headers) and
+  // `body`, which stays the caller's until flush().
+  virtual asio::awaitable<Status> send(PeerConnection& connection, std::span<const std::byte> announce,
+                                       const ChunkPrefix& prefix, std::span<const std::byte> body,
+                                       std::chrono::milliseconds timeout) const = 0;
+  // After the last acknowledgement: every body handed to send() may be reused.
+  virtual asio::awaitable<Status> flush(PeerConnection& connection, std::chrono::milliseconds timeout) const = 0;
+  // Chunk `index`: its header into `chunk_header` and its body into `body` (exactly the size the
+  // stream says it has); the sender's error report instead ends it with that error.
+  virtual asio::awaitable<Status> receive(PeerConnection& connection,
+                                          std::array<std::byte, kChunkHeaderBytes>& chunk_header,
+                                          std::span<std::uint8_t> body, std::uint64_t index,
+                                          std::chrono::milliseconds timeout) const = 0;
+  // A stream that ended early: nothing may read from or write into its frame afterwards.
+  virtual void abandon(PeerConnection& connection) const noexcept = 0;
+};
+// TCP, or the connection's UCX link when it has one.
+[[nodiscard]] const ChunkTransport& chunk_transport(const PeerConnection& connection) noexcept;
+[[nodiscard]] const ChunkTransport& ucx_chunks() noexcept;
 [[nodiscard]] inline std::string_view transport_name(const PeerConnection& connection) noexcept {
-  return connection.ucx ? "ucx" : "tcp";
+  return chunk_transport(connection).name();
 }
+// A stream that ends early abandons its chunks in flight: the caller frees the frame next. (Not
+// in an anonymous namespace: coroutine frames hold one, GCC's -Wsubobject-linkage.)
+class AbandonUnlessDone {
+ public:
+  explicit AbandonUnlessDone(PeerConnection& connection) : connection_(connection) {}
+  ~AbandonUnlessDone() {
+    if (armed_) chunk_transport(connection_).abandon(connection_);
+  }
+  AbandonUnlessDone(const AbandonUnlessDone&) = delete;
+  AbandonUnlessDone& operator=(const AbandonUnlessDone&) = delete;
+  void dismiss() noexcept { armed_ = false; }
+
+ private:
+  PeerConnection& connection_;
+  bool armed_ = true;
+};
+
+// Whether a frame from the other side is waiting: readable bytes on the socket, or (TLS) bytes
+// the TLS stream has already decrypted.
+[[nodiscard]] bool input_pending(PeerConnection& connection);
+
 // What a UCX wait waits for.
 enum class UcxUntil : std::uint8_t {
   kArrival,   // a chunk has arrived (connection.ucx_arrivals)
@@ -141,24 +188,6 @@ enum class UcxUntil : std::uint8_t {
 // a frame there (an error report) or its close ends the wait at once, as a dead peer's does.
 asio::awaitable<Status> await_ucx(PeerConnection& connection, UcxUntil until, std::chrono::milliseconds timeout,
                                   const char* what, bool socket_may_speak);
-
-// A chunk stream over UCX that ends early closes the link at once: its operations still in
-// flight read from or write into the frame, which the caller frees next. (Not in an anonymous
-// namespace: coroutine frames hold one, GCC's -Wsubobject-linkage in unity builds.)
-class UcxAbort {
- public:
-  explicit UcxAbort(PeerConnection& connection) : connection_(connection) {}
-  ~UcxAbort() {
-    if (armed_ && connection_.ucx) connection_.ucx->close();
-  }
-  UcxAbort(const UcxAbort&) = delete;
-  UcxAbort& operator=(const UcxAbort&) = delete;
-  void dismiss() noexcept { armed_ = false; }
-
- private:
-  PeerConnection& connection_;
-  bool armed_ = true;
-};
 
 struct PeerFrame {
   PeerHeader header;
