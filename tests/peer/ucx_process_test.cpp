@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -245,6 +246,72 @@ TEST_CASE("ucx a fetch source killed at 10 50 and 90 percent fails the fetch wit
       CHECK(std::chrono::steady_clock::now() <= deadline + std::chrono::milliseconds(500));
       CHECK(fetched.error().message.find("fetch transfer") != std::string::npos);
     }
+  }
+}
+
+TEST_CASE("ucx a fetching peer killed at 10 50 and 90 percent leaves the source serving the next fetch",
+          "[ucx][process][fault]") {
+  if (!peer::ucx_built()) KVRELAY_SKIP("built without UCX (libucx-dev)");
+  for (const std::string tls : {"tcp", "posix"}) {
+    INFO("UCX_TLS=" << tls);
+    // The source paces its link (issue #27's scheduler) so that the kill lands mid-stream.
+    auto sections = ucx_section(tls);
+    sections["scheduler"] = {{"link_bytes_per_s", 48.0 * (1U << 20)}};
+    PeerDaemon source({}, sections);
+    TempDir dir;
+    const auto frame = kv_frame(32U << 20, 12);
+    const auto key = frame.key(7);
+    {
+      auto pusher = peer::PeerClient::connect(source.peer_address(), {});
+      REQUIRE(pusher.has_value());
+      REQUIRE(pusher.value().push_encoded(1, key, frame.chain, frame.bytes()).has_value());
+    }
+    const auto fetch_argv = [&](const std::filesystem::path& out) {
+      return std::vector<std::string>{kvrelay_binary().string(),
+                                      "peer",
+                                      "fetch",
+                                      source.peer_text(),
+                                      "--model-id",
+                                      "7",
+                                      "--key",
+                                      block_hash_hex(key.context_hash),
+                                      "--transport",
+                                      "ucx",
+                                      "--ucx-tls",
+                                      tls,
+                                      "--progress",
+                                      "--out",
+                                      out.string()};
+    };
+    // In flight at the source: its summaries' node state counts the replies it is sending.
+    const auto queued = [&] {
+      auto client = peer::PeerClient::connect(source.peer_address(), {});
+      REQUIRE(client.has_value());
+      auto summary = client.value().summary_reply();
+      REQUIRE(summary.has_value());
+      return summary.value().node.queued_transfers;
+    };
+    for (const double percent : {0.10, 0.50, 0.90}) {
+      INFO("fetcher killed at " << percent * 100 << "%");
+      ChildProcess fetcher(fetch_argv(dir / "partial.frame"), dir.path());
+      REQUIRE(wait_until([&] { return sender_progress(fetcher) >= percent || !fetcher.running(); },
+                         std::chrono::seconds(30)));
+      INFO("fetcher said: " << fetcher.stderr_text() << " source said: " << source.process().stderr_text());
+      REQUIRE(fetcher.running());
+      fetcher.send_signal(SIGKILL);
+      REQUIRE(fetcher.wait_for_exit(std::chrono::seconds(5)).has_value());
+      // The source sees the control connection close and drops the reply, well inside its timeout.
+      CHECK(wait_until([&] { return queued() == 0; }, std::chrono::seconds(2)));
+      const auto whole = run_command(fetch_argv(dir / "whole.frame"), dir.path());
+      REQUIRE(whole.exit_status == 0);
+      const auto outcome = nlohmann::json::parse(whole.out.substr(whole.out.rfind('{')));
+      CHECK(outcome["outcome"] == "fetched");
+      CHECK(outcome["transport"] == "ucx");
+      const auto written = read_file(dir / "whole.frame");
+      CHECK(written.size() == frame.frame.size());
+      CHECK(std::memcmp(written.data(), frame.frame.data(), frame.frame.size()) == 0);
+    }
+    CHECK(source.peer_stats().fetches_served == 3);
   }
 }
 

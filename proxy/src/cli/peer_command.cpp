@@ -1,4 +1,4 @@
-// `kvrelay peer send` and `kvrelay peer probe`: the peer plane from the command line, for
+// `kvrelay peer send`, `fetch` and `probe`: the peer plane from the command line, for
 // operators checking links (and which transport and UCX lanes they use) and for tests that kill
 // a real sender or receiver mid-transfer.
 // `send` pushes a KV frame exactly as a sidecar's push does (PeerClient::push_encoded).
@@ -92,6 +92,18 @@ struct SendOptions {
 struct ProbeOptions {
   std::string address;
   unsigned count = 5;
+  TransportOptions transport;
+};
+
+struct FetchOptions {
+  std::string address;
+  std::uint64_t model_id = 1;
+  std::string key;  // the entry's context hash, 16 hex digits
+  std::string codec = "raw";
+  std::string out;  // where the frame goes ("": not written)
+  std::uint32_t deadline_ms = 30'000;
+  bool progress = false;
+  std::string node_id = "kvrelay-cli";
   TransportOptions transport;
 };
 
@@ -254,6 +266,58 @@ int run_probe(const ProbeOptions& options) {
   return 0;
 }
 
+// Fetches one entry as a peer sidecar's lookup would (PeerClient::fetch) and writes its frame.
+int run_fetch(const FetchOptions& options) {
+  auto address = parse_host_port(options.address);
+  if (!address) return fail_with(address.error().to_string());
+  const auto hash = parse_block_hash_hex(options.key);
+  if (!hash) return fail_with("--key: expected 16 hex digits");
+  peer::PeerClientOptions client_options;
+  client_options.node_id = options.node_id;
+  if (auto transport = apply_transport(options.transport, nullptr, nullptr, client_options); !transport) {
+    return fail_with(transport.error().to_string());
+  }
+  if (options.progress) {
+    client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
+      std::printf("progress %llu %llu\n", static_cast<unsigned long long>(done),
+                  static_cast<unsigned long long>(total));
+      std::fflush(stdout);
+    };
+  }
+  const auto started = std::chrono::steady_clock::now();
+  auto client = peer::PeerClient::connect(address.value(), client_options,
+                                          started + std::chrono::milliseconds(options.deadline_ms));
+  if (!client) return fail_with(client.error().to_string());
+  peer::FetchRequest request;
+  request.request_id = 1;
+  request.model_id = options.model_id;
+  request.codec = options.codec;
+  request.hashes = {*hash};
+  auto fetched =
+      client.value().fetch(request, std::uint64_t{64} << 30, started + std::chrono::milliseconds(options.deadline_ms));
+  if (!fetched) return fail_with(fetched.error().to_string());
+  if (!fetched.value()) {
+    std::printf("%s\n", nlohmann::json{{"outcome", "miss"}, {"peer", client.value().remote().node_id}}.dump().c_str());
+    return 0;
+  }
+  const auto& frame = *fetched.value();
+  if (!options.out.empty()) {
+    std::ofstream file(options.out, std::ios::binary | std::ios::trunc);
+    file.write(reinterpret_cast<const char*>(frame.frame().data()), static_cast<std::streamsize>(frame.frame_bytes));
+    if (!file) return fail_with("cannot write " + options.out);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  nlohmann::json result{{"outcome", "fetched"},
+                        {"peer", client.value().remote().node_id},
+                        {"transport", frame.transport},
+                        {"frame_bytes", frame.frame_bytes},
+                        {"tokens", frame.chain.tokens.size()},
+                        {"fidelity_product", frame.fidelity_product},
+                        {"seconds", seconds}};
+  std::printf("%s\n", result.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_peer_command(CLI::App& app, int& exit_code) {
@@ -292,6 +356,22 @@ void add_peer_command(CLI::App& app, int& exit_code) {
   add_transport_options(*send_command, send->transport);
   send_command->add_option("file", send->file, "KV frame to push")->required()->check(CLI::ExistingFile);
   send_command->callback([send, &exit_code] { exit_code = run_send(*send); });
+
+  auto fetch = std::make_shared<FetchOptions>();
+  auto* fetch_command =
+      peer->add_subcommand("fetch",
+                           "Fetch one entry from a peer sidecar as a lookup would, and write its frame (JSON "
+                           "summary on stdout)");
+  fetch_command->add_option("address", fetch->address, "Peer address HOST:PORT")->required();
+  fetch_command->add_option("--model-id", fetch->model_id, "Entry key: model fingerprint id");
+  fetch_command->add_option("--key", fetch->key, "Entry key: context hash, 16 hex digits")->required();
+  fetch_command->add_option("--codec", fetch->codec, "Codec spec the peer encodes with (raw, lossless, int8, ...)");
+  fetch_command->add_option("--out", fetch->out, "Where to write the fetched frame");
+  fetch_command->add_option("--deadline-ms", fetch->deadline_ms, "The whole fetch, connect included");
+  fetch_command->add_flag("--progress", fetch->progress, "Print 'progress DONE TOTAL' after each chunk checked");
+  fetch_command->add_option("--node-id", fetch->node_id, "Node id announced in the hello");
+  add_transport_options(*fetch_command, fetch->transport);
+  fetch_command->callback([fetch, &exit_code] { exit_code = run_fetch(*fetch); });
 
   auto probe = std::make_shared<ProbeOptions>();
   auto* probe_command = peer->add_subcommand("probe", "Hello, RTT pings and receiver counters of a peer (JSON)");
