@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libboost1.81-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libzstd-dev libxxhash-dev
   catch2 libcli11-dev libopenblas-dev libssl-dev openssl
+  libucx-dev ucx-utils
   python3 python3-jsonschema python3-torch nginx-light prometheus
   clang-14 libclang-rt-14-dev lld-14
 )

@@ -132,6 +132,26 @@ void diff_peer(Diff& diff, const std::string& at, const PeerPolicy& before, cons
   diff.field(Applies::kLive, at + "/uid", before.uid, after.uid);
   // Read at each spill received and each victim spilled.
   diff.field(Applies::kLive, at + "/accept_spill_bytes", before.accept_spill_bytes, after.accept_spill_bytes);
+  // New connections use it: PeerLinks drops a client whose address or transport changed. A peer
+  // moved to "ucx" on a node that started without UCX fails its connects until a restart makes
+  // the context; diff_ucx names that as /ucx.
+  diff.field(Applies::kLive, at + "/transport", before.transport, after.transport);
+}
+
+// The UCP context, the peer server's workers and the arena's registration are made at start from
+// the ucx section. A section added or removed, or the first ucx peer added or the last removed,
+// turns UCX on or off: named by the section's pointer alone.
+void diff_ucx(Diff& diff, const UcxPolicy& before, const UcxPolicy& after) {
+  constexpr auto kRestart = Applies::kOnRestart;
+  if (before.enabled != after.enabled) {
+    diff.note(kRestart, "/ucx");
+    return;
+  }
+  diff.field(kRestart, "/ucx/tls", before.tls, after.tls);
+  diff.field(kRestart, "/ucx/net_devices", before.net_devices, after.net_devices);
+  diff.field(kRestart, "/ucx/rndv_thresh_bytes", before.rndv_thresh_bytes, after.rndv_thresh_bytes);
+  // The peer server reads it at start: whether UCX is offered to connections off loopback.
+  diff.field(kRestart, "/ucx/trusted_network", before.trusted_network, after.trusted_network);
 }
 
 // Read per request by the admin router. A new token under the same file or variable is named by
@@ -215,6 +235,7 @@ PolicyChanges diff_policies(const Policy& before, const Policy& after) {
   diff_listen(diff, before.listen, after.listen);
   diff_admin(diff, before.admin, after.admin);
   diff_items(diff, "/peers", before.peers, after.peers, diff_peer);
+  diff_ucx(diff, before.ucx, after.ucx);
   diff_items(diff, "/agents", before.agents, after.agents, diff_agent);
   diff_items(diff, "/routes", before.routes, after.routes, diff_route);
   visit_limits([&](Applies applies, const char* pointer, auto member) {
@@ -274,6 +295,7 @@ void keep_restart_fields(const Policy& running, Policy& next) {
   next.logging = running.logging;
   next.kv_store.eviction = running.kv_store.eviction;
   next.scheduler = running.scheduler;
+  next.ucx = running.ucx;
   visit_limits([&](Applies applies, const char*, auto member) {
     if (applies == Applies::kOnRestart) next.limits.*member = running.limits.*member;
   });

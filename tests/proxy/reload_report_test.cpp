@@ -172,3 +172,70 @@ TEST_CASE("live route changes are applied again over an unchanged route and drop
   next["routes"].erase(0);
   CHECK(reloader.reload(next).overrides_replaced == std::vector<std::string>{"a-to-b"});
 }
+
+TEST_CASE("a reload names each ucx key restart-required and a peer transport live", "[proxy][reload]") {
+  json with_ucx = base_policy();
+  with_ucx["ucx"] = {{"tls", "posix,tcp"}};
+  SECTION("each key by its pointer") {
+    // The UCP context is made at start from the ucx section: each key waits for a restart.
+    const std::vector<FieldCase> cases = {
+        {"/ucx/tls", false, [](json& p) { p["ucx"]["tls"] = "rc,sm"; }},
+        {"/ucx/net_devices", false, [](json& p) { p["ucx"]["net_devices"] = "mlx5_0:1"; }},
+        {"/ucx/rndv_thresh_bytes", false, [](json& p) { p["ucx"]["rndv_thresh_bytes"] = 65536; }},
+        {"/ucx/trusted_network", false, [](json& p) { p["ucx"]["trusted_network"] = true; }},
+        {"/ucx", false, [](json& p) { p.erase("ucx"); }},
+        // PeerLinks drops a client whose transport changed: new connections take the new one.
+        {"/peers/0/transport", true, [](json& p) { p["peers"][0]["transport"] = "ucx"; }},
+    };
+    for (const auto& field : cases) {
+      INFO(field.pointer);
+      Reloader reloader(with_ucx);
+      json next = with_ucx;
+      field.edit(next);
+      const auto report = reloader.reload(next);
+      CHECK(has(field.live ? report.live : report.restart_required, field.pointer));
+      CHECK(report.live.size() + report.restart_required.size() == 1);
+    }
+  }
+
+  SECTION("a section added to a node without UCX is named by its pointer alone") {
+    Reloader reloader(base_policy());
+    json next = base_policy();
+    next["ucx"] = {{"tls", "tcp"}, {"trusted_network", true}};
+    const auto report = reloader.reload(next);
+    CHECK(report.restart_required == std::vector<std::string>{"/ucx"});
+    CHECK(report.live.empty());
+    CHECK_FALSE(reloader.policy->current()->ucx.enabled);
+  }
+
+  SECTION("a peer moved to ucx on a node without UCX is live and names /ucx for the restart") {
+    Reloader reloader(base_policy());
+    json next = base_policy();
+    next["peers"][0]["transport"] = "ucx";  // turns UCX on for the file, not for the running node
+    const auto report = reloader.reload(next);
+    CHECK(report.live == std::vector<std::string>{"/peers/0/transport"});
+    CHECK(report.restart_required == std::vector<std::string>{"/ucx"});
+    const auto serving = reloader.policy->current();
+    CHECK(serving->peers[0].transport == PeerTransport::kUcx);
+    CHECK_FALSE(serving->ucx.enabled);
+  }
+
+  SECTION("the served snapshot keeps the running ucx settings and takes the new transport") {
+    Reloader reloader(with_ucx);
+    json next = with_ucx;
+    next["ucx"]["tls"] = "rc,sm";
+    next["ucx"]["net_devices"] = "mlx5_0:1";
+    next["peers"][0]["transport"] = "ucx";
+    const auto report = reloader.reload(next);
+    CHECK(report.live == std::vector<std::string>{"/peers/0/transport"});
+    CHECK(has(report.restart_required, "/ucx/tls"));
+    CHECK(has(report.restart_required, "/ucx/net_devices"));
+    const auto serving = reloader.policy->current();
+    CHECK(serving->ucx.enabled);
+    CHECK(serving->ucx.tls == "posix,tcp");
+    CHECK(serving->ucx.net_devices == "all");
+    CHECK(serving->peers[0].transport == PeerTransport::kUcx);
+    // Still named while the file differs from what runs.
+    CHECK(has(reloader.reload(next).restart_required, "/ucx/tls"));
+  }
+}
