@@ -830,18 +830,6 @@ Result<std::shared_ptr<UcxContext>> UcxContext::create(const UcxSettings&) {
 Status UcxContext::register_memory(std::span<std::byte>) {
   return not_built();
 }
-// A progress pass every kSafetyProgress whatever the event fd says: a wake-up UCX fails to
-// signal costs at most that, and an idle worker wakes 10 times a second (no spinning).
-constexpr auto kSafetyProgress = std::chrono::milliseconds(100);
-asio::awaitable<void> safety_progress(std::shared_ptr<UcxWorker::Impl> self) {
-  asio::steady_timer timer(self->executor);
-  while (!self->stopping.load()) {
-    timer.expires_after(kSafetyProgress);
-    [[maybe_unused]] auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (!self->stopping.load()) self->kick();
-  }
-}
-
 UcxWorker::UcxWorker(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxWorker::~UcxWorker() = default;
 Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext>, asio::any_io_executor, UcxThreading) {

@@ -536,7 +536,7 @@ TEST_CASE("peers use tcp and ucx is off unless the policy asks for it", "[core][
   CHECK(policy.peers.at(0).transport == kvrelay::PeerTransport::kTcp);
   CHECK_FALSE(policy.ucx.enabled);
   CHECK(policy.ucx.tls == "posix,tcp");
-  CHECK(policy.ucx.net_devices == "all");
+  CHECK(policy.ucx.net_devices == "lo");
   CHECK(policy.ucx.rndv_thresh_bytes == 0);
   CHECK_FALSE(policy.ucx.trusted_network);
   CHECK(kvrelay::peer_transport_name(kvrelay::PeerTransport::kTcp) == "tcp");

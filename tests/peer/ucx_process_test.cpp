@@ -30,7 +30,7 @@ nlohmann::json ucx_section(const std::string& tls) {
 }
 
 peer::PeerClientOptions ucx_client(const std::string& tls) {
-  auto context = peer::UcxContext::create({tls, "all", 0});
+  auto context = peer::UcxContext::create({tls, "lo", 0});
   if (!context) FAIL("UCX context: " << context.error().to_string());
   peer::PeerClientOptions options;
   options.node_id = "ucx-test";

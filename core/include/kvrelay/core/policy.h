@@ -324,7 +324,7 @@ struct UcxPolicy {
   // The section is present, or a peer uses transport "ucx": this node offers and uses UCX.
   bool enabled = false;
   std::string tls = "posix,tcp";        // UCX_TLS for kvrelay's UCP context
-  std::string net_devices = "all";      // UCX_NET_DEVICES
+  std::string net_devices = "lo";       // UCX_NET_DEVICES: loopback only unless set (one machine)
   std::uint64_t rndv_thresh_bytes = 0;  // UCX_RNDV_THRESH; 0: UCX chooses ("auto")
   bool trusted_network = false;         // UCX allowed with peers off loopback (an RDMA fabric inside a cluster)
 };

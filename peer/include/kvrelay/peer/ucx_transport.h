@@ -25,7 +25,7 @@ namespace kvrelay::peer {
 // What the UCP context is made with (the policy's `ucx` section).
 struct UcxSettings {
   std::string tls = "posix,tcp";        // UCX_TLS
-  std::string net_devices = "all";      // UCX_NET_DEVICES
+  std::string net_devices = "lo";       // UCX_NET_DEVICES
   std::uint64_t rndv_thresh_bytes = 0;  // UCX_RNDV_THRESH; 0: UCX chooses
 };
 
