@@ -688,7 +688,10 @@ Status PeerServer::listen(const HostPort& address) {
   shared_->acceptor = std::move(acceptor);
   if (shared_->options.ucx && shared_->ucx_workers.empty()) {
     for (unsigned index = 0; index < std::max(1U, shared_->options.ucx_workers); ++index) {
-      auto worker = UcxWorker::create(shared_->options.ucx, asio::make_strand(io_), UcxThreading::kManyThreads);
+      auto worker = UcxWorker::create(shared_->options.ucx, asio::make_strand(io_), UcxThreading::kManyThreads,
+                                      [weak = std::weak_ptr<Shared>(shared_)] {
+                                        if (const auto shared = weak.lock()) count_refused(shared, "ucx_token");
+                                      });
       if (!worker) return worker.error();
       shared_->ucx_workers.push_back(std::move(worker).value());
     }

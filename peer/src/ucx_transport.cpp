@@ -137,6 +137,7 @@ struct UcxWorker::Impl : std::enable_shared_from_this<UcxWorker::Impl> {
   std::atomic<bool> kick_posted{false};
   std::atomic<bool> stopping{false};
   std::atomic<std::uint64_t> refused_count{0};
+  std::function<void()> on_refused;  // set before the worker progresses
 
   ~Impl() {
     wakeup.reset();
@@ -184,6 +185,7 @@ struct UcxWorker::Impl : std::enable_shared_from_this<UcxWorker::Impl> {
   }
   void refuse(ucp_ep_h ep, std::string_view why) {
     refused_count.fetch_add(1);
+    if (on_refused) on_refused();
     spdlog::warn("UCX: active message refused ({}); its endpoint is closed", why);
     if (ep == nullptr) return;
     const std::lock_guard lock(mutex);
@@ -534,8 +536,10 @@ UcxWorker::~UcxWorker() {
 }
 
 Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext> context,
-                                                     asio::any_io_executor executor, UcxThreading threading) {
+                                                     asio::any_io_executor executor, UcxThreading threading,
+                                                     std::function<void()> on_refused) {
   auto impl = std::make_shared<Impl>();
+  impl->on_refused = std::move(on_refused);
   impl->context = std::move(context);
   impl->executor = executor;
   ucp_worker_params_t params{};
@@ -832,7 +836,8 @@ Status UcxContext::register_memory(std::span<std::byte>) {
 }
 UcxWorker::UcxWorker(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxWorker::~UcxWorker() = default;
-Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext>, asio::any_io_executor, UcxThreading) {
+Result<std::shared_ptr<UcxWorker>> UcxWorker::create(std::shared_ptr<UcxContext>, asio::any_io_executor, UcxThreading,
+                                                     std::function<void()>) {
   return not_built();
 }
 std::vector<std::byte> UcxWorker::address() const {

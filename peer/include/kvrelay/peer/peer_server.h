@@ -66,7 +66,9 @@ struct PeerServerOptions {
   // no authorization (protocol tests without a policy).
   std::function<std::shared_ptr<const Policy>()> policy;
   // Each refusal: "handshake" (TLS failed), "identity" (a certificate or hello the policy does
-  // not know), "push", "spill" or "fetch" (not authorized). Connections refused at the handshake or
+  // not know), "push", "spill" or "fetch" (not authorized), "ucx" (UCX asked for off loopback
+  // without ucx.trusted_network), "ucx_token" (an active message from a UCX endpoint that
+  // presented no valid token). Connections refused at the handshake or
   // identity were closed before any frame was read.
   std::function<void(std::string_view reason)> on_refused;
   // Issue #27. The fidelity factor of the codec a fetch reply is encoded with: the reply carries

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,9 +64,11 @@ class UcxLink;
 enum class UcxThreading { kOneThread, kManyThreads };
 class UcxWorker {
  public:
+  // `on_refused`: called (on the worker's executor) for each active message refused.
   [[nodiscard]] static Result<std::shared_ptr<UcxWorker>> create(std::shared_ptr<UcxContext> context,
                                                                  boost::asio::any_io_executor executor,
-                                                                 UcxThreading threading);
+                                                                 UcxThreading threading,
+                                                                 std::function<void()> on_refused = {});
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
