@@ -40,6 +40,7 @@
 #include "kvrelay/proxy/version.h"
 #include "kvrelay/shm_transport/server.h"
 
+#include "admin_console.h"
 #include "kv_admin.h"
 #include "kv_store_metrics.h"
 #include "shm_metrics.h"
@@ -284,6 +285,8 @@ int run_daemon(const DaemonOptions& options) {
   };
   admin_context.extra_endpoints = kv_admin_endpoints(kv_path, entry_store, link_queues,
                                                      [upstream_prober] { return upstream_prober->snapshot_json(); });
+  for (auto& endpoint : console_endpoints())
+    admin_context.extra_endpoints.push_back(std::move(endpoint));
   auto shm_metrics = std::make_shared<ShmServerMetrics>(*registry);
   auto store_metrics = std::make_shared<KvStoreMetrics>(*registry, entry_store);
   admin_context.before_metrics = [shm_metrics, store_metrics] {

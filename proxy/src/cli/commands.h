@@ -13,5 +13,6 @@ void add_decision_command(CLI::App& app, int& exit_code);
 void add_peer_command(CLI::App& app, int& exit_code);
 void add_codec_command(CLI::App& app, int& exit_code);
 void add_audit_command(CLI::App& app, int& exit_code);
+void add_admin_command(CLI::App& app, int& exit_code);
 
 }  // namespace kvrelay::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   kvrelay::cli::add_peer_command(app, exit_code);
   kvrelay::cli::add_codec_command(app, exit_code);
   kvrelay::cli::add_audit_command(app, exit_code);
+  kvrelay::cli::add_admin_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
