@@ -10,6 +10,7 @@ packages=(
   catch2 libcli11-dev libopenblas-dev libssl-dev openssl
   libucx-dev ucx-utils
   python3 python3-jsonschema python3-torch nginx-light prometheus
+  chromium python3-websocket
   clang-14 libclang-rt-14-dev lld-14
 )
 
