@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
 #include "kvrelay/audit/calibrate.h"
 #include "kvrelay/audit/render.h"
 #include "kvrelay/decision/media.h"
@@ -86,6 +91,49 @@ nlohmann::json codecs_to_json(const codec::CodecRegistry& registry,
   return {{"codecs", codecs}, {"refused_plugins", refused}};
 }
 
+// GET /admin/routes' recent time to first token per route. The front proxy measures every
+// request's, but files it per request only for audited ones (their outcome records): the median
+// of a route's last kRecentTtftWindow audited outcomes. Beside it, the receiving agent's engine's
+// own mean over its last probe interval (/admin/upstreams), which covers all its requests.
+constexpr std::size_t kRecentTtftWindow = 64;
+
+std::map<std::string, std::vector<double>, std::less<>> recent_audited_ttft(const OnlineAudit* audit) {
+  std::map<std::string, std::vector<double>, std::less<>> by_route;
+  if (audit == nullptr) return by_route;
+  const auto trials = audit->snapshot();
+  for (auto it = trials.trials.rbegin(); it != trials.trials.rend(); ++it) {
+    const bool answered = !it->status || (*it->status >= 200 && *it->status < 300);
+    auto& window = by_route[it->route];
+    if (answered && window.size() < kRecentTtftWindow) window.push_back(it->ttft_ms);
+  }
+  return by_route;
+}
+
+nlohmann::json median_or_null(std::vector<double> values) {
+  if (values.empty()) return nullptr;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  if (values.size() % 2 == 1) return *middle;
+  const double below = *std::max_element(values.begin(), middle);
+  return (below + *middle) / 2.0;
+}
+
+nlohmann::json route_ttft_json(const RoutePolicy& route,
+                               const std::map<std::string, std::vector<double>, std::less<>>& audited,
+                               const nlohmann::json& agents) {
+  const auto window = audited.find(route.id);
+  const std::vector<double> none;
+  const auto& samples = window == audited.end() ? none : window->second;
+  nlohmann::json engine_ms = nullptr;
+  if (const auto agent = agents.find(route.to_agent); agent != agents.end() && agent->is_object()) {
+    const auto seconds = agent->find("time_to_first_token_s");
+    if (seconds != agent->end() && seconds->is_number()) engine_ms = seconds->get<double>() * 1000.0;
+  }
+  return {{"audited_median_ms", median_or_null(samples)},
+          {"audited_samples", samples.size()},
+          {"receiver_engine_mean_ms", std::move(engine_ms)}};
+}
+
 }  // namespace
 
 std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
@@ -118,11 +166,18 @@ std::vector<AdminEndpoint> build_admin_endpoints(const AdminContext& context) {
          const nlohmann::json body{{"version", kVersion}, {"node", policy->current()->node_id}};
          return make_json_response(http::status::ok, body.dump(), request);
        }},
-      {http::verb::get, Access::kRead, "/admin/routes", "Routes as currently served (after live changes)",
-       [policy](const HttpRequest& request) {
+      {http::verb::get, Access::kRead, "/admin/routes",
+       "Routes as currently served (after live changes), each with its recent time to first token",
+       [policy, online_audit, prober](const HttpRequest& request) {
+         const auto audited = recent_audited_ttft(online_audit.get());
+         const auto upstreams = prober ? prober->snapshot_json() : nlohmann::json::object();
+         const auto agents = upstreams.value("agents", nlohmann::json::object());
          nlohmann::json routes = nlohmann::json::array();
-         for (const auto& route : policy->current()->routes)
-           routes.push_back(route_to_json(route));
+         for (const auto& route : policy->current()->routes) {
+           auto body = route_to_json(route);
+           body["recent_ttft"] = route_ttft_json(route, audited, agents);
+           routes.push_back(std::move(body));
+         }
          return make_json_response(http::status::ok, nlohmann::json{{"routes", routes}}.dump(), request);
        }},
       {http::verb::put, Access::kMutate, "/admin/routes/*",

@@ -37,6 +37,83 @@ Result<std::size_t> parse_limit(std::string_view target, std::size_t capacity,
   return std::min(default_limit, capacity);
 }
 
+// A query value with its %XX escapes and '+' (a space) decoded, as a browser or `kvrelay admin`
+// encodes it; nullopt for a malformed escape.
+std::optional<std::string> decode_query_value(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto hex_digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t index = 0; index < text.size(); ++index) {
+    const char c = text[index];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c != '%') {
+      out.push_back(c);
+    } else {
+      if (index + 2 >= text.size()) return std::nullopt;
+      const int high = hex_digit(text[index + 1]);
+      const int low = hex_digit(text[index + 2]);
+      if (high < 0 || low < 0) return std::nullopt;
+      out.push_back(static_cast<char>(high * 16 + low));
+      index += 2;
+    }
+  }
+  return out;
+}
+
+// GET /admin/decisions' query: limit=N (1..capacity; default 50, with since= every decision
+// after it), since=SEQ, route=ID.
+Result<broker::DecisionLog::Query> parse_decision_query(std::string_view target, std::size_t capacity) {
+  broker::DecisionLog::Query parsed;
+  std::optional<std::size_t> limit;
+  const auto query_start = target.find('?');
+  std::string_view query = query_start == std::string_view::npos ? std::string_view() : target.substr(query_start + 1);
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    const auto equals = pair.find('=');
+    const auto name = pair.substr(0, equals);
+    const auto text = equals == std::string_view::npos ? std::string_view() : pair.substr(equals + 1);
+    if (name == "limit" || name == "since") {
+      std::uint64_t value = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      const bool parsed_whole = !text.empty() && ec == std::errc() && end == text.data() + text.size();
+      if (name == "limit") {
+        if (!parsed_whole || value == 0 || value > capacity) {
+          return fail(ErrorCode::kInvalidArgument,
+                      fmt::format("limit: expected an integer 1..{}, got '{}'", capacity, text));
+        }
+        limit = static_cast<std::size_t>(value);
+      } else {
+        if (!parsed_whole) {
+          return fail(
+              ErrorCode::kInvalidArgument,
+              fmt::format("since: expected a sequence number (the cursor of an earlier answer), got '{}'", text));
+        }
+        parsed.since = value;
+      }
+    } else if (name == "route") {
+      auto route = decode_query_value(text);
+      if (!route || route->empty()) {
+        return fail(ErrorCode::kInvalidArgument, fmt::format("route: expected a route id, got '{}'", text));
+      }
+      parsed.route = std::move(*route);
+    } else {
+      return fail(ErrorCode::kInvalidArgument,
+                  fmt::format("unknown query parameter '{}' (allowed: limit, since, route)", pair));
+    }
+  }
+  parsed.limit = limit.value_or(parsed.since ? capacity : std::min(kDefaultDecisionLimit, capacity));
+  return parsed;
+}
+
 // A 64-bit id as GET /admin/kv prints it: 1 to 16 hex digits.
 std::optional<std::uint64_t> parse_hex64(std::string_view text) {
   std::uint64_t value = 0;
@@ -202,14 +279,27 @@ std::vector<AdminEndpoint> kv_admin_endpoints(std::shared_ptr<broker::KvPath> pa
                                               std::function<nlohmann::json()> agents) {
   return {
       {http::verb::get, Access::kRead, "/admin/decisions",
-       "Recent KV-path decisions, newest first (?limit=N): route, request, medium, source, cost breakdown, outcome",
+       "Recent KV-path decisions, newest first (?limit=N&route=ID): seq, route, request, medium, source, cost "
+       "breakdown, outcome; ?since=SEQ: only those after SEQ, oldest first; `cursor` is what to ask since= next",
        [path](const HttpRequest& request) {
-         const auto limit = parse_limit(request.target(), path->decisions().capacity());
-         if (!limit) {
-           return make_json_error(http::status::bad_request, "invalid_argument", limit.error().message,
+         const auto& log = path->decisions();
+         const auto query = parse_decision_query(request.target(), log.capacity());
+         if (!query) {
+           return make_json_error(http::status::bad_request, "invalid_argument", query.error().message,
                                   request.version(), request.keep_alive());
          }
-         const nlohmann::json body{{"decisions", path->decisions().recent(limit.value())}};
+         auto page = log.query(query.value());
+         nlohmann::json body{{"decisions", std::move(page.decisions)}, {"cursor", page.cursor}};
+         if (query.value().since) body["missed"] = page.missed;
+         return make_json_response(http::status::ok,
+                                   body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), request);
+       }},
+      {http::verb::get, Access::kRead, "/admin/decisions/last",
+       "Each route's newest decision that named a medium (seq, kind, medium, source, outcome, time), kept "
+       "after the ring has dropped it",
+       [path](const HttpRequest& request) {
+         const auto& log = path->decisions();
+         const nlohmann::json body{{"routes", log.last_by_route()}, {"cursor", log.last_seq()}};
          return make_json_response(http::status::ok,
                                    body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), request);
        }},

@@ -1,6 +1,8 @@
 #pragma once
 
-// Admin rows of the KV path: GET /admin/decisions?limit=N, GET /admin/peers, the store's
+// Admin rows of the KV path: GET /admin/decisions?limit=N&route=ID&since=SEQ (since: only the
+// decisions after SEQ, oldest first, for `kvrelay admin decisions --follow`) and
+// GET /admin/decisions/last (each route's newest decision), GET /admin/peers, the store's
 // GET /admin/kv?limit=N (budget, use, evictions, the entries it values most) and DELETE /admin/kv,
 // GET /admin/kv/sample?key=HEX&model=HEX (one entry's raw KV, for `kvrelay codec eval`), and
 // GET /admin/state?limit=N (the node's state as one document: agents, memory, links, peers).
