@@ -133,6 +133,7 @@ struct UcxWorker::Impl : std::enable_shared_from_this<UcxWorker::Impl> {
   // it sent before the close still arrive, and are dropped, never answered by a second close.
   std::unordered_map<ucp_ep_h, std::weak_ptr<UcxLink::Impl>> bound;
   std::vector<ucp_ep_h> refused;                        // closed after this progress pass
+  std::vector<void*> closing;                           // close requests not yet complete
   std::vector<std::shared_ptr<UcxLink::Impl>> answers;  // AuthOk to send after this pass
   std::atomic<bool> kick_posted{false};
   std::atomic<bool> stopping{false};
@@ -141,7 +142,18 @@ struct UcxWorker::Impl : std::enable_shared_from_this<UcxWorker::Impl> {
 
   ~Impl() {
     wakeup.reset();
-    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (worker == nullptr) return;
+    // Closes still pending (forced ones finish locally, within a few passes) end before the worker.
+    for (int pass = 0; pass < 10'000; ++pass) {
+      {
+        const std::lock_guard lock(mutex);
+        if (closing.empty()) break;
+      }
+      ucp_worker_progress(worker);
+      reap_closes(false);
+    }
+    reap_closes(true);
+    ucp_worker_destroy(worker);
   }
 
   // Progress until the worker is armed: the event fd then wakes us for anything new.
@@ -166,7 +178,10 @@ struct UcxWorker::Impl : std::enable_shared_from_this<UcxWorker::Impl> {
     });
   }
   void run_deferred();
+  // Forced close of an endpoint of ours or a refused one; its request is reaped by progress.
   void close_endpoint(ucp_ep_h ep);
+  // Frees the close requests that completed (all of them when `all`).
+  void reap_closes(bool all);
   // The link `ep` is bound to; `retired` when it was bound to one that is gone.
   std::shared_ptr<UcxLink::Impl> link_of(ucp_ep_h ep, bool& retired) {
     const std::lock_guard lock(mutex);
@@ -367,27 +382,47 @@ void on_endpoint_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   static_cast<UcxLink::Impl*>(arg)->fail(ucx_failure("endpoint", status).message);
 }
 
-void close_ep(ucp_ep_h ep) {
+}  // namespace
+
+void UcxWorker::Impl::close_endpoint(ucp_ep_h ep) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
   const ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
-  // Freed now, completed by later progress: no callback is wanted.
-  if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucp_request_free(request);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+  // Completed by later progress; the worker waits for it before it goes (a close still pending
+  // at ucp_worker_destroy leaks the endpoint).
+  const std::lock_guard lock(mutex);
+  closing.push_back(request);
 }
 
-}  // namespace
+void UcxWorker::Impl::reap_closes(bool all) {
+  std::vector<void*> pending;
+  {
+    const std::lock_guard lock(mutex);
+    pending.swap(closing);
+  }
+  std::erase_if(pending, [all](void* request) {
+    if (!all && ucp_request_check_status(request) == UCS_INPROGRESS) return false;
+    ucp_request_free(request);
+    return true;
+  });
+  if (pending.empty()) return;
+  const std::lock_guard lock(mutex);
+  closing.insert(closing.end(), pending.begin(), pending.end());
+}
 
 void UcxWorker::Impl::run_deferred() {
-  std::vector<ucp_ep_h> closing;
+  std::vector<ucp_ep_h> refusing;
   std::vector<std::shared_ptr<UcxLink::Impl>> answering;
   {
     const std::lock_guard lock(mutex);
-    closing.swap(refused);
+    refusing.swap(refused);
     answering.swap(answers);
   }
-  for (const ucp_ep_h ep : closing)
-    close_ep(ep);
+  for (const ucp_ep_h ep : refusing)
+    close_endpoint(ep);
+  reap_closes(false);
   for (const auto& link : answering) {
     ucp_ep_h ep = nullptr;
     {
@@ -405,7 +440,7 @@ void UcxWorker::Impl::run_deferred() {
 }
 
 UcxLink::Impl::~Impl() {
-  if (ep != nullptr && !closed.load()) close_ep(ep);
+  if (ep != nullptr && !closed.load()) worker->close_endpoint(ep);
 }
 
 // ---- UcxArrival ----
@@ -798,7 +833,7 @@ void UcxLink::close() {
     const std::lock_guard lock(worker.mutex);
     worker.tokens.erase(impl_->token);
   }
-  if (ep != nullptr) close_ep(ep);
+  if (ep != nullptr) worker.close_endpoint(ep);
   impl_->events.close();
   // Arrivals not taken hold UCX's receive buffers (on shared memory, its fifo's): give them back
   // now, not when the last reference to this link goes.
