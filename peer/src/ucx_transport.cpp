@@ -98,20 +98,34 @@ struct UcxLink::Impl {
     if (!events.try_send(boost::system::error_code{}, std::move(event))) {
       // Full: the peer sent more than its window allows. The consumer learns it from kFailed
       // only if there is room, so close: next_event then fails once the queue is read.
+      {
+        const std::lock_guard lock(mutex);
+        if (failure.empty()) failure = "more events than a stream's window allows";
+      }
       events.close();
     }
   }
   void fail(std::string message) {
+    {
+      const std::lock_guard lock(mutex);
+      if (failure.empty()) failure = message;
+    }
     failed.store(true);
     UcxEvent event;
     event.kind = UcxEvent::Kind::kFailed;
     event.message = std::move(message);
     emit(std::move(event));
   }
+  // "UCX link closed", with the failure that closed it when there was one.
+  [[nodiscard]] std::string why_down() {
+    const std::lock_guard lock(mutex);
+    return failure.empty() ? std::string("UCX link closed") : "UCX link failed: " + failure;
+  }
   std::shared_ptr<UcxWorker::Impl> worker;
   const UcxToken token;
   EventChannel events;
-  std::mutex mutex;       // guards ep
+  std::mutex mutex;       // guards ep and failure
+  std::string failure;    // why the link failed: the first reason reported
   ucp_ep_h ep = nullptr;  // where this link sends: dialled here, with peer error handling
   bool answerer = false;  // server side: answers the token the peer presents (else presents it)
   std::atomic<bool> ready{false};
@@ -709,7 +723,7 @@ bool UcxLink::ready() const noexcept {
 }
 
 Status UcxLink::post_chunk(std::span<const std::byte, kChunkHeaderBytes> header, std::span<const std::byte> body) {
-  if (impl_->closed.load() || impl_->failed.load()) return fail(ErrorCode::kIo, "UCX link closed");
+  if (impl_->closed.load() || impl_->failed.load()) return fail(ErrorCode::kIo, impl_->why_down());
   ucp_ep_h ep = nullptr;
   {
     const std::lock_guard lock(impl_->mutex);
@@ -781,7 +795,7 @@ Result<bool> UcxLink::receive(UcxArrival& arrival, std::span<std::uint8_t> into)
 
 asio::awaitable<Result<UcxEvent>> UcxLink::next_event() {
   auto [ec, event] = co_await impl_->events.async_receive(asio::as_tuple(asio::use_awaitable));
-  if (ec) co_return fail(ErrorCode::kIo, "UCX link closed");
+  if (ec) co_return fail(ErrorCode::kIo, impl_->why_down());
   co_return std::move(event);
 }
 
