@@ -30,21 +30,6 @@ using asio::ip::tcp;
 constexpr std::size_t kFrameBytes = 16U << 20;
 constexpr std::uint32_t kChunkBytes = 256U << 10;
 
-// Last "progress DONE TOTAL" fraction a sender printed, 0 when none yet.
-double sender_progress(const ChildProcess& sender) {
-  std::istringstream lines(sender.stdout_text());
-  std::string word;
-  double fraction = 0;
-  std::uint64_t done = 0;
-  std::uint64_t total = 0;
-  while (lines >> word) {
-    if (word == "progress" && lines >> done >> total && total > 0) {
-      fraction = static_cast<double>(done) / static_cast<double>(total);
-    }
-  }
-  return fraction;
-}
-
 // One spinning thread per core until stop().
 class CpuHogs {
  public:
@@ -71,31 +56,10 @@ class CpuHogs {
   std::vector<std::thread> threads_;
 };
 
-// `kvrelay peer send` of `file` (with its token ids in tokens.json beside it, under the chain
-// root `transfer_id`, so each transfer id files the same KV under a key of its own).
+// `kvrelay peer send` of `file` to `daemon` in kChunkBytes chunks.
 std::vector<std::string> send_argv(const PeerDaemon& daemon, std::uint64_t transfer_id,
                                    const std::filesystem::path& file, const KvFrame& frame, bool paced) {
-  std::vector<std::string> argv{kvrelay_binary().string(),
-                                "peer",
-                                "send",
-                                "--to",
-                                daemon.peer_text(),
-                                "--transfer-id",
-                                std::to_string(transfer_id),
-                                "--chunk-bytes",
-                                std::to_string(kChunkBytes),
-                                "--window",
-                                "2",
-                                "--progress",
-                                "--tokens",
-                                (file.parent_path() / "tokens.json").string(),
-                                "--block-tokens",
-                                std::to_string(frame.chain.block_tokens),
-                                "--chain-root",
-                                block_hash_hex(transfer_id)};
-  if (paced) argv.insert(argv.end(), {"--rate-limit-mib", "24"});
-  argv.push_back(file.string());
-  return argv;
+  return peer_send_argv(daemon, transfer_id, file, frame, kChunkBytes, paced);
 }
 
 // A hand-driven peer connection for sending frames the real client never would.
@@ -198,7 +162,7 @@ TEST_CASE("push sender killed at 10, 50 and 90 percent: receiver fails it, keeps
     std::vector<std::string> argv = send_argv(daemon, transfer_id, dir / "kv.frame", frame, true);
     ChildProcess sender(argv, dir.path());
     REQUIRE(
-        wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); }, std::chrono::seconds(30)));
+        wait_until([&] { return printed_progress(sender) >= percent || !sender.running(); }, std::chrono::seconds(30)));
     REQUIRE(sender.running());
     sender.send_signal(SIGKILL);
     REQUIRE(sender.wait_for_exit(std::chrono::seconds(5)).has_value());
@@ -237,7 +201,7 @@ TEST_CASE("push receiver killed at 10, 50 and 90 percent: sender errors out, a r
       CpuHogs hogs;
       PeerDaemon doomed;
       ChildProcess sender(send_argv(doomed, transfer_id, dir / "kv.frame", frame, true), dir.path());
-      REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); },
+      REQUIRE(wait_until([&] { return printed_progress(sender) >= percent || !sender.running(); },
                          std::chrono::seconds(30)));
       REQUIRE(sender.running());
       doomed.process().send_signal(SIGKILL);

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -42,48 +41,9 @@ peer::FetchRequest raw_fetch(std::uint64_t id, const kv_store::EntryKey& key) {
   return peer::FetchRequest{id, key.model_id, "raw", {key.context_hash}};
 }
 
-// Last "progress DONE TOTAL" fraction a sender printed, 0 when none yet.
-double sender_progress(const ChildProcess& sender) {
-  std::istringstream lines(sender.stdout_text());
-  std::string word;
-  double fraction = 0;
-  std::uint64_t done = 0;
-  std::uint64_t total = 0;
-  while (lines >> word) {
-    if (word == "progress" && lines >> done >> total && total > 0) {
-      fraction = static_cast<double>(done) / static_cast<double>(total);
-    }
-  }
-  return fraction;
-}
-
 std::vector<std::string> ucx_send_argv(const PeerDaemon& daemon, const std::string& tls, std::uint64_t transfer_id,
                                        const std::filesystem::path& file, const KvFrame& frame, bool paced) {
-  std::vector<std::string> argv{kvrelay_binary().string(),
-                                "peer",
-                                "send",
-                                "--to",
-                                daemon.peer_text(),
-                                "--transport",
-                                "ucx",
-                                "--ucx-tls",
-                                tls,
-                                "--transfer-id",
-                                std::to_string(transfer_id),
-                                "--chunk-bytes",
-                                std::to_string(kChunkBytes),
-                                "--window",
-                                "2",
-                                "--progress",
-                                "--tokens",
-                                (file.parent_path() / "tokens.json").string(),
-                                "--block-tokens",
-                                std::to_string(frame.chain.block_tokens),
-                                "--chain-root",
-                                block_hash_hex(transfer_id)};
-  if (paced) argv.insert(argv.end(), {"--rate-limit-mib", "24"});
-  argv.push_back(file.string());
-  return argv;
+  return peer_send_argv(daemon, transfer_id, file, frame, kChunkBytes, paced, {"--transport", "ucx", "--ucx-tls", tls});
 }
 
 }  // namespace
@@ -153,7 +113,7 @@ TEST_CASE("ucx a push sender killed at 10 50 and 90 percent leaves nothing filed
       ++transfer_id;
       const auto arena_before = local.stats().value().arena_bytes_in_use;
       ChildProcess sender(ucx_send_argv(daemon, tls, transfer_id, dir / "kv.frame", frame, true), dir.path());
-      REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); },
+      REQUIRE(wait_until([&] { return printed_progress(sender) >= percent || !sender.running(); },
                          std::chrono::seconds(30)));
       INFO("sender said: " << sender.stderr_text() << " daemon said: " << daemon.process().stderr_text());
       REQUIRE(sender.running());
@@ -200,7 +160,7 @@ TEST_CASE("ucx a push receiver killed at 10 50 and 90 percent fails the sender w
       INFO("receiver killed at " << percent * 100 << "%");
       PeerDaemon doomed({}, ucx_section(tls));
       ChildProcess sender(ucx_send_argv(doomed, tls, 900, dir / "kv.frame", frame, true), dir.path());
-      REQUIRE(wait_until([&] { return sender_progress(sender) >= percent || !sender.running(); },
+      REQUIRE(wait_until([&] { return printed_progress(sender) >= percent || !sender.running(); },
                          std::chrono::seconds(30)));
       REQUIRE(sender.running());
       doomed.process().send_signal(SIGKILL);
@@ -294,7 +254,7 @@ TEST_CASE("ucx a fetching peer killed at 10 50 and 90 percent leaves the source 
     for (const double percent : {0.10, 0.50, 0.90}) {
       INFO("fetcher killed at " << percent * 100 << "%");
       ChildProcess fetcher(fetch_argv(dir / "partial.frame"), dir.path());
-      REQUIRE(wait_until([&] { return sender_progress(fetcher) >= percent || !fetcher.running(); },
+      REQUIRE(wait_until([&] { return printed_progress(fetcher) >= percent || !fetcher.running(); },
                          std::chrono::seconds(30)));
       INFO("fetcher said: " << fetcher.stderr_text() << " source said: " << source.process().stderr_text());
       REQUIRE(fetcher.running());

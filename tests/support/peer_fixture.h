@@ -7,11 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kvrelay/codec_plugins/frame.h"
+#include "kvrelay/core/block_hash.h"
 #include "kvrelay/codec_plugins/registry.h"
 #include "kvrelay/peer/peer_client.h"
 #include "kvrelay/shm_transport/client.h"
@@ -141,6 +144,53 @@ inline void write_frame_file(const std::filesystem::path& path, const KvFrame& f
 // The frame's token ids as `kvrelay peer send --tokens` reads them.
 inline void write_tokens_file(const std::filesystem::path& path, const KvFrame& frame) {
   write_file(path, nlohmann::json(frame.chain.tokens).dump());
+}
+
+// The last "progress DONE TOTAL" fraction a `kvrelay peer send|fetch --progress` printed, 0 when none yet.
+inline double printed_progress(const ChildProcess& process) {
+  std::istringstream lines(process.stdout_text());
+  std::string word;
+  double fraction = 0;
+  std::uint64_t done = 0;
+  std::uint64_t total = 0;
+  while (lines >> word) {
+    if (word == "progress" && lines >> done >> total && total > 0) {
+      fraction = static_cast<double>(done) / static_cast<double>(total);
+    }
+  }
+  return fraction;
+}
+
+// `kvrelay peer send --progress` of `file` to `daemon` (with its token ids in tokens.json beside
+// it, under the chain root `transfer_id`, so each transfer id files the same KV under a key of
+// its own), in chunks of `chunk_bytes` with a window of 2; `paced`: at 24 MiB/s. `extra`: more
+// options (a transport).
+inline std::vector<std::string> peer_send_argv(const PeerDaemon& daemon, std::uint64_t transfer_id,
+                                               const std::filesystem::path& file, const KvFrame& frame,
+                                               std::uint32_t chunk_bytes, bool paced,
+                                               const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv{kvrelay_binary().string(),
+                                "peer",
+                                "send",
+                                "--to",
+                                daemon.peer_text(),
+                                "--transfer-id",
+                                std::to_string(transfer_id),
+                                "--chunk-bytes",
+                                std::to_string(chunk_bytes),
+                                "--window",
+                                "2",
+                                "--progress",
+                                "--tokens",
+                                (file.parent_path() / "tokens.json").string(),
+                                "--block-tokens",
+                                std::to_string(frame.chain.block_tokens),
+                                "--chain-root",
+                                block_hash_hex(transfer_id)};
+  if (paced) argv.insert(argv.end(), {"--rate-limit-mib", "24"});
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(file.string());
+  return argv;
 }
 
 }  // namespace kvrelay::test

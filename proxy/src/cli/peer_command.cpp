@@ -66,6 +66,12 @@ Status apply_transport(const TransportOptions& options, const Policy* policy, co
   return ok();
 }
 
+// --progress: "progress DONE TOTAL" on stdout after each chunk acknowledged (send) or checked (fetch).
+void print_progress(std::uint64_t done, std::uint64_t total) {
+  std::printf("progress %llu %llu\n", static_cast<unsigned long long>(done), static_cast<unsigned long long>(total));
+  std::fflush(stdout);
+}
+
 struct SendOptions {
   std::string to;
   std::string config;  // with peer_id: the address comes from the policy
@@ -202,11 +208,7 @@ int run_send(const SendOptions& options) {
   if (options.no_split) client_options.split_single_chunk = false;
   client_options.rate_limit_bytes_per_s = static_cast<std::uint64_t>(options.rate_limit_mib_per_s * 1024 * 1024);
   if (options.progress) {
-    client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
-      std::printf("progress %llu %llu\n", static_cast<unsigned long long>(done),
-                  static_cast<unsigned long long>(total));
-      std::fflush(stdout);
-    };
+    client_options.on_progress = print_progress;
   }
   const auto started = std::chrono::steady_clock::now();
   auto client = peer::PeerClient::connect(target, client_options);
@@ -278,11 +280,7 @@ int run_fetch(const FetchOptions& options) {
     return fail_with(transport.error().to_string());
   }
   if (options.progress) {
-    client_options.on_progress = [](std::uint64_t done, std::uint64_t total) {
-      std::printf("progress %llu %llu\n", static_cast<unsigned long long>(done),
-                  static_cast<unsigned long long>(total));
-      std::fflush(stdout);
-    };
+    client_options.on_progress = print_progress;
   }
   const auto started = std::chrono::steady_clock::now();
   auto client = peer::PeerClient::connect(address.value(), client_options,
