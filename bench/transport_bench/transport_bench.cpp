@@ -9,6 +9,10 @@
 // - The same fetch over TLS peers (issue #25; development certificates from
 //   scripts/make-dev-certs.sh), in the same pairs: `tls_fetch_vs_plaintext_paired` is plaintext
 //   fetch time / TLS fetch time per pair.
+// - The same fetch over UCX (issue #29: a holder whose policy has a `ucx` section, a fetching
+//   PeerLinks whose peer has transport "ucx"), once with UCX_TLS=tcp and once with posix, each next
+//   to ucx_perftest's tag bandwidth of the same size and transport run just before or after it
+//   (its physical limit): `ucx_fetch_vs_perftest_paired` is fetch throughput / perftest bandwidth.
 // - Worker data plane: ShmClient::publish / commit in place against memcpy, small ring messages.
 //
 // bench/transport_bench/README.md describes every field.
@@ -51,11 +55,13 @@
 #include "kvrelay/kv_store/entry_chain.h"
 #include "kvrelay/kv_store/memfd.h"
 #include "kvrelay/peer/peer_tls.h"
+#include "kvrelay/peer/ucx_transport.h"
 #include "kvrelay/shm_transport/client.h"
 #include "kvrelay/shm_transport/server.h"
 
 #include "common/daemon_process.h"
 #include "common/spread_json.h"
+#include "transport_bench/ucx_perftest.h"
 
 #ifndef KVRELAY_BENCH_DAEMON_BINARY
 #define KVRELAY_BENCH_DAEMON_BINARY "kvrelay"
@@ -355,6 +361,9 @@ struct StrategyRun {
   // TLS peers on both sides, certificates under certs/; the entries are filed under a real
   // model's id so that the holder's fetch authorization lets the fetcher's agent have them.
   bool tls = false;
+  // Set: chunk streams over UCX with this UCX_TLS on both sides (the holder's ucx.tls, the
+  // fetching links' UCP context); control frames stay on the TCP peer connection.
+  std::string ucx_tls;
   std::uint64_t model_id = kModelId;
   std::filesystem::path dir;
   std::unique_ptr<DaemonProcess> daemon;
@@ -392,6 +401,10 @@ std::optional<FetchSample> fetch_once(StrategyRun& run, const codec::CodecRegist
   }
   if (!fetched.value()) {
     error = "the holder answered: none held";
+    return std::nullopt;
+  }
+  if (const auto& transport = fetched.value()->transport; transport != (run.ucx_tls.empty() ? "tcp" : "ucx")) {
+    error = "the KV came over " + transport + (run.ucx_tls.empty() ? ", not tcp" : ", not ucx");
     return std::nullopt;
   }
   const auto frame = fetched.value()->frame();
@@ -439,6 +452,16 @@ json tls_files(const std::string& node, const std::filesystem::path& dir) {
 
 // scheduler.mode of the holder, whose fetch replies the link scheduler queues ("": its default).
 std::string holder_scheduler_mode;
+// scheduler.chunk_bytes of the holder (0: its default): a gated fetch reply's chunk size.
+std::uint32_t holder_scheduler_chunk_bytes = 0;
+// ucx.rndv_thresh_bytes of both sides of a UCX run (0: left out, UCX chooses).
+std::uint64_t ucx_rndv_thresh_bytes = 0;
+
+json ucx_section(const StrategyRun& run) {
+  json ucx{{"tls", run.ucx_tls}};
+  if (ucx_rndv_thresh_bytes > 0) ucx["rndv_thresh_bytes"] = ucx_rndv_thresh_bytes;
+  return ucx;
+}
 
 json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint64_t peer_buffer_bytes) {
   json limits{{"shm_arena_bytes", arena_bytes}, {"kv_store_bytes", 1ULL << 30}, {"peer_summary_interval_ms", 0}};
@@ -451,7 +474,9 @@ json holder_policy(const StrategyRun& run, std::uint64_t arena_bytes, std::uint6
        {{"http", "127.0.0.1:0"}, {"peer", "127.0.0.1:0"}, {"unix_socket", (run.dir / "kvrelay.sock").string()}}},
       {"limits", std::move(limits)},
       {"logging", {{"level", "warn"}}}};
-  if (!holder_scheduler_mode.empty()) policy["scheduler"] = {{"mode", holder_scheduler_mode}};
+  if (!holder_scheduler_mode.empty()) policy["scheduler"]["mode"] = holder_scheduler_mode;
+  if (holder_scheduler_chunk_bytes > 0) policy["scheduler"]["chunk_bytes"] = holder_scheduler_chunk_bytes;
+  if (!run.ucx_tls.empty()) policy["ucx"] = ucx_section(run);
   if (run.tls) {
     policy["peer_tls"] = tls_files("kv-holder", run.dir);
     policy["peers"] = json::array({{{"id", "kv-fetcher"}, {"address", "127.0.0.1:1"}, {"identity", "kv-fetcher"}}});
@@ -466,6 +491,7 @@ json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::uint64
   if (!run.strategy.empty()) limits["memory_strategy"] = run.strategy;
   json holder{{"id", "holder"}, {"address", "127.0.0.1:" + std::to_string(peer_port)}};
   if (run.tls) holder["identity"] = "kv-holder";
+  if (!run.ucx_tls.empty()) holder["transport"] = "ucx";
   json policy{{"schema_version", 1},
               {"node", {{"id", "kv-fetcher"}}},
               {"listen", {{"http", "127.0.0.1:0"}}},
@@ -473,6 +499,7 @@ json fetcher_policy(const StrategyRun& run, std::uint16_t peer_port, std::uint64
               {"limits", std::move(limits)},
               {"logging", {{"level", "warn"}}}};
   if (run.tls) policy["peer_tls"] = tls_files("kv-fetcher", run.dir);
+  if (!run.ucx_tls.empty()) policy["ucx"] = ucx_section(run);
   return policy;
 }
 
@@ -541,6 +568,23 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
     }
     run.links->set_tls(std::move(tls).value());
   }
+  if (!run.ucx_tls.empty()) {
+    // As the daemon makes its context from its policy's ucx section.
+    const auto& ucx = run.policy->current()->ucx;
+    auto context = peer::UcxContext::create({ucx.tls, ucx.net_devices, ucx.rndv_thresh_bytes});
+    if (!context) {
+      run.error = "fetcher UCX context: " + context.error().to_string();
+      return;
+    }
+    run.links->set_ucx(std::move(context).value());
+  }
+}
+
+// Where a run's figures go under memory_strategies.
+std::string run_label(const StrategyRun& run) {
+  if (run.tls) return run.strategy + "+tls";
+  if (!run.ucx_tls.empty()) return run.strategy + "+ucx-" + run.ucx_tls;
+  return run.strategy;
 }
 
 std::string size_key(std::size_t bytes) {
@@ -609,10 +653,42 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-shm", skip_shm, "measure only the KV fetch and its raw baseline");
   bool skip_tls = false;
   app.add_flag("--skip-tls", skip_tls, "no TLS peer run (tls_fetch_vs_plaintext_paired)");
+  bool skip_ucx = false;
+  app.add_flag("--skip-ucx", skip_ucx, "no UCX peer runs and no ucx_perftest (ucx_fetch_vs_perftest_paired)");
+  std::vector<std::string> ucx_transports{"tcp", "posix"};
+  app.add_option("--ucx-transports", ucx_transports, "UCX_TLS of the UCX runs, one run each (default tcp posix)")
+      ->check(CLI::IsMember({"tcp", "posix"}));
+  std::string perftest_path = "/usr/bin/ucx_perftest";
+  app.add_option("--ucx-perftest", perftest_path, "ucx_perftest, the UCX runs' limit (else the first on PATH)");
+  std::string perftest_wait_mode = "poll";
+  app.add_option("--perftest-wait-mode", perftest_wait_mode,
+                 "ucx_perftest -E: poll (default: both sides spin in ucp_worker_progress, the limit) or sleep "
+                 "(they wait for UCX's wake-up events, as kvrelay's workers do)")
+      ->check(CLI::IsMember({"poll", "sleep"}));
+  std::size_t perftest_mib = 512;
+  app.add_option("--perftest-mib", perftest_mib,
+                 "MiB ucx_perftest measures per sample (at least 4 messages, and an eighth as many unmeasured first)")
+      ->check(CLI::Range(std::size_t{16}, std::size_t{65536}));
   app.add_option("--scheduler-mode", holder_scheduler_mode,
                  "scheduler.mode of the holding daemon: wrr, fifo or off (default: the policy default, wrr)")
       ->check(CLI::IsMember({"wrr", "fifo", "off"}));
+  std::uint32_t scheduler_chunk_kib = 0;
+  app.add_option("--scheduler-chunk-kib", scheduler_chunk_kib,
+                 "scheduler.chunk_bytes of the holding daemon in KiB, the chunk size of its (gated) fetch replies "
+                 "(default: the policy default, 256)")
+      ->check(CLI::Range(4U, 65536U));
+  app.add_option("--ucx-rndv-thresh-bytes", ucx_rndv_thresh_bytes,
+                 "ucx.rndv_thresh_bytes of both sides of the UCX runs (default: left out, UCX chooses)");
   CLI11_PARSE(app, argc, argv);
+  holder_scheduler_chunk_bytes = scheduler_chunk_kib * 1024U;
+  // The JSON alone on stdout: UCX logs there (UCX_LOG_FILE's default), so whatever libraries
+  // write to it goes to stderr instead.
+  const int json_fd = ::dup(STDOUT_FILENO);
+  std::FILE* json_out = json_fd >= 0 ? ::fdopen(json_fd, "w") : nullptr;
+  if (json_out == nullptr || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+    std::perror("stdout");
+    return 1;
+  }
 
   std::vector<std::size_t> sizes;
   for (const std::size_t mib : sizes_mib)
@@ -625,6 +701,8 @@ int main(int argc, char** argv) {
   result["machine"]["load_average_start"] = load_average();
   result["repeats"] = kRepeats;
   result["scheduler_mode"] = holder_scheduler_mode.empty() ? "default (wrr)" : holder_scheduler_mode;
+  if (holder_scheduler_chunk_bytes > 0) result["scheduler_chunk_bytes"] = holder_scheduler_chunk_bytes;
+  if (ucx_rndv_thresh_bytes > 0) result["ucx_rndv_thresh_bytes"] = ucx_rndv_thresh_bytes;
 
   // Data plane (worker <-> its sidecar).
   result["memcpy_gbps"] = bench_memcpy(payload);
@@ -702,63 +780,165 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "TLS run: %s\n", run->error.c_str());
     }
   }
+  // The UCX runs (issue #29): the headline strategy's settings with chunk streams over UCX, one
+  // holder per UCX_TLS, each measured next to ucx_perftest of the same transport.
+  std::map<std::string, std::size_t> ucx_index;  // UCX_TLS -> its run
+  json ucx_notes = json::object();               // UCX_TLS -> why it did not run
+  std::string ucx_skipped;
+  const std::string perftest_binary = bench::find_ucx_perftest(perftest_path);
+  if (skip_ucx) {
+    ucx_skipped = "--skip-ucx";
+  } else if (!peer::ucx_built()) {
+    ucx_skipped = "this build has no UCX (peer::ucx_built() is false: libucx-dev was absent at configure time)";
+  } else if (perftest_binary.empty()) {
+    ucx_skipped =
+        "no ucx_perftest (" + perftest_path + ", nor on PATH; it is in ucx-utils): no limit to measure against";
+  } else if (runs.empty()) {
+    ucx_skipped = "no TCP run started";
+  }
+  for (const auto& transport : ucx_transports) {
+    if (!ucx_skipped.empty()) break;
+    auto run = std::make_unique<StrategyRun>();
+    run->strategy = runs.front()->strategy;
+    run->ucx_tls = transport;
+    run->dir = base_dir / ("ucx-" + transport);
+    std::filesystem::create_directories(run->dir);
+    start_strategy(*run, daemon_binary, sizes, payload, peer_buffer_bytes);
+    if (run->error.empty()) {
+      ucx_index[transport] = runs.size();
+      runs.push_back(std::move(run));
+    } else {
+      ucx_notes[transport] = "not run: " + run->error;
+      std::fprintf(stderr, "UCX run (UCX_TLS=%s): %s\n", transport.c_str(), run->error.c_str());
+    }
+  }
+  std::optional<bench::UcxPerftest> perftest;
+  if (!ucx_index.empty()) {
+    // The same UCX configuration as the runs it is the limit of.
+    std::vector<std::string> perftest_environment{"UCX_NET_DEVICES=" +
+                                                  runs[ucx_index.begin()->second]->policy->current()->ucx.net_devices};
+    if (ucx_rndv_thresh_bytes > 0)
+      perftest_environment.push_back("UCX_RNDV_THRESH=" + std::to_string(ucx_rndv_thresh_bytes));
+    perftest.emplace(perftest_binary, base_dir / "perftest", std::move(perftest_environment), perftest_wait_mode);
+  }
+  const auto perftest_iterations = [&](std::size_t bytes) {
+    return static_cast<int>(std::max<std::size_t>(4, perftest_mib * kMiB / bytes));
+  };
+  const auto perftest_warmup = [&](std::size_t bytes) { return std::max(1, perftest_iterations(bytes) / 8); };
   if (runs.empty()) {
     std::fprintf(stderr, "no memory strategy could run\n");
-    std::printf("%s\n", result.dump(2).c_str());
+    std::fprintf(json_out, "%s\n", result.dump(2).c_str());
     return 1;
   }
 
   const auto codecs = codec::CodecRegistry::with_builtins();
+  // A UCX run fetches codec raw only: what it is compared with, perftest, moves bytes as they are.
+  const auto codecs_of = [&](std::size_t index) {
+    return runs[index]->ucx_tls.empty() ? codec_names : std::vector<std::string>{"raw"};
+  };
   RawTcpPair raw_pair(largest);
   std::uint64_t request_id = 0;
   // variants[(strategy index, codec)][size]
   std::map<std::pair<std::size_t, std::string>, std::map<std::size_t, VariantRuns>> variants;
   std::map<std::size_t, std::vector<double>> raw_gbps;
   std::map<std::size_t, std::vector<double>> tls_vs_plaintext;  // per pair, raw codec
+  // Per UCX_TLS, per size: perftest GB/s, UCX fetch throughput / perftest bandwidth per pair, and
+  // plaintext TCP fetch time / UCX fetch time per pair; the last perftest error.
+  std::map<std::string, std::map<std::size_t, std::vector<double>>> perftest_gbps, ucx_vs_perftest, ucx_vs_tcp_fetch;
+  std::map<std::string, std::map<std::size_t, std::string>> perftest_errors;
   for (const std::size_t bytes : sizes) {
+    const auto run_perftest = [&](const std::string& transport) -> double {
+      const auto sample = perftest->run(transport, bytes, perftest_iterations(bytes), perftest_warmup(bytes),
+                                        std::chrono::seconds(120));
+      if (!sample.error.empty()) {
+        perftest_errors[transport][bytes] = sample.error;
+        std::fprintf(stderr, "ucx_perftest (UCX_TLS=%s, %zu MiB): %s\n", transport.c_str(), bytes / kMiB,
+                     sample.error.c_str());
+      }
+      return sample.gbps;
+    };
     // Unmeasured first: connects, fills the warm buffers on both sides, settles the daemon.
     for (int warm = 0; warm < 2; ++warm) {
       (void)raw_pair.once(payload.data(), bytes);
       for (std::size_t index = 0; index < runs.size(); ++index) {
-        for (const auto& codec : codec_names) {
+        for (const auto& codec : codecs_of(index)) {
           std::string error;
           if (!fetch_once(*runs[index], codecs, bytes, codec, request_id, error))
             variants[{index, codec}][bytes].error = error;
         }
       }
+      for (const auto& [transport, index] : ucx_index)
+        if (warm == 0) (void)run_perftest(transport);
     }
     const int pairs = kRepeats * static_cast<int>(std::max<std::size_t>(1, 64 * kMiB / bytes));
     // The measured things of one pair, in an order rotated pair by pair so that neither side is
-    // always first (first after a pause, or right after the other's writes to memory).
-    std::vector<std::pair<int, std::string>> order{{-1, ""}};  // -1: the raw socket
-    for (std::size_t index = 0; index < runs.size(); ++index)
+    // always first (first after a pause, or right after the other's writes to memory). A UCX run
+    // and its ucx_perftest are one step: side by side, which of them first alternating pair by pair.
+    struct PairStep {
+      enum class Kind : std::uint8_t { kRawSocket, kFetch, kUcxAndPerftest };
+      Kind kind = Kind::kRawSocket;
+      std::size_t index = 0;  // the run (kFetch, kUcxAndPerftest)
+      std::string codec;      // kFetch
+    };
+    std::vector<PairStep> order{{PairStep::Kind::kRawSocket, 0, ""}};
+    for (std::size_t index = 0; index < runs.size(); ++index) {
+      if (!runs[index]->ucx_tls.empty()) {
+        order.push_back({PairStep::Kind::kUcxAndPerftest, index, "raw"});
+        continue;
+      }
       for (const auto& codec : codec_names)
-        order.emplace_back(static_cast<int>(index), codec);
+        order.push_back({PairStep::Kind::kFetch, index, codec});
+    }
     for (int pair = 0; pair < pairs; ++pair) {
       double raw_seconds = 0;
       std::vector<std::pair<std::pair<std::size_t, std::string>, FetchSample>> samples;
-      for (std::size_t step = 0; step < order.size(); ++step) {
-        const auto& [index, codec] = order[(step + static_cast<std::size_t>(pair)) % order.size()];
-        if (index < 0) {
-          raw_seconds = raw_pair.once(payload.data(), bytes);
-          continue;
-        }
+      std::map<std::string, double> perftest_now;  // UCX_TLS -> this pair's perftest GB/s
+      const auto fetch_step = [&](std::size_t index, const std::string& codec) {
         std::string error;
-        const auto key = std::make_pair(static_cast<std::size_t>(index), codec);
-        if (auto sample = fetch_once(*runs[static_cast<std::size_t>(index)], codecs, bytes, codec, request_id, error)) {
+        const auto key = std::make_pair(index, codec);
+        if (auto sample = fetch_once(*runs[index], codecs, bytes, codec, request_id, error)) {
           samples.emplace_back(key, *sample);
         } else {
           variants[key][bytes].error = error;
         }
+      };
+      for (std::size_t step = 0; step < order.size(); ++step) {
+        const auto& next = order[(step + static_cast<std::size_t>(pair)) % order.size()];
+        switch (next.kind) {
+          case PairStep::Kind::kRawSocket:
+            raw_seconds = raw_pair.once(payload.data(), bytes);
+            break;
+          case PairStep::Kind::kFetch:
+            fetch_step(next.index, next.codec);
+            break;
+          case PairStep::Kind::kUcxAndPerftest: {
+            const auto& transport = runs[next.index]->ucx_tls;
+            const bool perftest_first = pair % 2 == 1;
+            if (perftest_first) perftest_now[transport] = run_perftest(transport);
+            fetch_step(next.index, "raw");
+            if (!perftest_first) perftest_now[transport] = run_perftest(transport);
+            break;
+          }
+        }
       }
       double plaintext_seconds = 0;
       double tls_seconds = 0;
+      std::map<std::string, double> ucx_seconds;
       for (const auto& [key, sample] : samples) {
         if (key.second != "raw") continue;
         if (tls_index && key.first == *tls_index) tls_seconds = sample.seconds;
         if (key.first == 0) plaintext_seconds = sample.seconds;
+        if (!runs[key.first]->ucx_tls.empty()) ucx_seconds[runs[key.first]->ucx_tls] = sample.seconds;
       }
       if (plaintext_seconds > 0 && tls_seconds > 0) tls_vs_plaintext[bytes].push_back(plaintext_seconds / tls_seconds);
+      for (const auto& [transport, limit_gbps] : perftest_now) {
+        if (limit_gbps <= 0) continue;
+        perftest_gbps[transport][bytes].push_back(limit_gbps);
+        if (ucx_seconds.contains(transport))
+          ucx_vs_perftest[transport][bytes].push_back(gbps(bytes, ucx_seconds[transport]) / limit_gbps);
+      }
+      for (const auto& [transport, seconds] : ucx_seconds)
+        if (plaintext_seconds > 0) ucx_vs_tcp_fetch[transport][bytes].push_back(plaintext_seconds / seconds);
       if (raw_seconds <= 0) continue;
       raw_gbps[bytes].push_back(gbps(bytes, raw_seconds));
       for (const auto& [key, sample] : samples) {
@@ -781,7 +961,7 @@ int main(int argc, char** argv) {
   for (std::size_t index = 0; index < runs.size(); ++index) {
     json figures = json::object();
     figures["holder_peer_buffer_bytes"] = runs[index]->policy->current()->limits.peer_buffer_bytes;
-    for (const auto& codec : codec_names) {
+    for (const auto& codec : codecs_of(index)) {
       const std::string prefix = codec == "raw" ? "kv_fetch" : "kv_fetch_" + codec;
       json paired = json::object();
       json rate = json::object();
@@ -807,7 +987,16 @@ int main(int argc, char** argv) {
       figures[prefix + "_steps_median"] = std::move(steps);
       if (!errors.empty()) figures[prefix + "_errors"] = std::move(errors);
     }
-    by_strategy[runs[index]->tls ? runs[index]->strategy + "+tls" : runs[index]->strategy] = std::move(figures);
+    // What the holder said, where a fetch from it failed.
+    bool failed = false;
+    for (const auto& codec : codecs_of(index))
+      for (const std::size_t bytes : sizes)
+        failed = failed || !variants[{index, codec}][bytes].error.empty();
+    if (failed) {
+      const std::string log = runs[index]->daemon->log();
+      figures["holder_log_tail"] = log.substr(log.size() > 4000 ? log.size() - 4000 : 0);
+    }
+    by_strategy[run_label(*runs[index])] = std::move(figures);
   }
   // The headline: the first strategy that ran (portable, the default, unless only prefault was asked for).
   const std::string headline = runs.front()->strategy;
@@ -834,16 +1023,97 @@ int main(int argc, char** argv) {
   } else if (!skip_tls) {
     result["tls_fetch_vs_plaintext_paired"] = tls_note;
   }
+  if (!ucx_skipped.empty()) {
+    result["ucx_skipped"] = ucx_skipped;
+  } else {
+    // UCX_TLS=tcp's figures under the plain names, posix's with "_posix".
+    const auto named = [](const std::string& stem, const std::string& transport) {
+      return transport == "tcp" ? "ucx_" + stem : "ucx_" + transport + "_" + stem;
+    };
+    const auto per_size = [&](const std::map<std::size_t, std::vector<double>>& values, bool spread) {
+      json out = json::object();
+      for (const std::size_t bytes : sizes) {
+        const auto found = values.find(bytes);
+        const std::vector<double> none;
+        const auto& of = found == values.end() ? none : found->second;
+        out[size_key(bytes)] = spread ? bench::spread_json(of) : median_of(of);
+      }
+      return out;
+    };
+    json medians = json::object();
+    for (const std::size_t bytes : sizes)
+      medians[size_key(bytes)] = {{"kvrelay_tcp_fetch", result["kv_fetch_gbps"][size_key(bytes)]},
+                                  {"raw_tcp", result["raw_tcp_gbps"].value(size_key(bytes), json(nullptr))}};
+    for (const auto& transport : ucx_transports) {
+      if (!ucx_index.contains(transport)) {
+        result[named("fetch_vs_perftest_paired", transport)] = ucx_notes[transport];
+        continue;
+      }
+      const std::string label = run_label(*runs[ucx_index[transport]]);
+      result[named("fetch_vs_perftest_paired", transport)] = per_size(ucx_vs_perftest[transport], true);
+      result[named("fetch_gbps", transport)] = by_strategy[label]["kv_fetch_gbps"];
+      result[named("fetch_vs_tcp_fetch_paired", transport)] = per_size(ucx_vs_tcp_fetch[transport], true);
+      result["perftest_" + transport + "_gbps"] = per_size(perftest_gbps[transport], false);
+      result["perftest_" + transport + "_gbps_runs"] = per_size(perftest_gbps[transport], true);
+      if (by_strategy[label].contains("kv_fetch_errors"))
+        result[named("fetch_errors", transport)] = by_strategy[label]["kv_fetch_errors"];
+      for (const std::size_t bytes : sizes) {
+        auto& at = medians[size_key(bytes)];
+        at["ucx_fetch_" + transport] = by_strategy[label]["kv_fetch_gbps"][size_key(bytes)];
+        at["perftest_" + transport] = median_of(perftest_gbps[transport][bytes]);
+      }
+    }
+    result["ucx_gbps_medians"] = std::move(medians);
+    // Which moves the KV faster here, by the paired median of TCP fetch time / UCX fetch time.
+    if (ucx_index.contains("tcp")) {
+      json faster = json::object();
+      for (const std::size_t bytes : sizes) {
+        const auto& paired = ucx_vs_tcp_fetch["tcp"][bytes];
+        faster[size_key(bytes)] = paired.empty()                ? json("unknown: no pair of both")
+                                  : audit::median(paired) > 1.0 ? json("ucx (UCX_TLS=tcp)")
+                                                                : json("kvrelay tcp fetch");
+      }
+      result["faster_on_this_machine"] = std::move(faster);
+    }
+    if (perftest) {  // none when no UCX run started
+      json iterations = json::object();
+      json errors = json::object();
+      for (const std::size_t bytes : sizes)
+        iterations[size_key(bytes)] = {{"measured", perftest_iterations(bytes)}, {"warmup", perftest_warmup(bytes)}};
+      for (const auto& [transport, by_size] : perftest_errors)
+        for (const auto& [bytes, error] : by_size)
+          errors[transport][size_key(bytes)] = error;
+      std::string perftest_environment_text = "UCX_TLS=<transport>";
+      for (const auto& setting : perftest->environment())
+        perftest_environment_text += " " + setting;
+      perftest_environment_text += ", no other UCX_ variable";
+      std::string client = perftest_binary;
+      for (const auto& argument :
+           bench::UcxPerftest::client_arguments("PORT", "SIZE", "MEASURED", "WARMUP", perftest_wait_mode))
+        client += " " + argument;
+      json perftest_report{{"binary", perftest_binary},
+                           {"server", perftest_binary + " -p PORT"},
+                           {"wait_mode", perftest_wait_mode},
+                           {"client", client},
+                           {"environment", perftest_environment_text},
+                           {"figure", "overall bandwidth of the measured iterations (MB/s of 2^20 bytes) as GB/s"},
+                           {"iterations", std::move(iterations)}};
+      if (!errors.empty()) perftest_report["errors"] = std::move(errors);
+      result["ucx_perftest"] = std::move(perftest_report);
+    }
+  }
   result["memory_strategies"] = std::move(by_strategy);
   if (!strategy_notes.empty()) result["memory_strategy_notes"] = std::move(strategy_notes);
   result["machine"]["load_average_end"] = load_average();
   result["goals"] = {{"kv_fetch_vs_raw_tcp_paired", ">= 0.8 (median)"},
                      {"shm_publish_vs_memcpy_paired", ">= 0.8 (median)"},
                      {"tls_fetch_vs_plaintext_paired", ">= 0.5 (median)"},
+                     {"ucx_fetch_vs_perftest_paired", ">= 0.8 (median)"},
                      {"shm_small_msg_p50_us", "< 20"}};
   runs.clear();  // drain the daemons before their directory goes
   std::error_code ignored;
   std::filesystem::remove_all(base_dir, ignored);
-  std::printf("%s\n", result.dump(2).c_str());
+  std::fprintf(json_out, "%s\n", result.dump(2).c_str());
+  std::fclose(json_out);
   return 0;
 }
