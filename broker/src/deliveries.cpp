@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "kvrelay/core/policy.h"
+
 namespace kvrelay::broker {
 
 Delivery summary_delivery(const Treatment& assigned, const SummaryApplied& summary) {
