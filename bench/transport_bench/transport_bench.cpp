@@ -570,8 +570,7 @@ void start_strategy(StrategyRun& run, const std::string& binary, const std::vect
   }
   if (!run.ucx_tls.empty()) {
     // As the daemon makes its context from its policy's ucx section.
-    const auto& ucx = run.policy->current()->ucx;
-    auto context = peer::UcxContext::create({ucx.tls, ucx.net_devices, ucx.rndv_thresh_bytes});
+    auto context = peer::UcxContext::create(run.policy->current()->ucx);
     if (!context) {
       run.error = "fetcher UCX context: " + context.error().to_string();
       return;

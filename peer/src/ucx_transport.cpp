@@ -64,7 +64,6 @@ Error ucx_failure(std::string_view what, ucs_status_t status) {
 }  // namespace
 
 struct UcxContext::Impl {
-  UcxSettings settings;
   ucp_context_h context = nullptr;
   struct Region {
     const std::byte* data = nullptr;
@@ -459,22 +458,6 @@ UcxLink::Impl::~Impl() {
 
 // ---- UcxArrival ----
 
-UcxArrival::UcxArrival(UcxArrival&& other) noexcept
-    : header(other.header),
-      length(other.length),
-      worker(std::move(other.worker)),
-      descriptor(std::exchange(other.descriptor, nullptr)),
-      rendezvous(other.rendezvous),
-      copied(std::move(other.copied)) {}
-
-UcxArrival& UcxArrival::operator=(UcxArrival&& other) noexcept {
-  if (this != &other) {
-    this->~UcxArrival();
-    new (this) UcxArrival(std::move(other));
-  }
-  return *this;
-}
-
 UcxArrival::~UcxArrival() {
   if (descriptor != nullptr && worker) ucp_am_data_release(worker->worker, descriptor);
 }
@@ -484,11 +467,7 @@ UcxArrival::~UcxArrival() {
 UcxContext::UcxContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxContext::~UcxContext() = default;
 
-const UcxSettings& UcxContext::settings() const noexcept {
-  return impl_->settings;
-}
-
-Result<std::shared_ptr<UcxContext>> UcxContext::create(const UcxSettings& settings) {
+Result<std::shared_ptr<UcxContext>> UcxContext::create(const UcxPolicy& settings) {
   // Peer error handling on shared memory needs the mm transports' own error handling (set only
   // where they may be used: UCX warns of variables no transport read).
   const auto& tls = settings.tls;
@@ -520,7 +499,6 @@ Result<std::shared_ptr<UcxContext>> UcxContext::create(const UcxSettings& settin
   params.mt_workers_shared = 1;
   params.name = "kvrelay";
   auto impl = std::make_unique<Impl>();
-  impl->settings = settings;
   const ucs_status_t status = ucp_init(&params, config, &impl->context);
   ucp_config_release(config);
   if (status != UCS_OK) {
@@ -868,16 +846,10 @@ Error not_built() {
 }
 }  // namespace
 
-UcxArrival::UcxArrival(UcxArrival&&) noexcept = default;
-UcxArrival& UcxArrival::operator=(UcxArrival&&) noexcept = default;
 UcxArrival::~UcxArrival() = default;
 UcxContext::UcxContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 UcxContext::~UcxContext() = default;
-const UcxSettings& UcxContext::settings() const noexcept {
-  static const UcxSettings none;
-  return none;
-}
-Result<std::shared_ptr<UcxContext>> UcxContext::create(const UcxSettings&) {
+Result<std::shared_ptr<UcxContext>> UcxContext::create(const UcxPolicy&) {
   return not_built();
 }
 Status UcxContext::register_memory(std::span<std::byte>) {

@@ -189,8 +189,7 @@ int run_daemon(const DaemonOptions& options) {
   }
   std::shared_ptr<peer::UcxContext> ucx;  // issue #29: when the policy has a ucx section or a ucx peer
   if (policy->ucx.enabled) {
-    auto created = peer::UcxContext::create(
-        peer::UcxSettings{policy->ucx.tls, policy->ucx.net_devices, policy->ucx.rndv_thresh_bytes});
+    auto created = peer::UcxContext::create(policy->ucx);
     if (!created) {
       spdlog::critical("{}: /ucx: {}", policy->source, created.error().to_string());
       return 2;

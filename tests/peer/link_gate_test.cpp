@@ -191,7 +191,9 @@ struct UcxWorkers {
   std::shared_ptr<kvrelay::peer::UcxWorker> sending;
   std::shared_ptr<kvrelay::peer::UcxWorker> receiving;
   explicit UcxWorkers(asio::io_context& io) {
-    auto made = kvrelay::peer::UcxContext::create({"tcp", "lo", 0});
+    kvrelay::UcxPolicy settings;
+    settings.tls = "tcp";
+    auto made = kvrelay::peer::UcxContext::create(settings);
     REQUIRE(made.has_value());
     context = made.value();
     auto first =

@@ -12,8 +12,7 @@
 
 namespace kvrelay::test {
 
-TEST_CASE("a handoff between sidecars with ucx peers fetches KV over UCX and answers as the tokens run",
-          "[ucx][e2e]") {
+TEST_CASE("a handoff between sidecars with ucx peers fetches KV over UCX and answers as the tokens run", "[ucx][e2e]") {
   if (!peer::ucx_built()) KVRELAY_SKIP("built without UCX (libucx-dev)");
   const auto model = stories_model_path();
   if (!model) KVRELAY_SKIP("stories260K.bin not found");

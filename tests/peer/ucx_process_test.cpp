@@ -29,7 +29,9 @@ nlohmann::json ucx_section(const std::string& tls) {
 }
 
 peer::PeerClientOptions ucx_client(const std::string& tls) {
-  auto context = peer::UcxContext::create({tls, "lo", 0});
+  UcxPolicy settings;
+  settings.tls = tls;
+  auto context = peer::UcxContext::create(settings);
   if (!context) FAIL("UCX context: " << context.error().to_string());
   peer::PeerClientOptions options;
   options.node_id = "ucx-test";

@@ -67,7 +67,9 @@ T run_until_done(asio::io_context& io, asio::awaitable<T> task) {
 // and presents the token, the receiver's worker answers it.
 struct UcxPair {
   explicit UcxPair(const std::string& tls) {
-    auto made = UcxContext::create({tls, "lo", 0});
+    kvrelay::UcxPolicy settings;
+    settings.tls = tls;
+    auto made = UcxContext::create(settings);
     REQUIRE(made.has_value());
     context = made.value();
     tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "kvrelay/codec_plugins/frame.h"
-#include "kvrelay/core/block_hash.h"
 #include "kvrelay/codec_plugins/registry.h"
+#include "kvrelay/core/block_hash.h"
 #include "kvrelay/peer/peer_client.h"
 #include "kvrelay/shm_transport/client.h"
 

@@ -52,9 +52,9 @@ Status apply_transport(const TransportOptions& options, const Policy* policy, co
   const bool ucx = options.transport.empty() ? peer != nullptr && peer->transport == PeerTransport::kUcx
                                              : options.transport == "ucx";
   if (!ucx) return ok();
-  peer::UcxSettings settings;
+  UcxPolicy settings;
   if (policy != nullptr) {
-    settings = {policy->ucx.tls, policy->ucx.net_devices, policy->ucx.rndv_thresh_bytes};
+    settings = policy->ucx;
   } else if (!options.ucx_tls.empty()) {
     settings.tls = options.ucx_tls;
   } else if (const char* from_environment = std::getenv("UCX_TLS"); from_environment != nullptr) {

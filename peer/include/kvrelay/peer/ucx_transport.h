@@ -18,17 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "kvrelay/core/policy.h"
 #include "kvrelay/core/result.h"
 #include "kvrelay/peer/peer_protocol.h"
 
 namespace kvrelay::peer {
-
-// What the UCP context is made with (the policy's `ucx` section).
-struct UcxSettings {
-  std::string tls = "posix,tcp";        // UCX_TLS
-  std::string net_devices = "lo";       // UCX_NET_DEVICES
-  std::uint64_t rndv_thresh_bytes = 0;  // UCX_RNDV_THRESH; 0: UCX chooses
-};
 
 // Whether this build has UCX (libucx-dev at configure time).
 [[nodiscard]] bool ucx_built() noexcept;
@@ -37,13 +31,13 @@ using UcxToken = std::array<std::byte, kUcxTokenBytes>;
 
 class UcxContext {
  public:
-  // Sets UCX_POSIX_ERROR_HANDLING=y (peer error handling needs it on shared memory), then
-  // creates the context with active messages and wake-up support.
-  [[nodiscard]] static Result<std::shared_ptr<UcxContext>> create(const UcxSettings& settings);
+  // From the policy's `ucx` section (tls, net_devices, rndv_thresh_bytes): sets
+  // UCX_POSIX_ERROR_HANDLING=y (peer error handling needs it on shared memory), then creates the
+  // context with active messages and wake-up support.
+  [[nodiscard]] static Result<std::shared_ptr<UcxContext>> create(const UcxPolicy& settings);
   ~UcxContext();
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;
-  [[nodiscard]] const UcxSettings& settings() const noexcept;
   // Registers `memory` once (ucp_mem_map) for the context's life: chunks sent from or received
   // into it pass that handle instead of UCX registering them per operation (the shm arena).
   [[nodiscard]] Status register_memory(std::span<std::byte> memory);
@@ -103,8 +97,6 @@ struct UcxArrival {
   bool rendezvous = false;
   std::vector<std::byte> copied;  // eager data UCX would not let us keep
   UcxArrival() = default;
-  UcxArrival(UcxArrival&& other) noexcept;
-  UcxArrival& operator=(UcxArrival&& other) noexcept;
   UcxArrival(const UcxArrival&) = delete;
   UcxArrival& operator=(const UcxArrival&) = delete;
   ~UcxArrival();  // releases what UCX still holds
